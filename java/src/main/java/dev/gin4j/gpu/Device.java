@@ -1,0 +1,82 @@
+package dev.gin4j.gpu;
+
+import dev.gin4j.gpu.driver.Driver;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+
+/** One GPU. Obtained from {@link GpuRuntime#devices()}; lives as long as the process. */
+public final class Device {
+    private final GpuRuntime runtime;
+    private final int ordinal;
+    private volatile String name, arch;
+
+    Device(GpuRuntime runtime, int ordinal) {
+        this.runtime = runtime;
+        this.ordinal = ordinal;
+    }
+
+    Driver driver() { return runtime.driver(); }
+    public GpuRuntime runtime() { return runtime; }
+    public int ordinal() { return ordinal; }
+
+    public String name() {
+        String n = name;
+        return n != null ? n : (name = driver().deviceName(ordinal));
+    }
+
+    /** Architecture as compilers name it: {@code sm_90}, {@code gfx942}. */
+    public String arch() {
+        String a = arch;
+        return a != null ? a : (arch = driver().arch(ordinal));
+    }
+
+    public long totalMemory() { return driver().totalMemory(ordinal); }
+    public int multiprocessors() { return driver().multiprocessors(ordinal); }
+    public String pciBusId() { return driver().pciBusId(ordinal); }
+    /** {free, total} bytes. */
+    public long[] memoryInfo() { return driver().memoryInfo(ordinal); }
+
+    public boolean canAccessPeer(Device peer) { return driver().canAccessPeer(ordinal, sameRuntime(peer).ordinal); }
+    public String linkKind(Device peer) { return driver().linkKind(ordinal, sameRuntime(peer).ordinal); }
+
+    /** Lets kernels on this device load and store the peer's memory. */
+    public void enablePeerAccess(Device peer) {
+        if (peer == this) return;
+        if (!canAccessPeer(peer)) throw new GpuException(this + " cannot access " + peer + " (no peer access between them)");
+        driver().enablePeerAccess(ordinal, peer.ordinal);
+    }
+
+    private Device sameRuntime(Device other) {
+        if (other.runtime != runtime) throw new IllegalArgumentException(other + " belongs to another runtime");
+        return other;
+    }
+
+    /** Makes this device current for the calling thread (CUDA: its primary context). */
+    public void makeCurrent() { driver().makeCurrent(ordinal); }
+
+    /** Waits for all work on this device. */
+    public void synchronize() { driver().synchronize(ordinal); }
+
+    /** Allocates device memory freed when {@code arena} closes. Zero bytes gives an empty buffer. */
+    public DeviceBuffer allocate(long bytes, Arena arena) { return DeviceBuffer.allocate(this, bytes, arena); }
+
+    /** Allocates page-locked host memory, readable by the host and by kernels on this device. */
+    public PinnedBuffer allocatePinned(long bytes, Arena arena) { return PinnedBuffer.allocate(this, bytes, arena); }
+
+    public Stream createStream() { return new Stream(this); }
+    public Event createEvent() { return new Event(this, true); }
+    public Event createEvent(boolean timing) { return new Event(this, timing); }
+
+    /** Loads a code object (cubin/fatbin on NVIDIA, hsaco on AMD) from its bytes. */
+    public CodeObject loadCodeObject(String name, byte[] image) { return new CodeObject(this, name, image); }
+
+    /** Loads a code object shipped with gin4j for this device's architecture (see {@link KernelLibrary}). */
+    public CodeObject loadKernels(String objectName) { return KernelLibrary.load(this, objectName); }
+
+    void check(Device other, String what) {
+        if (other != this) throw new IllegalArgumentException(what + " is on " + other + " but this operation runs on " + this);
+    }
+
+    @Override public String toString() { return "device " + ordinal + " (" + runtime.name() + ")"; }
+}

@@ -1,0 +1,31 @@
+package dev.gin4j.gpu;
+
+/**
+ * A GPU runtime call failed. Carries the call, the runtime's status code, the runtime's own
+ * name for that code (for example {@code CUDA_ERROR_INVALID_VALUE} or {@code hipErrorNoDevice})
+ * and its message.
+ */
+public class GpuException extends RuntimeException {
+    private final String call;
+    private final int code;
+    private final String errorName;
+
+    public GpuException(String call, int code, String errorName, String errorMessage) {
+        super(call + " failed: " + errorName + " (" + code + "): " + errorMessage);
+        this.call = call;
+        this.code = code;
+        this.errorName = errorName;
+    }
+
+    /** For failures detected by gin4j itself before or after a call (no runtime status code). */
+    public GpuException(String message) {
+        super(message);
+        this.call = "";
+        this.code = 0;
+        this.errorName = "";
+    }
+
+    public String call() { return call; }
+    public int code() { return code; }
+    public String errorName() { return errorName; }
+}

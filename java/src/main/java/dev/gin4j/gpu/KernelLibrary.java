@@ -1,0 +1,127 @@
+package dev.gin4j.gpu;
+
+import java.io.IOException;
+import java.io.InputStream;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Optional;
+import java.util.Properties;
+import java.util.TreeSet;
+
+/**
+ * The precompiled code objects gin4j ships ({@code gin-kernels/}): found under
+ * {@code dev/gin4j/kernels/} in the folder named by {@code GIN4J_KERNELS_DIR} (or system property
+ * {@code gin4j.kernels.dir}) when set, else on the class path (inside the library jar). Its
+ * {@code manifest.properties} lists each object per architecture, the kernels in it and the NCCL
+ * headers the NCCL-dependent objects were compiled against.
+ */
+public final class KernelLibrary {
+    private static final String ROOT = "dev/gin4j/kernels/";
+    private static volatile KernelLibrary instance;
+
+    private final Path folder;       // null: class path
+    private final Properties manifest;
+
+    private KernelLibrary(Path folder, Properties manifest) {
+        this.folder = folder;
+        this.manifest = manifest;
+    }
+
+    public static KernelLibrary get() {
+        KernelLibrary k = instance;
+        if (k == null) {
+            synchronized (KernelLibrary.class) {
+                if (instance == null) instance = locate();
+                k = instance;
+            }
+        }
+        return k;
+    }
+
+    private static KernelLibrary locate() {
+        String dir = System.getProperty("gin4j.kernels.dir", System.getenv("GIN4J_KERNELS_DIR"));
+        Properties p = new Properties();
+        if (dir != null && !dir.isEmpty()) {
+            Path f = Path.of(dir);
+            Path m = f.resolve(ROOT + "manifest.properties");
+            if (Files.isRegularFile(m)) {
+                try (InputStream in = Files.newInputStream(m)) {
+                    p.load(in);
+                } catch (IOException e) {
+                    throw new UncheckedIOException("cannot read " + m, e);
+                }
+            }
+            return new KernelLibrary(f, p);
+        }
+        try (InputStream in = KernelLibrary.class.getClassLoader() == null ? null
+                : KernelLibrary.class.getClassLoader().getResourceAsStream(ROOT + "manifest.properties")) {
+            if (in != null) p.load(in);
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read the kernel manifest", e);
+        }
+        return new KernelLibrary(null, p);
+    }
+
+    /** Where code objects are read from, for messages. */
+    public String source() {
+        return folder != null ? folder.resolve(ROOT) + " (GIN4J_KERNELS_DIR)" : "the class path (" + ROOT + ")";
+    }
+
+    public boolean hasManifest() { return !manifest.isEmpty(); }
+    public Properties manifest() { return manifest; }
+
+    /** A manifest value, if present. */
+    public Optional<String> property(String key) { return Optional.ofNullable(manifest.getProperty(key)); }
+
+    /** Architectures with at least one code object. */
+    public List<String> architectures() {
+        TreeSet<String> archs = new TreeSet<>();
+        for (String k : manifest.stringPropertyNames()) {
+            String[] parts = k.split("\\.");
+            if (parts.length == 3 && parts[0].equals("object")) archs.add(parts[1]);
+        }
+        return new ArrayList<>(archs);
+    }
+
+    /** Code object names shipped for {@code arch}. */
+    public List<String> objects(String arch) {
+        TreeSet<String> names = new TreeSet<>();
+        String prefix = "object." + arch + ".";
+        for (String k : manifest.stringPropertyNames()) {
+            if (k.startsWith(prefix) && k.indexOf('.', prefix.length()) < 0) names.add(k.substring(prefix.length()));
+        }
+        return new ArrayList<>(names);
+    }
+
+    /** The kernels the manifest lists for an object. */
+    public List<String> kernels(String arch, String object) {
+        String v = manifest.getProperty("object." + arch + "." + object + ".kernels", "");
+        return v.isEmpty() ? List.of() : List.of(v.split(","));
+    }
+
+    /** The bytes of an object for {@code arch}, or an exception that says what ships. */
+    public byte[] read(String arch, String object) {
+        String rel = manifest.getProperty("object." + arch + "." + object);
+        if (rel == null) {
+            throw new GpuException("no code object '" + object + "' for " + arch + " in " + source()
+                    + (hasManifest() ? "; it ships objects for " + architectures() : "; no manifest found: build the kernels with gin-kernels/build")
+                    + ". Rebuild with gin-kernels/build --arch " + arch);
+        }
+        try {
+            if (folder != null) return Files.readAllBytes(folder.resolve(ROOT + rel));
+            try (InputStream in = KernelLibrary.class.getClassLoader().getResourceAsStream(ROOT + rel)) {
+                if (in == null) throw new GpuException("manifest names " + ROOT + rel + " but it is not on the class path");
+                return in.readAllBytes();
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read code object " + rel + " from " + source(), e);
+        }
+    }
+
+    static CodeObject load(Device device, String object) {
+        return device.loadCodeObject(object, get().read(device.arch(), object));
+    }
+}

@@ -1,0 +1,50 @@
+package dev.gin4j.gpu;
+
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.atomic.AtomicBoolean;
+
+/**
+ * Base of every gin4j object that owns a native handle: idempotent close, use-after-close caught
+ * with a message naming the object, and a process-wide registry of live objects so tests can assert
+ * that everything they opened was closed.
+ */
+public abstract class NativeResource implements AutoCloseable {
+    private static final Map<NativeResource, String> LIVE = new ConcurrentHashMap<>();
+    private final AtomicBoolean closed = new AtomicBoolean();
+
+    protected NativeResource() {
+        LIVE.put(this, getClass().getSimpleName());
+    }
+
+    /** Releases the native handle; called once. */
+    protected abstract void release();
+
+    /** What this object is, for messages ("stream 0x7f.. on device 0"). */
+    public abstract String describe();
+
+    public final boolean isClosed() { return closed.get(); }
+
+    /** @throws IllegalStateException when this object was closed */
+    public final void ensureOpen() {
+        if (closed.get()) throw new IllegalStateException(describe() + " is closed");
+    }
+
+    @Override
+    public final void close() {
+        if (closed.compareAndSet(false, true)) {
+            LIVE.remove(this);
+            release();
+        }
+    }
+
+    /** Number of native objects (streams, events, code objects, graphs, ...) not yet closed. */
+    public static int liveCount() { return LIVE.size(); }
+
+    /** Descriptions of the objects not yet closed, for test failure messages. */
+    public static String liveSummary() {
+        StringBuilder sb = new StringBuilder();
+        LIVE.keySet().forEach(r -> sb.append(r.describe()).append('\n'));
+        return sb.toString();
+    }
+}

@@ -1,0 +1,38 @@
+package dev.gin4j.gpu;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+
+/**
+ * Page-locked host memory: {@link #host()} is an ordinary readable and writable host segment, and
+ * {@link #deviceAddress()} is where kernels on the device see the same bytes.
+ */
+public final class PinnedBuffer {
+    private final Device device;
+    private final MemorySegment host;
+    private final long deviceAddress;
+
+    private PinnedBuffer(Device device, MemorySegment host, long deviceAddress) {
+        this.device = device;
+        this.host = host;
+        this.deviceAddress = deviceAddress;
+    }
+
+    static PinnedBuffer allocate(Device device, long bytes, Arena arena) {
+        if (bytes < 0) throw new IllegalArgumentException("cannot allocate " + bytes + " bytes: size must be >= 0");
+        long ptr = device.driver().hostAlloc(device.ordinal(), Math.max(bytes, 64));
+        MemorySegment seg = MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> device.driver().hostFree(device.ordinal(), ptr));
+        long dev = device.driver().hostDevicePointer(device.ordinal(), ptr);
+        return new PinnedBuffer(device, seg, dev);
+    }
+
+    public Device device() { return device; }
+    /** The host view: read and write it freely (synchronize first if a kernel writes it). */
+    public MemorySegment host() { return host; }
+    public long byteSize() { return host.byteSize(); }
+
+    public long deviceAddress() {
+        if (!host.scope().isAlive()) throw new IllegalStateException("pinned buffer of " + host.byteSize() + " bytes was freed (its arena is closed)");
+        return deviceAddress;
+    }
+}

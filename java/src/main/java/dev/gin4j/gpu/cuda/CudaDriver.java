@@ -1,0 +1,385 @@
+package dev.gin4j.gpu.cuda;
+
+import dev.gin4j.bindings.NativeLibrary;
+import dev.gin4j.gpu.GpuException;
+import dev.gin4j.gpu.driver.Driver;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+
+import static dev.gin4j.bindings.cuda.cuda_h.*;
+
+/**
+ * {@link Driver} over the CUDA driver API ({@code libcuda.so.1}) through the generated bindings.
+ * Symbol rule: the names {@code cuda.h} declares with the legacy default stream, e.g.
+ * {@code cuMemAlloc_v2}, {@code cuLaunchKernel}. Each device is used through its primary context.
+ */
+public final class CudaDriver implements Driver {
+    private final int version;
+    private final int count;
+    private final MemorySegment[] contexts;
+
+    private CudaDriver() {
+        check("cuInit", cuInit(0));
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            check("cuDriverGetVersion", cuDriverGetVersion(out));
+            version = out.get(ValueLayout.JAVA_INT, 0);
+            check("cuDeviceGetCount", cuDeviceGetCount(out));
+            count = out.get(ValueLayout.JAVA_INT, 0);
+        }
+        contexts = new MemorySegment[count];
+    }
+
+    /** Loads the CUDA driver and calls cuInit; throws if the library or a device is missing. */
+    public static CudaDriver open() {
+        if (!NativeLibrary.CUDA.isAvailable()) {
+            throw new GpuException("CUDA driver not loadable: " + NativeLibrary.CUDA.describe());
+        }
+        return new CudaDriver();
+    }
+
+    static void check(String call, int rc) {
+        if (rc != 0) throw error(call, rc);
+    }
+
+    static GpuException error(String call, int rc) {
+        String name = "CUresult " + rc, message = "(no message)";
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment p = a.allocate(ValueLayout.ADDRESS);
+            if (cuGetErrorName(rc, p) == 0) name = cString(p.get(ValueLayout.ADDRESS, 0));
+            if (cuGetErrorString(rc, p) == 0) message = cString(p.get(ValueLayout.ADDRESS, 0));
+        } catch (RuntimeException | LinkageError ignored) {
+            // keep the numeric code: the error itself matters more than its name
+        }
+        return new GpuException(call, rc, name, message);
+    }
+
+    private static String cString(MemorySegment p) {
+        return p.equals(MemorySegment.NULL) ? "(null)" : p.reinterpret(4096).getString(0);
+    }
+
+    private int attribute(int dev, int attr) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            check("cuDeviceGetAttribute", cuDeviceGetAttribute(out, attr, dev));
+            return out.get(ValueLayout.JAVA_INT, 0);
+        }
+    }
+
+    @Override public String name() { return "CUDA driver"; }
+    @Override public String libraryDescription() { return NativeLibrary.CUDA.describe(); }
+    @Override public int version() { return version; }
+    @Override public String versionString() { return (version / 1000) + "." + (version % 1000) / 10; }
+    @Override public int deviceCount() { return count; }
+
+    @Override public String deviceName(int dev) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment buf = a.allocate(256);
+            check("cuDeviceGetName", cuDeviceGetName(buf, 256, dev));
+            return buf.getString(0);
+        }
+    }
+
+    @Override public String arch(int dev) {
+        return "sm_" + attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR())
+                + attribute(dev, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR());
+    }
+
+    @Override public long totalMemory(int dev) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
+            check("cuDeviceTotalMem_v2", cuDeviceTotalMem_v2(out, dev));
+            return out.get(ValueLayout.JAVA_LONG, 0);
+        }
+    }
+
+    @Override public int multiprocessors(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT()); }
+
+    @Override public String pciBusId(int dev) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment buf = a.allocate(64);
+            check("cuDeviceGetPCIBusId", cuDeviceGetPCIBusId(buf, 64, dev));
+            return buf.getString(0);
+        }
+    }
+
+    @Override public boolean canAccessPeer(int dev, int peer) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            check("cuDeviceCanAccessPeer", cuDeviceCanAccessPeer(out, dev, peer));
+            return out.get(ValueLayout.JAVA_INT, 0) != 0;
+        }
+    }
+
+    private int p2pAttribute(int attr, int dev, int peer) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            check("cuDeviceGetP2PAttribute", cuDeviceGetP2PAttribute(out, attr, dev, peer));
+            return out.get(ValueLayout.JAVA_INT, 0);
+        }
+    }
+
+    @Override public String linkKind(int dev, int peer) {
+        if (dev == peer) return "self";
+        if (!canAccessPeer(dev, peer)) return "none (no peer access)";
+        // The driver does not name the link; native atomics across the link are an NVLink property
+        // (PCIe peer access has no native atomics on these systems). NVML would say more.
+        boolean atomics = p2pAttribute(CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED(), dev, peer) != 0;
+        int rank = p2pAttribute(CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK(), dev, peer);
+        return (atomics ? "NVLink" : "PCIe") + " (peer access, performance rank " + rank + ")";
+    }
+
+    @Override public long[] memoryInfo(int dev) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment free = a.allocate(ValueLayout.JAVA_LONG), total = a.allocate(ValueLayout.JAVA_LONG);
+            check("cuMemGetInfo_v2", cuMemGetInfo_v2(free, total));
+            return new long[] {free.get(ValueLayout.JAVA_LONG, 0), total.get(ValueLayout.JAVA_LONG, 0)};
+        }
+    }
+
+    private MemorySegment context(int dev) {
+        MemorySegment ctx = contexts[dev];
+        if (ctx == null) {
+            synchronized (contexts) {
+                ctx = contexts[dev];
+                if (ctx == null) {
+                    try (Arena a = Arena.ofConfined()) {
+                        MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+                        check("cuDevicePrimaryCtxRetain", cuDevicePrimaryCtxRetain(out, dev));
+                        ctx = out.get(ValueLayout.ADDRESS, 0);
+                    }
+                    contexts[dev] = ctx;
+                }
+            }
+        }
+        return ctx;
+    }
+
+    @Override public void makeCurrent(int dev) { check("cuCtxSetCurrent", cuCtxSetCurrent(context(dev))); }
+
+    @Override public void enablePeerAccess(int dev, int peer) {
+        makeCurrent(dev);
+        int rc = cuCtxEnablePeerAccess(context(peer), 0);
+        if (rc != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED()) check("cuCtxEnablePeerAccess", rc);
+    }
+
+    @Override public void synchronize(int dev) { makeCurrent(dev); check("cuCtxSynchronize", cuCtxSynchronize()); }
+
+    @Override public long malloc(int dev, long bytes) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
+            check("cuMemAlloc_v2(" + bytes + " bytes)", cuMemAlloc_v2(out, bytes));
+            return out.get(ValueLayout.JAVA_LONG, 0);
+        }
+    }
+
+    @Override public void free(int dev, long ptr) { makeCurrent(dev); check("cuMemFree_v2", cuMemFree_v2(ptr)); }
+
+    @Override public long hostAlloc(int dev, long bytes) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuMemHostAlloc(" + bytes + " bytes)", cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE() | CU_MEMHOSTALLOC_DEVICEMAP()));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    @Override public void hostFree(int dev, long ptr) { makeCurrent(dev); check("cuMemFreeHost", cuMemFreeHost(MemorySegment.ofAddress(ptr))); }
+
+    @Override public long hostDevicePointer(int dev, long hostPtr) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
+            check("cuMemHostGetDevicePointer_v2", cuMemHostGetDevicePointer_v2(out, MemorySegment.ofAddress(hostPtr), 0));
+            return out.get(ValueLayout.JAVA_LONG, 0);
+        }
+    }
+
+    @Override public void copy(int dev, long dst, long src, long bytes, CopyKind kind, long stream, boolean async) {
+        makeCurrent(dev);
+        MemorySegment s = MemorySegment.ofAddress(stream);
+        switch (kind) {
+            case HOST_TO_DEVICE -> check(async ? "cuMemcpyHtoDAsync_v2" : "cuMemcpyHtoD_v2", async
+                    ? cuMemcpyHtoDAsync_v2(dst, MemorySegment.ofAddress(src), bytes, s)
+                    : cuMemcpyHtoD_v2(dst, MemorySegment.ofAddress(src), bytes));
+            case DEVICE_TO_HOST -> check(async ? "cuMemcpyDtoHAsync_v2" : "cuMemcpyDtoH_v2", async
+                    ? cuMemcpyDtoHAsync_v2(MemorySegment.ofAddress(dst), src, bytes, s)
+                    : cuMemcpyDtoH_v2(MemorySegment.ofAddress(dst), src, bytes));
+            case DEVICE_TO_DEVICE -> check(async ? "cuMemcpyDtoDAsync_v2" : "cuMemcpyDtoD_v2", async
+                    ? cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
+                    : cuMemcpyDtoD_v2(dst, src, bytes));
+        }
+    }
+
+    @Override public void copyPeer(long dst, int dstDev, long src, int srcDev, long bytes, long stream, boolean async) {
+        makeCurrent(srcDev);
+        if (async) {
+            check("cuMemcpyPeerAsync", cuMemcpyPeerAsync(dst, context(dstDev), src, context(srcDev), bytes, MemorySegment.ofAddress(stream)));
+        } else {
+            check("cuMemcpyPeer", cuMemcpyPeer(dst, context(dstDev), src, context(srcDev), bytes));
+        }
+    }
+
+    @Override public void memset8(int dev, long ptr, byte value, long count, long stream, boolean async) {
+        makeCurrent(dev);
+        if (async) check("cuMemsetD8Async", cuMemsetD8Async(ptr, value, count, MemorySegment.ofAddress(stream)));
+        else check("cuMemsetD8_v2", cuMemsetD8_v2(ptr, value, count));
+    }
+
+    @Override public void memset32(int dev, long ptr, int value, long count, long stream, boolean async) {
+        makeCurrent(dev);
+        if (async) check("cuMemsetD32Async", cuMemsetD32Async(ptr, value, count, MemorySegment.ofAddress(stream)));
+        else check("cuMemsetD32_v2", cuMemsetD32_v2(ptr, value, count));
+    }
+
+    @Override public long streamCreate(int dev) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuStreamCreate", cuStreamCreate(out, CU_STREAM_NON_BLOCKING()));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    @Override public void streamDestroy(int dev, long stream) { makeCurrent(dev); check("cuStreamDestroy_v2", cuStreamDestroy_v2(MemorySegment.ofAddress(stream))); }
+    @Override public void streamSynchronize(int dev, long stream) { makeCurrent(dev); check("cuStreamSynchronize", cuStreamSynchronize(MemorySegment.ofAddress(stream))); }
+
+    @Override public boolean streamQuery(int dev, long stream) {
+        makeCurrent(dev);
+        int rc = cuStreamQuery(MemorySegment.ofAddress(stream));
+        if (rc == CUDA_ERROR_NOT_READY()) return false;
+        check("cuStreamQuery", rc);
+        return true;
+    }
+
+    @Override public void streamWaitEvent(int dev, long stream, long event) {
+        makeCurrent(dev);
+        check("cuStreamWaitEvent", cuStreamWaitEvent(MemorySegment.ofAddress(stream), MemorySegment.ofAddress(event), 0));
+    }
+
+    @Override public long eventCreate(int dev, boolean timing) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuEventCreate", cuEventCreate(out, timing ? CU_EVENT_DEFAULT() : CU_EVENT_DISABLE_TIMING()));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    @Override public void eventDestroy(int dev, long event) { makeCurrent(dev); check("cuEventDestroy_v2", cuEventDestroy_v2(MemorySegment.ofAddress(event))); }
+    @Override public void eventRecord(int dev, long event, long stream) { makeCurrent(dev); check("cuEventRecord", cuEventRecord(MemorySegment.ofAddress(event), MemorySegment.ofAddress(stream))); }
+    @Override public void eventSynchronize(int dev, long event) { makeCurrent(dev); check("cuEventSynchronize", cuEventSynchronize(MemorySegment.ofAddress(event))); }
+
+    @Override public boolean eventQuery(int dev, long event) {
+        makeCurrent(dev);
+        int rc = cuEventQuery(MemorySegment.ofAddress(event));
+        if (rc == CUDA_ERROR_NOT_READY()) return false;
+        check("cuEventQuery", rc);
+        return true;
+    }
+
+    @Override public float eventElapsedMillis(int dev, long start, long end) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_FLOAT);
+            check("cuEventElapsedTime_v2", cuEventElapsedTime_v2(out, MemorySegment.ofAddress(start), MemorySegment.ofAddress(end)));
+            return out.get(ValueLayout.JAVA_FLOAT, 0);
+        }
+    }
+
+    @Override public long moduleLoad(int dev, MemorySegment image) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuModuleLoadData", cuModuleLoadData(out, image));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    @Override public void moduleUnload(int dev, long module) { makeCurrent(dev); check("cuModuleUnload", cuModuleUnload(MemorySegment.ofAddress(module))); }
+
+    @Override public long moduleFunction(int dev, long module, String name) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuModuleGetFunction(" + name + ")", cuModuleGetFunction(out, MemorySegment.ofAddress(module), a.allocateFrom(name)));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    private static int cuAttribute(FunctionAttribute attribute) {
+        return switch (attribute) {
+            case MAX_THREADS_PER_BLOCK -> CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK();
+            case SHARED_SIZE_BYTES -> CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES();
+            case NUM_REGS -> CU_FUNC_ATTRIBUTE_NUM_REGS();
+            case LOCAL_SIZE_BYTES -> CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES();
+            case MAX_DYNAMIC_SHARED_SIZE_BYTES -> CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES();
+        };
+    }
+
+    @Override public int functionAttribute(int dev, long function, FunctionAttribute attribute) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            check("cuFuncGetAttribute", cuFuncGetAttribute(out, cuAttribute(attribute), MemorySegment.ofAddress(function)));
+            return out.get(ValueLayout.JAVA_INT, 0);
+        }
+    }
+
+    @Override public void setMaxDynamicSharedMemory(int dev, long function, int bytes) {
+        makeCurrent(dev);
+        check("cuFuncSetAttribute", cuFuncSetAttribute(MemorySegment.ofAddress(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES(), bytes));
+    }
+
+    @Override public int occupancyBlocksPerMultiprocessor(int dev, long function, int blockSize, int dynamicSharedBytes) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            check("cuOccupancyMaxActiveBlocksPerMultiprocessor", cuOccupancyMaxActiveBlocksPerMultiprocessor(out, MemorySegment.ofAddress(function), blockSize, dynamicSharedBytes));
+            return out.get(ValueLayout.JAVA_INT, 0);
+        }
+    }
+
+    @Override public void launch(long function, int gx, int gy, int gz, int bx, int by, int bz, int sharedBytes,
+                                 long stream, MemorySegment params, boolean cooperative) {
+        int rc = cooperative
+                ? cuLaunchCooperativeKernel(MemorySegment.ofAddress(function), gx, gy, gz, bx, by, bz, sharedBytes, MemorySegment.ofAddress(stream), params)
+                : cuLaunchKernel(MemorySegment.ofAddress(function), gx, gy, gz, bx, by, bz, sharedBytes, MemorySegment.ofAddress(stream), params, MemorySegment.NULL);
+        if (rc != 0) throw error(cooperative ? "cuLaunchCooperativeKernel" : "cuLaunchKernel", rc);
+    }
+
+    @Override public void beginCapture(int dev, long stream) {
+        makeCurrent(dev);
+        check("cuStreamBeginCapture_v2", cuStreamBeginCapture_v2(MemorySegment.ofAddress(stream), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL()));
+    }
+
+    @Override public long endCapture(int dev, long stream) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuStreamEndCapture", cuStreamEndCapture(MemorySegment.ofAddress(stream), out));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    @Override public long graphInstantiate(int dev, long graph) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags(out, MemorySegment.ofAddress(graph), 0L));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    @Override public void graphLaunch(int dev, long exec, long stream) {
+        makeCurrent(dev);
+        check("cuGraphLaunch", cuGraphLaunch(MemorySegment.ofAddress(exec), MemorySegment.ofAddress(stream)));
+    }
+
+    @Override public void graphExecDestroy(int dev, long exec) { makeCurrent(dev); check("cuGraphExecDestroy", cuGraphExecDestroy(MemorySegment.ofAddress(exec))); }
+    @Override public void graphDestroy(int dev, long graph) { makeCurrent(dev); check("cuGraphDestroy", cuGraphDestroy(MemorySegment.ofAddress(graph))); }
+}

@@ -1,0 +1,13 @@
+/**
+ * gin4j: GPU-initiated all-to-all and MoE token exchange for Java, over the CUDA driver + NCCL
+ * or HIP + RCCL, through the FFM API. Needs native access: start the JVM with
+ * {@code --enable-native-access=dev.gin4j,dev.gin4j.bindings}.
+ */
+module dev.gin4j {
+    requires dev.gin4j.bindings;
+    exports dev.gin4j.gpu;
+    exports dev.gin4j.comm;
+    exports dev.gin4j.a2a;
+    exports dev.gin4j.moe;
+    exports dev.gin4j.cli;
+}
