@@ -6,19 +6,7 @@
 // are in gin-kernels/KERNELS.md ("a2a.cu").
 #pragma once
 
-#include <stdint.h>
-
-#if defined(__HIPCC__) || defined(__HIP__)
-#include <hip/hip_runtime.h>
-#define GIN_HIP 1
-#else
-#include <cuda_runtime.h>
-#define GIN_CUDA 1
-#endif
-
-#ifndef GIN_DEVICE_INLINE
-#define GIN_DEVICE_INLINE __device__ __forceinline__
-#endif
+#include "gin_device.cuh"  // GIN_HIP / GIN_CUDA (0 or 1), GIN_DEVICE_INLINE, vendor runtime header
 
 // ---------------------------------------------------------------------------------------------
 // Error bits in the caller's `uint32_t* errorFlags` device word (sticky: kernels only OR bits in;
