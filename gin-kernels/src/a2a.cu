@@ -1,0 +1,440 @@
+// a2a.cu - GPU-initiated all-to-all and all-to-all-v inside a node (LSA: every peer's symmetric
+// window is reachable by load/store through peerBases). Four entry points:
+//
+//   gin_a2a      uniform, "direct" protocol: data stored straight into the peers' receive slots,
+//                per-(peer, chunk) ready handshake + done flag. Latency variant with 1 chunk per
+//                peer, bandwidth variant with 16-64 chunks per peer (Java picks grid and block).
+//   gin_a2av     the same protocol with per-peer byte counts and offsets read on the device.
+//   gin_a2a_ll   uniform, "LL" protocol for small sizes: payload travels in 8-byte words that
+//                carry their own sequence flag, into a parity-double-buffered staging area of the
+//                receiver's window; the receiver unpacks into the same fixed receive slots. No
+//                handshake, no fences: one NVLink one-way latency on the critical path.
+//   gin_a2av_ll  the LL protocol with device-side counts.
+//
+// Signatures, window layout, grid rules, error bits and the memory-ordering arguments (including
+// the proof that the LL protocol needs no ready handshake) are in gin-kernels/KERNELS.md, section
+// "a2a.cu"; the short form of each argument is repeated next to the code that relies on it.
+#include "gin_sync.cuh"
+
+#define GIN_A2A_MAX_THREADS 1024    // direct kernels: blockDim.x <= 1024
+#define GIN_A2A_LL_MAX_THREADS 512  // LL kernels: blockDim.x <= 512 (more registers for pairs in flight)
+
+// Window layout helpers (host and device), mirrored in KERNELS.md for the Java side.
+// Direct protocol signal area: ready[writer][chunk] then done[writer][chunk], uint64 each.
+__host__ __device__ inline uint64_t gin_a2a_signal_bytes(int nranks, int maxChunksPerPeer) {
+  return 16ull * (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
+}
+// LL staging slot for one (parity, source): one 16-byte header pair, then one 16-byte pair of LL
+// words per 8 payload bytes.
+__host__ __device__ inline uint64_t gin_a2a_ll_slot_stride(uint64_t llCapacity) {
+  return 16ull + 16ull * ((llCapacity + 7ull) / 8ull);
+}
+__host__ __device__ inline uint64_t gin_a2a_ll_staging_bytes(int nranks, uint64_t llCapacity) {
+  return 2ull * (uint64_t)nranks * gin_a2a_ll_slot_stride(llCapacity);
+}
+// seqState entries (uint64, local device memory, zeroed once) for either protocol.
+__host__ __device__ inline uint64_t gin_a2a_seq_entries(int nranks, int maxChunksPerPeer) {
+  return (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
+}
+
+namespace gin_a2a_detail {
+
+constexpr uint64_t kDirectGranule = 256;  // chunk boundaries on whole 128-byte lines (x2)
+constexpr uint64_t kLlGranule = 64;       // 64 payload bytes = 128 staging bytes = one line
+constexpr int kLlUnroll = 8;              // LL pairs in flight per thread
+
+// Block b serves group i = b / chunks, chunk c = b % chunks, peer p = (i - rank) mod nranks.
+// This pairing gives a block and its counterpart on the peer the same blockIdx (on p, group i
+// maps back to r), so ranks that schedule blocks in index order make progress on matching pairs
+// even if a grid were not fully resident.
+GIN_DEVICE_INLINE int peer_of_group(int group, int rank, int nranks) {
+  int p = (group - rank) % nranks;
+  return p < 0 ? p + nranks : p;
+}
+
+GIN_DEVICE_INLINE void chunk_range(uint64_t n, int chunks, int c, uint64_t granule, uint64_t& lo,
+                                   uint64_t& hi) {
+  uint64_t per = (n + (uint64_t)chunks - 1) / (uint64_t)chunks;
+  per = (per + granule - 1) / granule * granule;
+  lo = per * (uint64_t)c;
+  if (lo > n) lo = n;
+  hi = lo + per;
+  if (hi > n) hi = n;
+}
+
+// Checks shared by every entry point. All blocks reach the same verdict (arguments are uniform);
+// block 0 reports it.
+GIN_DEVICE_INLINE bool args_ok(const uint64_t* peerBases, const uint64_t* seqState, int rank, int nranks,
+                               int chunks, int maxChunks, uint32_t* errorFlags) {
+  bool ok = peerBases != nullptr && seqState != nullptr && nranks >= 1 && rank >= 0 && rank < nranks &&
+            chunks >= 1 && maxChunks >= chunks && (uint64_t)gridDim.x == (uint64_t)nranks * (uint64_t)chunks &&
+            gridDim.y == 1 && gridDim.z == 1 && blockDim.y == 1 && blockDim.z == 1;
+  if (!ok && blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, GIN_ERR_BAD_ARGS);
+  return ok;
+}
+
+// a2av: the count this rank sends to peer p, clamped so that neither the send buffer nor the
+// receive slot (capacity) is overrun. Returns the error bits the clamping implies.
+GIN_DEVICE_INLINE uint32_t resolve_count(const uint64_t* sendCounts, const uint64_t* sendOffsets, int p,
+                                         uint64_t sendBytes, uint64_t capacity, uint64_t& count,
+                                         uint64_t& srcOffset) {
+  uint32_t err = 0;
+  count = sendCounts[p];
+  srcOffset = sendOffsets[p];
+  if (srcOffset > sendBytes) {
+    srcOffset = 0;
+    count = 0;
+    err |= GIN_ERR_SEND_RANGE;
+  } else if (count > sendBytes - srcOffset) {
+    count = sendBytes - srcOffset;
+    err |= GIN_ERR_SEND_RANGE;
+  }
+  if (count > capacity) {
+    count = capacity;
+    err |= GIN_ERR_COUNT_CLAMPED;
+  }
+  return err;
+}
+
+// ----------------------------------------------------------------------------------------------
+// Direct protocol (gin_a2a / gin_a2av). Per block (peer p, chunk c), on rank r, call seq s:
+//   1. thread 0: ready[r][c] := s in p's window (release), wait ready[p][c] >= s in own window.
+//      p raises it at the start of its own call s, i.e. after p's stream has finished everything
+//      enqueued before, including every read of the results of its previous calls: from then on
+//      writing into p's receive slot for r cannot disturb a reader (write-after-read).
+//   2. all threads: copy chunk c of the bytes for p into p's receive slot for r.
+//   3. __syncthreads, thread 0: done[r][c] := s in p's window (release; cumulative over the
+//      barrier, so it orders every thread's data stores), then wait done[p][c] >= s in own window
+//      (acquire): chunk c of p's data for r has landed. When all blocks exit, all data landed.
+// Counters seqState[p][c] are touched by exactly one block per call; ranks run the same calls
+// with the same chunksPerPeer, so s is equal on both sides of a pair.
+// ----------------------------------------------------------------------------------------------
+template <bool kVarCounts>
+GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint64_t bytesPerPeer,
+                                  const uint64_t* sendCounts, const uint64_t* sendOffsets,
+                                  const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes,
+                                  uint64_t recvCountsOffset, uint64_t signalOffset, uint64_t* seqState,
+                                  int rank, int nranks, int chunks, int maxChunks, uint32_t* errorFlags) {
+  __shared__ uint64_t sharedSeq;
+  __shared__ int sharedOk;
+  if (!args_ok(peerBases, seqState, rank, nranks, chunks, maxChunks, errorFlags)) return;
+  const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
+  const int c = (int)(blockIdx.x % (uint32_t)chunks);
+  const int p = peer_of_group((int)(blockIdx.x / (uint32_t)chunks), rank, nranks);
+
+  uint64_t count, srcOffset;
+  if (kVarCounts) {
+    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, slotBytes, count, srcOffset);
+    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
+  } else {
+    count = bytesPerPeer;
+    srcOffset = (uint64_t)p * bytesPerPeer;
+    if (count > slotBytes) {
+      count = slotBytes;
+      if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
+    }
+  }
+  uint64_t lo, hi;
+  chunk_range(count, chunks, c, kDirectGranule, lo, hi);
+
+  uint8_t* ownWin = (uint8_t*)peerBases[rank];
+  if (p == rank) {
+    // Self slot: a local copy, stream-ordered against this rank's own readers; no flags.
+    gin_copy_bytes(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
+                   nthreads);
+    if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
+    return;
+  }
+  // Uniform sizes are known to both sides: an empty chunk is skipped by both, so its counters
+  // stay equal. (a2av cannot skip: the receiver does not know the sender's count.)
+  if (!kVarCounts && hi == lo) return;
+
+  uint8_t* peerWin = (uint8_t*)peerBases[p];
+  if (peerWin == nullptr) {
+    // GIN PATH HOOK: a peer outside this rank's load/store team has no mapping here. Its
+    // exchange belongs to the network path (ncclGin put + signal per peer, compiled in an
+    // nccl_*.cu object against the NCCL device headers); this LSA-only kernel reports it.
+    if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+    return;
+  }
+  uint64_t* ownSig = (uint64_t*)(ownWin + signalOffset);
+  uint64_t* peerSig = (uint64_t*)(peerWin + signalOffset);
+  const uint64_t readyBase = 0, doneBase = (uint64_t)nranks * (uint64_t)maxChunks;
+  const uint64_t mine = (uint64_t)rank * maxChunks + c, theirs = (uint64_t)p * maxChunks + c;
+
+  if (tid == 0) {
+    uint64_t* seq = seqState + (uint64_t)p * maxChunks + c;
+    uint64_t s = *seq + 1;
+    *seq = s;
+    gin_st_release_sys(peerSig + readyBase + mine, s);
+    sharedOk = gin_wait_geq(ownSig + readyBase + theirs, s, errorFlags);
+    sharedSeq = s;
+  }
+  __syncthreads();
+  if (!sharedOk) return;  // timed out: never write into a slot the peer may still be reading
+  const uint64_t s = sharedSeq;
+
+  gin_copy_bytes(peerWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
+                 nthreads);
+  if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(peerWin + recvCountsOffset))[rank] = count;
+  __syncthreads();
+  if (tid == 0) {
+    gin_st_release_sys(peerSig + doneBase + mine, s);
+    (void)gin_wait_geq(ownSig + doneBase + theirs, s, errorFlags);
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// LL protocol (gin_a2a_ll / gin_a2av_ll). Call seq s (one counter per peer, see below) writes
+// into staging half (s & 1) of the receiver's window; every 8-byte word carries 4 payload bytes
+// and the low 32 bits of s, so a matching flag proves its payload arrived (single-copy atomic
+// 64-bit stores). The receiver polls its own staging and unpacks into the fixed receive slot.
+//
+// Why no ready handshake (write-after-read on staging half h = s & 1 in p's window, slot r):
+//   that memory was last written by r in call s-2 and read only by p's kernel of call s-2
+//   (the unpack). r's kernel s starts after r's kernel s-1 ended; r's kernel s-1 could only end
+//   after reading words that p's kernel s-1 wrote (every call sends at least one word per pair of
+//   ranks: uniform calls with 0 bytes are skipped by all ranks without advancing s, a2av always
+//   sends the count header). p's kernel s-1 started after p's kernel s-2 ended (stream order).
+//   So every read of half h by p happened before r's first write of call s: the chain is
+//   [p: reads in kernel s-2] -> kernel boundary -> [p: word store in s-1] -> observed by
+//   [r: kernel s-1] -> kernel boundary -> [r: stores of call s]. A load that completed before its
+//   kernel retired cannot observe a store issued after a later kernel observed a still later
+//   store; this is the same reasoning NCCL's LL protocol uses for its credit words.
+//   Stale words in half h carry flag s-2 (or 0 when fresh), never s (32-bit flags wrap only after
+//   2^32 calls and s-2 != s modulo 2^32).
+// The fixed receive slot itself is written only by its owner (unpack / self copy), so it is
+// stream-ordered against the owner's readers; the output location never alternates.
+//
+// Counters: the parity argument needs one sequence per peer shared by all chunk blocks, yet each
+// counter word may be touched by one block only. Entries seqState[p][0..maxChunks) all hold the
+// call count; block c reads entry c and writes s to entries c, c+chunks, c+2*chunks, ... so every
+// entry is written exactly once per call and all stay equal even when chunksPerPeer changes.
+// ----------------------------------------------------------------------------------------------
+GIN_DEVICE_INLINE uint64_t load_payload8(const uint8_t* src, uint64_t avail) {
+  if (avail >= 8 && ((uintptr_t)src & 7u) == 0) return __ldg((const unsigned long long*)src);
+  uint64_t v = 0;
+  uint64_t n = avail < 8 ? avail : 8;
+  for (uint64_t k = 0; k < n; ++k) v |= (uint64_t)src[k] << (8 * k);
+  return v;
+}
+
+GIN_DEVICE_INLINE void store_payload8(uint8_t* dst, uint64_t v, uint64_t avail) {
+  if (avail >= 8 && ((uintptr_t)dst & 7u) == 0) {
+    *(uint64_t*)dst = v;
+    return;
+  }
+  uint64_t n = avail < 8 ? avail : 8;
+  for (uint64_t k = 0; k < n; ++k) dst[k] = (uint8_t)(v >> (8 * k));
+}
+
+GIN_DEVICE_INLINE uint64_t ll_word(uint32_t flag, uint32_t payload) {
+  return ((uint64_t)flag << 32) | payload;
+}
+
+GIN_DEVICE_INLINE bool ll_pair_ready(uint64_t w0, uint64_t w1, uint32_t flag) {
+  return (uint32_t)(w0 >> 32) == flag && (uint32_t)(w1 >> 32) == flag;
+}
+
+// Polls one pair until both flags match; false after the timeout (error bit set).
+GIN_DEVICE_INLINE bool ll_wait_pair(const uint64_t* pair, uint32_t flag, uint64_t& w0, uint64_t& w1,
+                                    uint32_t* errorFlags) {
+  if (ll_pair_ready(w0, w1, flag)) return true;
+  uint64_t start = gin_clock_ns();
+  for (uint32_t spins = 1;; ++spins) {
+    gin_ll_load_pair(pair, w0, w1);
+    if (ll_pair_ready(w0, w1, flag)) return true;
+    if ((spins & 255u) == 0) {
+      if (gin_clock_ns() - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
+        gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
+        return false;
+      }
+    }
+  }
+}
+
+// Packs payload bytes [8*jlo, min(count, 8*jhi)) of src into LL pairs jlo..jhi-1 at stage.
+GIN_DEVICE_INLINE void ll_send(uint64_t* stagePairs, const uint8_t* src, uint64_t count, uint64_t jlo, uint64_t jhi,
+                               uint32_t flag, uint32_t tid, uint32_t nthreads) {
+  for (uint64_t base = jlo + tid; base < jhi; base += (uint64_t)nthreads * kLlUnroll) {
+    uint64_t v[kLlUnroll];
+#pragma unroll
+    for (int u = 0; u < kLlUnroll; ++u) {
+      uint64_t j = base + (uint64_t)u * nthreads;
+      if (j < jhi) v[u] = load_payload8(src + 8 * j, count - 8 * j);
+    }
+#pragma unroll
+    for (int u = 0; u < kLlUnroll; ++u) {
+      uint64_t j = base + (uint64_t)u * nthreads;
+      if (j < jhi) gin_ll_store_pair(stagePairs + 2 * j, ll_word(flag, (uint32_t)v[u]), ll_word(flag, (uint32_t)(v[u] >> 32)));
+    }
+  }
+}
+
+// Waits for LL pairs jlo..jhi-1 at stage and unpacks their payload (bytes < count) into dst.
+GIN_DEVICE_INLINE bool ll_recv(const uint64_t* stagePairs, uint8_t* dst, uint64_t count, uint64_t jlo, uint64_t jhi,
+                               uint32_t flag, uint32_t tid, uint32_t nthreads, uint32_t* errorFlags) {
+  for (uint64_t base = jlo + tid; base < jhi; base += (uint64_t)nthreads * kLlUnroll) {
+    uint64_t w0[kLlUnroll], w1[kLlUnroll];
+#pragma unroll
+    for (int u = 0; u < kLlUnroll; ++u) {
+      uint64_t j = base + (uint64_t)u * nthreads;
+      if (j < jhi) gin_ll_load_pair(stagePairs + 2 * j, w0[u], w1[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kLlUnroll; ++u) {
+      uint64_t j = base + (uint64_t)u * nthreads;
+      if (j < jhi) {
+        if (!ll_wait_pair(stagePairs + 2 * j, flag, w0[u], w1[u], errorFlags)) return false;
+        store_payload8(dst + 8 * j, (w0[u] & 0xffffffffull) | (w1[u] << 32), count - 8 * j);
+      }
+    }
+  }
+  return true;
+}
+
+template <bool kVarCounts>
+GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t bytesPerPeer,
+                              const uint64_t* sendCounts, const uint64_t* sendOffsets, const uint64_t* peerBases,
+                              uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset, uint64_t llOffset,
+                              uint64_t llCapacity, uint64_t* seqState, int rank, int nranks, int chunks,
+                              int maxChunks, uint32_t* errorFlags) {
+  __shared__ uint64_t sharedSeq;
+  __shared__ uint64_t sharedCount;
+  __shared__ int sharedOk;
+  if (!args_ok(peerBases, seqState, rank, nranks, chunks, maxChunks, errorFlags)) return;
+  if (llCapacity >= (1ull << 32)) {  // counts travel in one 32-bit LL payload
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, GIN_ERR_BAD_ARGS);
+    return;
+  }
+  const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
+  const int c = (int)(blockIdx.x % (uint32_t)chunks);
+  const int p = peer_of_group((int)(blockIdx.x / (uint32_t)chunks), rank, nranks);
+  const uint64_t capacity = slotBytes < llCapacity ? slotBytes : llCapacity;
+
+  uint64_t count, srcOffset;
+  if (kVarCounts) {
+    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, capacity, count, srcOffset);
+    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
+  } else {
+    // Uniform calls of 0 bytes are skipped by every rank without advancing the sequence.
+    if (bytesPerPeer == 0) return;
+    count = bytesPerPeer;
+    srcOffset = (uint64_t)p * bytesPerPeer;
+    if (count > capacity) {
+      count = capacity;
+      if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
+    }
+  }
+
+  uint8_t* ownWin = (uint8_t*)peerBases[rank];
+  if (p == rank) {
+    uint64_t lo, hi;
+    chunk_range(count, chunks, c, kDirectGranule, lo, hi);
+    gin_copy_bytes(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
+                   nthreads);
+    if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
+    return;
+  }
+  uint8_t* peerWin = (uint8_t*)peerBases[p];
+  if (peerWin == nullptr) {
+    // GIN PATH HOOK: see a2a_direct; peers outside the load/store team go over the network path.
+    if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+    return;
+  }
+
+  if (tid == 0) {
+    uint64_t* seq = seqState + (uint64_t)p * maxChunks;
+    uint64_t s = seq[c] + 1;
+    for (int e = c; e < maxChunks; e += chunks) seq[e] = s;
+    sharedSeq = s;
+  }
+  __syncthreads();
+  const uint64_t s = sharedSeq;
+  const uint32_t flag = (uint32_t)s;
+  const uint64_t stride = gin_a2a_ll_slot_stride(llCapacity);
+  const uint64_t half = (s & 1ull) * (uint64_t)nranks;
+  uint64_t* sendStage = (uint64_t*)(peerWin + llOffset + (half + (uint64_t)rank) * stride);
+  const uint64_t* recvStage = (const uint64_t*)(ownWin + llOffset + (half + (uint64_t)p) * stride);
+
+  // Send side: chunk c of my bytes for p (a2av: plus the count header from chunk 0).
+  {
+    uint64_t lo, hi;
+    chunk_range(count, chunks, c, kLlGranule, lo, hi);
+    if (kVarCounts && c == 0 && tid == 0) gin_ll_store_pair(sendStage, ll_word(flag, (uint32_t)count), ll_word(flag, 0));
+    ll_send(sendStage + 2, send + srcOffset, count, lo / 8, (hi + 7) / 8, flag, tid, nthreads);
+  }
+
+  // Receive side: chunk c of p's bytes for me.
+  uint64_t recvCount = bytesPerPeer;
+  if (kVarCounts) {
+    if (tid == 0) {
+      uint64_t w0 = 0, w1 = 0;
+      gin_ll_load_pair(recvStage, w0, w1);
+      bool ok = ll_wait_pair(recvStage, flag, w0, w1, errorFlags);
+      uint64_t n = ok ? (w0 & 0xffffffffull) : 0;
+      if (n > capacity) {  // the sender clamps already; never trust a remote count for bounds
+        n = capacity;
+        gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
+      }
+      sharedOk = ok;
+      sharedCount = n;
+      if (ok && c == 0) ((uint64_t*)(ownWin + recvCountsOffset))[p] = n;
+    }
+    __syncthreads();
+    if (!sharedOk) return;
+    recvCount = sharedCount;
+  } else if (recvCount > capacity) {
+    recvCount = capacity;
+  }
+  uint64_t lo, hi;
+  chunk_range(recvCount, chunks, c, kLlGranule, lo, hi);
+  (void)ll_recv(recvStage + 2, ownWin + recvOffset + (uint64_t)p * slotBytes, recvCount, lo / 8, (hi + 7) / 8, flag,
+                tid, nthreads, errorFlags);
+}
+
+}  // namespace gin_a2a_detail
+
+// ================================================================================================
+// Entry points. Grid: nranks * chunksPerPeer blocks (1-D), all co-resident; blockDim.x <= 1024
+// (direct) or <= 512 (LL), a multiple of 32 recommended; no dynamic shared memory. See KERNELS.md
+// for every argument.
+// ================================================================================================
+
+extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
+gin_a2a(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
+        uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
+        int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_direct<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
+                                    signalOffset, seqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
+                                    errorFlags);
+}
+
+extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
+gin_a2av(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts, const uint64_t* sendOffsets,
+         const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
+         uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks, int32_t chunksPerPeer,
+         int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_direct<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
+                                   recvCountsOffset, signalOffset, seqState, rank, nranks, chunksPerPeer,
+                                   maxChunksPerPeer, errorFlags);
+}
+
+extern "C" __global__ void __launch_bounds__(GIN_A2A_LL_MAX_THREADS)
+gin_a2a_ll(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
+           uint64_t slotBytes, uint64_t llOffset, uint64_t llCapacity, uint64_t* llSeqState, int32_t rank,
+           int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_ll<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
+                                llOffset, llCapacity, llSeqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
+                                errorFlags);
+}
+
+extern "C" __global__ void __launch_bounds__(GIN_A2A_LL_MAX_THREADS)
+gin_a2av_ll(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts, const uint64_t* sendOffsets,
+            const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
+            uint64_t llOffset, uint64_t llCapacity, uint64_t* llSeqState, int32_t rank, int32_t nranks,
+            int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_ll<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
+                               recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunksPerPeer,
+                               maxChunksPerPeer, errorFlags);
+}
