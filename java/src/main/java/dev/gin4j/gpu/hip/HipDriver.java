@@ -8,6 +8,8 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 
+import dev.gin4j.bindings.hip.hipDeviceProp_tR0600;
+
 import static dev.gin4j.bindings.hip.hip_runtime_api_h.*;
 
 /**
@@ -19,13 +21,14 @@ public final class HipDriver implements Driver {
     private final int count;
 
     private HipDriver() {
-        check("hipInit", hipInit(0));
         try (Arena a = Arena.ofConfined()) {
+            // counting first: without an AMD GPU it answers hipErrorNoDevice, the clearest report
             MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            check("hipDriverGetVersion", hipDriverGetVersion(out));
-            version = out.get(ValueLayout.JAVA_INT, 0);
             check("hipGetDeviceCount", hipGetDeviceCount(out));
             count = out.get(ValueLayout.JAVA_INT, 0);
+            check("hipInit", hipInit(0));
+            check("hipDriverGetVersion", hipDriverGetVersion(out));
+            version = out.get(ValueLayout.JAVA_INT, 0);
         }
     }
 

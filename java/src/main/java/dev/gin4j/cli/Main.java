@@ -1,0 +1,41 @@
+package dev.gin4j.cli;
+
+import java.io.PrintStream;
+import java.util.Arrays;
+
+/** The {@code gin4j} command. */
+public final class Main {
+    private Main() {}
+
+    public static void main(String[] args) {
+        System.exit(run(args, System.out, System.err));
+    }
+
+    static int run(String[] args, PrintStream out, PrintStream err) {
+        String cmd = args.length == 0 ? "help" : args[0];
+        String[] rest = Arrays.copyOfRange(args, Math.min(1, args.length), args.length);
+        try {
+            return switch (cmd) {
+                case "info" -> Info.run(out);
+                case "help", "-h", "--help" -> { help(out); yield 0; }
+                default -> { err.println("gin4j: unknown command '" + cmd + "'"); help(err); yield 2; }
+            };
+        } catch (IllegalArgumentException e) {
+            err.println("gin4j " + cmd + ": " + e.getMessage());
+            return 2;
+        } catch (IllegalCallerException e) {
+            err.println("gin4j: " + e.getMessage());
+            return 1;
+        }
+    }
+
+    static void help(PrintStream out) {
+        out.println("""
+                usage: gin4j <command> [options]
+                  info                 GPU runtime, devices, links, collective library, device API/GIN, shipped kernels
+                  bench a2a [opts]     all-to-all sweep, GIN and HOST side by side (JSON + PNG)
+                  bench moe [opts]     MoE dispatch/combine, GIN and HOST side by side
+                  help                 this text
+                Run `gin4j bench a2a --help` for the benchmark options.""");
+    }
+}

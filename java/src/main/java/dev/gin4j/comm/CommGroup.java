@@ -1,0 +1,275 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.NativeResource;
+import dev.gin4j.gpu.Stream;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.List;
+
+import dev.gin4j.bindings.nccl.ncclUniqueId;
+
+import static dev.gin4j.bindings.nccl.nccl_h.*;
+
+/**
+ * The ranks of one NCCL/RCCL communicator that this process drives: all of them when one process
+ * drives several local GPUs ({@link #initAll}), or one when each process drives one GPU
+ * ({@link #fromEnvironment}). Collective calls on several local ranks are issued inside one
+ * NCCL group, so a single thread can drive them all. Host-initiated collectives here are the
+ * baseline the GPU-initiated kernels are measured against.
+ */
+public final class CommGroup extends NativeResource {
+    private final List<Communicator> ranks = new ArrayList<>();
+    private final int worldSize;
+    private volatile boolean aborted;
+
+    private CommGroup(int worldSize) {
+        this.worldSize = worldSize;
+    }
+
+    /** One process, one rank per device, ranks numbered in list order ({@code ncclCommInitAll}). */
+    public static CommGroup initAll(List<Device> devices) {
+        if (devices.isEmpty()) throw new IllegalArgumentException("initAll needs at least one device");
+        for (int i = 0; i < devices.size(); i++)
+            for (int j = 0; j < i; j++)
+                if (devices.get(i) == devices.get(j)) throw new IllegalArgumentException(devices.get(i) + " is listed twice: one rank per device");
+        CommGroup g = new CommGroup(devices.size());
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment comms = a.allocate(ValueLayout.ADDRESS, devices.size());
+            MemorySegment list = a.allocate(ValueLayout.JAVA_INT, devices.size());
+            for (int i = 0; i < devices.size(); i++) list.setAtIndex(ValueLayout.JAVA_INT, i, devices.get(i).ordinal());
+            devices.getFirst().makeCurrent();
+            Nccl.check("ncclCommInitAll(" + devices.size() + " devices)", ncclCommInitAll(comms, devices.size(), list), MemorySegment.NULL);
+            for (int i = 0; i < devices.size(); i++) {
+                g.ranks.add(new Communicator(g, comms.getAtIndex(ValueLayout.ADDRESS, i), devices.get(i), i, i));
+            }
+        } catch (RuntimeException e) {
+            g.close();
+            throw e;
+        }
+        return g;
+    }
+
+    /** One rank per process, from RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; the device is LOCAL_RANK. */
+    public static CommGroup fromEnvironment() {
+        Rendezvous r = Rendezvous.fromEnvironment();
+        return initRank(GpuRuntime.get().device(r.localRank()), r);
+    }
+
+    /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others. */
+    public static CommGroup initRank(Device device, Rendezvous rendezvous) {
+        CommGroup g = new CommGroup(rendezvous.worldSize());
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment id = a.allocate(ncclUniqueId.layout());
+            if (rendezvous.rank() == 0) Nccl.check("ncclGetUniqueId", ncclGetUniqueId(id), MemorySegment.NULL);
+            byte[] bytes = rendezvous.exchange(id.toArray(ValueLayout.JAVA_BYTE));
+            if (bytes.length != id.byteSize()) throw new CommException("unique id from rank 0 has " + bytes.length + " bytes, expected " + id.byteSize());
+            MemorySegment.copy(bytes, 0, id, ValueLayout.JAVA_BYTE, 0, bytes.length);
+            MemorySegment comm = a.allocate(ValueLayout.ADDRESS);
+            device.makeCurrent();
+            Nccl.check("ncclCommInitRank(rank " + rendezvous.rank() + " of " + rendezvous.worldSize() + ")",
+                    ncclCommInitRank(comm, rendezvous.worldSize(), id, rendezvous.rank()), MemorySegment.NULL);
+            g.ranks.add(new Communicator(g, comm.get(ValueLayout.ADDRESS, 0), device, rendezvous.rank(), 0));
+        } catch (RuntimeException e) {
+            g.close();
+            throw e;
+        }
+        return g;
+    }
+
+    public int worldSize() { return worldSize; }
+    /** The ranks this process drives, in local order. */
+    public List<Communicator> ranks() { return List.copyOf(ranks); }
+    public Communicator rank(int localIndex) { return ranks.get(localIndex); }
+    public int localCount() { return ranks.size(); }
+    public boolean isSingleProcess() { return ranks.size() == worldSize; }
+
+    /** Runs {@code body} inside ncclGroupStart/ncclGroupEnd (needed when one thread drives several ranks). */
+    public void inGroup(Runnable body) {
+        Nccl.check("ncclGroupStart", ncclGroupStart(), MemorySegment.NULL);
+        RuntimeException failure = null;
+        try {
+            body.run();
+        } catch (RuntimeException e) {
+            failure = e;
+        }
+        int rc = ncclGroupEnd();
+        if (failure != null) throw failure;
+        Nccl.check("ncclGroupEnd", rc, ranks.getFirst().handle());
+    }
+
+    private <T> void checkPerRank(List<T> list, String what) {
+        if (list.size() != ranks.size()) throw new IllegalArgumentException(what + ": one per local rank expected (" + ranks.size() + "), got " + list.size());
+    }
+
+    private void checkOn(Communicator c, DeviceBuffer b, String what) {
+        if (b.device() != c.device()) throw new IllegalArgumentException(what + " for " + c + " is on " + b.device());
+    }
+
+    /**
+     * Host-initiated uniform all-to-all of {@code bytesPerPeer} bytes per peer: {@code ncclAlltoAll}
+     * where the library has it, else grouped ncclSend/ncclRecv.
+     */
+    public void allToAll(List<DeviceBuffer> send, List<DeviceBuffer> recv, long bytesPerPeer, List<Stream> streams) {
+        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        long need = bytesPerPeer * worldSize;
+        for (int i = 0; i < ranks.size(); i++) {
+            Communicator c = ranks.get(i);
+            checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
+            if (send.get(i).byteSize() < need || recv.get(i).byteSize() < need)
+                throw new IllegalArgumentException("all-to-all of " + bytesPerPeer + " bytes per peer over " + worldSize + " ranks needs " + need
+                        + "-byte buffers; " + c + " has send " + send.get(i).byteSize() + " and receive " + recv.get(i).byteSize());
+        }
+        boolean native_ = hasAlltoAll();
+        inGroup(() -> {
+            for (int i = 0; i < ranks.size(); i++) {
+                Communicator c = ranks.get(i);
+                long s = send.get(i).address(), r = recv.get(i).address(), st = streams.get(i).handle();
+                if (native_) {
+                    Nccl.check("ncclAlltoAll", ncclAlltoAll(MemorySegment.ofAddress(s), MemorySegment.ofAddress(r), bytesPerPeer, ncclUint8(), c.handle(), MemorySegment.ofAddress(st)), c.handle());
+                } else {
+                    for (int p = 0; p < worldSize; p++) {
+                        sendRecv(c, s + p * bytesPerPeer, bytesPerPeer, r + p * bytesPerPeer, bytesPerPeer, p, st);
+                    }
+                }
+            }
+        });
+    }
+
+    private static Boolean alltoAllPresent;
+
+    /** Whether the loaded library exports ncclAlltoAll (NCCL 2.28+). */
+    public static boolean hasAlltoAll() {
+        Boolean b = alltoAllPresent;
+        if (b == null) alltoAllPresent = b = dev.gin4j.bindings.NativeLibrary.NCCL.find("ncclAlltoAll").isPresent();
+        return b;
+    }
+
+    private static void sendRecv(Communicator c, long send, long sendBytes, long recv, long recvBytes, int peer, long stream) {
+        MemorySegment st = MemorySegment.ofAddress(stream);
+        if (sendBytes > 0) Nccl.check("ncclSend(to " + peer + ")", ncclSend(MemorySegment.ofAddress(send), sendBytes, ncclUint8(), peer, c.handle(), st), c.handle());
+        if (recvBytes > 0) Nccl.check("ncclRecv(from " + peer + ")", ncclRecv(MemorySegment.ofAddress(recv), recvBytes, ncclUint8(), peer, c.handle(), st), c.handle());
+    }
+
+    /**
+     * Host-initiated all-to-all-v by grouped ncclSend/ncclRecv with host-side byte counts and
+     * offsets (what PyTorch's all_to_all_single does). Arrays are indexed [localRank][peer].
+     */
+    public void allToAllV(List<DeviceBuffer> send, long[][] sendCounts, long[][] sendOffsets,
+                          List<DeviceBuffer> recv, long[][] recvCounts, long[][] recvOffsets, List<Stream> streams) {
+        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        for (int i = 0; i < ranks.size(); i++) {
+            Communicator c = ranks.get(i);
+            checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
+            checkCounts(c, sendCounts[i], sendOffsets[i], send.get(i).byteSize(), "send");
+            checkCounts(c, recvCounts[i], recvOffsets[i], recv.get(i).byteSize(), "receive");
+        }
+        inGroup(() -> {
+            for (int i = 0; i < ranks.size(); i++) {
+                Communicator c = ranks.get(i);
+                long s = send.get(i).address(), r = recv.get(i).address(), st = streams.get(i).handle();
+                for (int p = 0; p < worldSize; p++) {
+                    sendRecv(c, s + sendOffsets[i][p], sendCounts[i][p], r + recvOffsets[i][p], recvCounts[i][p], p, st);
+                }
+            }
+        });
+    }
+
+    private void checkCounts(Communicator c, long[] counts, long[] offsets, long size, String what) {
+        if (counts.length != worldSize || offsets.length != worldSize)
+            throw new IllegalArgumentException(what + " counts/offsets for " + c + " need " + worldSize + " entries, got " + counts.length + "/" + offsets.length);
+        for (int p = 0; p < worldSize; p++) {
+            if (counts[p] < 0 || offsets[p] < 0) throw new IllegalArgumentException(what + " count/offset for peer " + p + " on " + c + " is negative: " + counts[p] + "/" + offsets[p]);
+            if (offsets[p] + counts[p] > size)
+                throw new IllegalArgumentException(what + " range for peer " + p + " on " + c + " is [" + offsets[p] + ", " + (offsets[p] + counts[p]) + ") but the buffer has " + size + " bytes");
+        }
+    }
+
+    /** Host-initiated all-gather of {@code bytes} per rank from send into recv (recv holds worldSize * bytes). */
+    public void allGather(List<DeviceBuffer> send, List<DeviceBuffer> recv, long bytes, List<Stream> streams) {
+        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        inGroup(() -> {
+            for (int i = 0; i < ranks.size(); i++) {
+                Communicator c = ranks.get(i);
+                if (send.get(i).byteSize() < bytes || recv.get(i).byteSize() < bytes * worldSize)
+                    throw new IllegalArgumentException("all-gather of " + bytes + " bytes needs send >= " + bytes + " and receive >= " + bytes * worldSize + " bytes on " + c);
+                Nccl.check("ncclAllGather", ncclAllGather(MemorySegment.ofAddress(send.get(i).address()), MemorySegment.ofAddress(recv.get(i).address()),
+                        bytes, ncclUint8(), c.handle(), MemorySegment.ofAddress(streams.get(i).handle())), c.handle());
+            }
+        });
+    }
+
+    /** Host-initiated sum all-reduce of {@code count} floats, in place allowed. */
+    public void allReduceSumFloat(List<DeviceBuffer> send, List<DeviceBuffer> recv, long count, List<Stream> streams) {
+        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        inGroup(() -> {
+            for (int i = 0; i < ranks.size(); i++) {
+                Communicator c = ranks.get(i);
+                if (send.get(i).byteSize() < count * 4 || recv.get(i).byteSize() < count * 4)
+                    throw new IllegalArgumentException("all-reduce of " + count + " floats needs " + count * 4 + "-byte buffers on " + c);
+                Nccl.check("ncclAllReduce", ncclAllReduce(MemorySegment.ofAddress(send.get(i).address()), MemorySegment.ofAddress(recv.get(i).address()),
+                        count, ncclFloat32(), ncclSum(), c.handle(), MemorySegment.ofAddress(streams.get(i).handle())), c.handle());
+            }
+        });
+    }
+
+    /**
+     * Gathers one long from every local rank across all ranks (a small all-gather plus a
+     * synchronous read): result[localIndex][rank]. Used to check that collective setup
+     * parameters agree before registering windows.
+     */
+    public long[][] allGatherLongs(long[] valuePerLocalRank) {
+        if (valuePerLocalRank.length != ranks.size()) throw new IllegalArgumentException("one value per local rank expected");
+        try (Arena a = Arena.ofConfined()) {
+            List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
+            List<Stream> streams = new ArrayList<>();
+            try {
+                for (int i = 0; i < ranks.size(); i++) {
+                    Device d = ranks.get(i).device();
+                    DeviceBuffer s = d.allocate(8, a), r = d.allocate(8L * worldSize, a);
+                    MemorySegment v = a.allocate(8);
+                    v.set(ValueLayout.JAVA_LONG, 0, valuePerLocalRank[i]);
+                    s.copyFromHost(v);
+                    send.add(s); recv.add(r); streams.add(d.createStream());
+                }
+                allGather(send, recv, 8, streams);
+                long[][] out = new long[ranks.size()][];
+                for (int i = 0; i < ranks.size(); i++) {
+                    streams.get(i).synchronize();
+                    MemorySegment h = a.allocate(8L * worldSize);
+                    recv.get(i).copyToHost(h);
+                    out[i] = h.toArray(ValueLayout.JAVA_LONG);
+                }
+                return out;
+            } finally {
+                streams.forEach(Stream::close);
+            }
+        }
+    }
+
+    /** Aborts every local communicator (pending work is dropped); the group is closed afterwards. */
+    public void abort() {
+        if (aborted) return;
+        aborted = true;
+        for (Communicator c : ranks) ncclCommAbort(c.handleUnchecked());
+        close();
+    }
+
+    @Override protected void release() {
+        if (aborted) return;
+        CommException first = null;
+        for (Communicator c : ranks) {
+            c.device().makeCurrent();
+            int rc = ncclCommDestroy(c.handleUnchecked());
+            if (rc != 0 && first == null) first = Nccl.error("ncclCommDestroy", rc, MemorySegment.NULL);
+        }
+        if (first != null) throw first;
+    }
+
+    @Override public String describe() { return "communicator group of " + ranks.size() + " local rank(s) of " + worldSize; }
+}

@@ -1,0 +1,40 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.Device;
+
+import java.lang.foreign.MemorySegment;
+
+/** One rank of a {@link CommGroup}: its NCCL/RCCL communicator and the device it drives. */
+public final class Communicator {
+    private final CommGroup group;
+    private final MemorySegment handle;
+    private final Device device;
+    private final int rank;
+    private final int localIndex;
+
+    Communicator(CommGroup group, MemorySegment handle, Device device, int rank, int localIndex) {
+        this.group = group;
+        this.handle = handle;
+        this.device = device;
+        this.rank = rank;
+        this.localIndex = localIndex;
+    }
+
+    public CommGroup group() { return group; }
+    public Device device() { return device; }
+    /** Rank in the whole communicator (all processes). */
+    public int rank() { return rank; }
+    public int size() { return group.worldSize(); }
+    /** Index among the ranks this process drives. */
+    public int localIndex() { return localIndex; }
+
+    /** The native ncclComm_t, after checking the group is open. */
+    public MemorySegment handle() {
+        group.ensureOpen();
+        return handle;
+    }
+
+    MemorySegment handleUnchecked() { return handle; }
+
+    @Override public String toString() { return "rank " + rank + "/" + size() + " on " + device; }
+}

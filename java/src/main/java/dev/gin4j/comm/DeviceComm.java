@@ -1,0 +1,88 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.NativeResource;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import static dev.gin4j.bindings.nccl.nccl_h.*;
+
+/**
+ * NCCL's device communicator ({@code ncclDevCommCreate}), one per local rank: the struct kernels
+ * take by value to use NCCL's device API (LSA pointers and barriers, GIN puts and signals).
+ * Collective. Destroyed with {@link #close()}, before its {@link CommGroup}.
+ */
+public final class DeviceComm extends NativeResource {
+    /** What the kernels need: LSA barriers, and GIN signals/counters where the library has GIN. */
+    public record Requirements(int lsaBarrierCount, int ginSignalCount, int ginCounterCount) {}
+
+    private final CommGroup group;
+    private final NcclDeviceAbi abi;
+    private final Arena arena = Arena.ofShared();
+    private final List<MemorySegment> structs = new ArrayList<>();
+
+    private DeviceComm(CommGroup group, NcclDeviceAbi abi) {
+        this.group = group;
+        this.abi = abi;
+    }
+
+    public static DeviceComm create(CommGroup group, Requirements req) {
+        group.ensureOpen();
+        NcclDeviceAbi abi = NcclDeviceAbi.forLoadedLibrary();
+        if ((req.ginSignalCount() > 0 || req.ginCounterCount() > 0) && !abi.hasRequirement("ginSignalCount")) {
+            throw new CommException("GIN requested but NCCL " + Nccl.versionString(abi.builtFor()) + " has no GIN fields in ncclDevCommRequirements (GIN needs NCCL >= 2.28.7)");
+        }
+        DeviceComm dc = new DeviceComm(group, abi);
+        Map<String, Integer> fields = new LinkedHashMap<>();
+        if (abi.hasRequirement("lsaBarrierCount")) fields.put("lsaBarrierCount", req.lsaBarrierCount());
+        if (req.ginSignalCount() > 0) fields.put("ginSignalCount", req.ginSignalCount());
+        if (req.ginCounterCount() > 0) fields.put("ginCounterCount", req.ginCounterCount());
+        try {
+            MemorySegment reqs = abi.requirements(dc.arena, fields);
+            for (int i = 0; i < group.localCount(); i++) dc.structs.add(dc.arena.allocate(Math.max(abi.devCommSize(), 8), Math.max(abi.devCommAlign(), 8)));
+            group.inGroup(() -> {
+                for (Communicator c : group.ranks()) {
+                    c.device().makeCurrent();
+                    Nccl.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());
+                }
+            });
+            dc.created = true;
+        } catch (RuntimeException e) {
+            dc.close();
+            throw e;
+        }
+        return dc;
+    }
+
+    private boolean created;
+
+    public NcclDeviceAbi abi() { return abi; }
+
+    /** The ncclDevComm struct of local rank {@code i}, as bytes to pass by value to a kernel. */
+    public MemorySegment struct(int localIndex) {
+        ensureOpen();
+        return structs.get(localIndex);
+    }
+
+    @Override protected void release() {
+        RuntimeException first = null;
+        if (created) {
+            for (Communicator c : group.ranks()) {
+                try {
+                    c.device().makeCurrent();
+                    Nccl.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
+                } catch (RuntimeException e) {
+                    if (first == null) first = e;
+                }
+            }
+        }
+        arena.close();
+        if (first != null) throw first;
+    }
+
+    @Override public String describe() { return "NCCL device communicator over " + group.describe(); }
+}

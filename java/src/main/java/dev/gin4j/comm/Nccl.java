@@ -1,0 +1,66 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.bindings.NativeLibrary;
+
+import java.lang.foreign.MemorySegment;
+
+import static dev.gin4j.bindings.nccl.nccl_h.*;
+
+/**
+ * The collective library as loaded: NCCL ({@code libnccl.so.2}) or RCCL ({@code librccl.so.1}),
+ * which exports the same names. Status checking lives here.
+ */
+public final class Nccl {
+    private Nccl() {}
+
+    private static final String[] RESULT_NAMES = {
+            "ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+            "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
+
+    public static boolean isAvailable() { return NativeLibrary.NCCL.isAvailable(); }
+
+    /** Which file was loaded and its version, or what was tried. */
+    public static String describe() { return NativeLibrary.NCCL.describe(); }
+
+    /** "RCCL" when the loaded file is RCCL, else "NCCL". */
+    public static String flavour() { return describe().contains("rccl") ? "RCCL" : "NCCL"; }
+
+    private static int cachedVersion;
+
+    /** NCCL_VERSION_CODE of the loaded library, e.g. 22803 for 2.28.3. */
+    public static int version() {
+        int v = cachedVersion;
+        if (v == 0) {
+            try (var arena = java.lang.foreign.Arena.ofConfined()) {
+                MemorySegment out = arena.allocate(java.lang.foreign.ValueLayout.JAVA_INT);
+                check("ncclGetVersion", ncclGetVersion(out), MemorySegment.NULL);
+                cachedVersion = v = out.get(java.lang.foreign.ValueLayout.JAVA_INT, 0);
+            }
+        }
+        return v;
+    }
+
+    public static String versionString(int code) {
+        return code >= 10000 ? (code / 10000) + "." + (code / 100) % 100 + "." + code % 100 : (code / 1000) + "." + (code / 100) % 10 + "." + code % 100;
+    }
+
+    static void check(String call, int rc, MemorySegment comm) {
+        if (rc != 0) throw error(call, rc, comm);
+    }
+
+    static CommException error(String call, int rc, MemorySegment comm) {
+        String name = rc >= 0 && rc < RESULT_NAMES.length ? RESULT_NAMES[rc] : "ncclResult_t " + rc;
+        String detail;
+        try {
+            detail = ncclGetErrorString(rc).reinterpret(4096).getString(0);
+            MemorySegment last = ncclGetLastError(comm);
+            if (!last.equals(MemorySegment.NULL)) {
+                String l = last.reinterpret(4096).getString(0);
+                if (!l.isEmpty()) detail += "; last error: " + l;
+            }
+        } catch (RuntimeException | LinkageError e) {
+            detail = "(no message: " + e.getMessage() + ")";
+        }
+        return new CommException(call, rc, name, detail);
+    }
+}

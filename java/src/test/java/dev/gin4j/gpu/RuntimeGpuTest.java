@@ -1,0 +1,253 @@
+package dev.gin4j.gpu;
+
+import dev.gin4j.testing.Gpus;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.Random;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** The runtime layer on a real GPU: code objects, launches, copies, events, graphs, peers, errors. */
+@Tag("gpu")
+class RuntimeGpuTest {
+    private final Random random = new Random();
+    private int liveBefore;
+    private long buffersBefore;
+
+    @BeforeEach void countResources() { liveBefore = NativeResource.liveCount(); buffersBefore = DeviceBuffer.liveCount(); }
+
+    @AfterEach void everythingClosed() {
+        assertEquals(liveBefore, NativeResource.liveCount(), () -> "native objects left open:\n" + NativeResource.liveSummary());
+        assertEquals(buffersBefore, DeviceBuffer.liveCount(), "device buffers left allocated");
+    }
+
+    @Test void deviceListingMatchesNvidiaSmi() throws Exception {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.skipUnless(rt.isCuda(), "nvidia-smi comparison needs the CUDA driver");
+        Process p;
+        try {
+            p = new ProcessBuilder("nvidia-smi", "--query-gpu=name", "--format=csv,noheader").start();
+        } catch (java.io.IOException e) {
+            Gpus.skipUnless(false, "nvidia-smi not runnable: " + e.getMessage());
+            return;
+        }
+        long count;
+        try (BufferedReader r = new BufferedReader(new InputStreamReader(p.getInputStream()))) {
+            count = r.lines().filter(l -> !l.isBlank()).count();
+        }
+        assertEquals(0, p.waitFor());
+        assertEquals(count, rt.devices().size(), "device count from the CUDA driver vs nvidia-smi");
+        for (Device d : rt.devices()) {
+            assertTrue(d.arch().matches("sm_\\d+"), d.arch());
+            assertTrue(d.totalMemory() > (1L << 30));
+            assertTrue(d.multiprocessors() > 0);
+            assertFalse(d.name().isBlank());
+        }
+    }
+
+    @Test void fillScaleCopyOnFreshRandomData() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+            int n = 1_000_003;
+            // fill
+            DeviceBuffer buf = dev.allocate(4L * n, arena);
+            buf.fill((byte) 0x5a, s);
+            int value = random.nextInt();
+            KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32);
+            fill.setPointer(0, buf).setLong(1, n).setInt(2, value);
+            basic.kernel("gin_fill_u32").launch(s, LaunchConfig.of(120, 256), fill);
+            s.synchronize();
+            MemorySegment host = arena.allocate(4L * n);
+            buf.copyToHost(host);
+            for (int i = 0; i < n; i++) assertEquals(value, host.getAtIndex(ValueLayout.JAVA_INT, i), "fill at " + i);
+
+            // scale
+            MemorySegment in = arena.allocate(4L * n);
+            for (int i = 0; i < n; i++) in.setAtIndex(ValueLayout.JAVA_FLOAT, i, (float) random.nextGaussian());
+            DeviceBuffer src = dev.allocate(4L * n, arena), dst = dev.allocate(4L * n, arena);
+            src.copyFromHost(in);
+            dst.fill((byte) 0xff, s); // NaN poison
+            float alpha = 1.5f + random.nextFloat();
+            KernelArgs scale = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.F32);
+            scale.setPointer(0, src).setPointer(1, dst).setLong(2, n).setFloat(3, alpha);
+            basic.kernel("gin_scale_f32").launch(s, LaunchConfig.of(264, 512), scale);
+            s.synchronize();
+            dst.copyToHost(host);
+            for (int i = 0; i < n; i++) assertEquals(alpha * in.getAtIndex(ValueLayout.JAVA_FLOAT, i), host.getAtIndex(ValueLayout.JAVA_FLOAT, i), "scale at " + i);
+
+            // copy with odd offsets and length
+            byte[] bytes = new byte[777_777];
+            random.nextBytes(bytes);
+            DeviceBuffer a = dev.allocate(bytes.length + 64, arena), b = dev.allocate(bytes.length + 64, arena);
+            DeviceBuffer from = a.slice(3, bytes.length), to = b.slice(11, bytes.length);
+            from.copyFromHost(MemorySegment.ofArray(bytes));
+            b.fill((byte) 0xa5, s);
+            KernelArgs copy = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
+            copy.setPointer(0, from).setPointer(1, to).setLong(2, bytes.length);
+            basic.kernel("gin_copy_bytes").launch(s, LaunchConfig.of(100, 256), copy);
+            s.synchronize();
+            assertArrayEquals(bytes, to.toByteArray());
+            byte[] guard = b.slice(0, 11).toByteArray();
+            for (byte g : guard) assertEquals((byte) 0xa5, g, "copy wrote before its destination");
+        }
+    }
+
+    @Test void structPassedByValue() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+            MemorySegment st = arena.allocate(80, 16);
+            byte a = (byte) random.nextInt(); long b = random.nextLong(); float[] c = new float[5];
+            short d = (short) random.nextInt(); byte[] e = new byte[13]; int g = random.nextInt(); double h = random.nextDouble(); byte[] tail = new byte[7];
+            random.nextBytes(e); random.nextBytes(tail);
+            st.set(ValueLayout.JAVA_BYTE, 0, a);
+            st.set(ValueLayout.JAVA_LONG, 8, b);
+            for (int i = 0; i < 5; i++) { c[i] = random.nextFloat(); st.set(ValueLayout.JAVA_FLOAT, 16 + 4L * i, c[i]); }
+            st.set(ValueLayout.JAVA_SHORT, 36, d);
+            MemorySegment.copy(e, 0, st, ValueLayout.JAVA_BYTE, 38, 13);
+            st.set(ValueLayout.JAVA_INT, 52, g);
+            st.set(ValueLayout.JAVA_DOUBLE, 56, h);
+            MemorySegment.copy(tail, 0, st, ValueLayout.JAVA_BYTE, 64, 7);
+            DeviceBuffer out = dev.allocate(32 * 8, arena);
+            out.fill((byte) 0x77, s);
+            // a scalar before the struct forces the struct slot's alignment to matter
+            KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.struct(80, 16), KernelArgs.Type.POINTER);
+            args.setStruct(0, st).setPointer(1, out);
+            basic.kernel("gin_sum_struct").launch(s, LaunchConfig.of(1, 32), args);
+            s.synchronize();
+            MemorySegment w = arena.allocate(32 * 8);
+            out.copyToHost(w);
+            long[] words = w.toArray(ValueLayout.JAVA_LONG);
+            long[] expect = new long[31];
+            int k = 0;
+            expect[k++] = a; expect[k++] = b;
+            for (float f : c) expect[k++] = Float.floatToRawIntBits(f) & 0xffffffffL;
+            expect[k++] = d;
+            for (byte x : e) expect[k++] = x & 0xff;
+            expect[k++] = g; expect[k++] = Double.doubleToRawLongBits(h);
+            for (byte x : tail) expect[k++] = x & 0xff;
+            expect[k++] = 80;
+            long sum = 0xcbf29ce484222325L;
+            for (int i = 0; i < 31; i++) {
+                assertEquals(expect[i], words[i], "struct word " + i);
+                sum ^= expect[i];
+                sum *= 0x100000001b3L;
+            }
+            assertEquals(sum, words[31], "checksum");
+        }
+    }
+
+    @Test void eventsTimeAndGraphsReplay() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic");
+             Event start = dev.createEvent(); Event end = dev.createEvent()) {
+            int n = 1 << 20;
+            DeviceBuffer buf = dev.allocate(4L * n, arena);
+            KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32);
+            int v1 = random.nextInt();
+            fill.setPointer(0, buf).setLong(1, n).setInt(2, v1);
+            Kernel k = basic.kernel("gin_fill_u32");
+            start.record(s);
+            k.launch(s, LaunchConfig.of(132, 256), fill);
+            end.record(s);
+            end.synchronize();
+            assertTrue(end.isComplete());
+            float ms = end.elapsedMillisSince(start);
+            assertTrue(ms > 0 && ms < 1000, "elapsed " + ms);
+
+            // capture: fill with v2, then scale is not involved; replay after poisoning
+            int v2 = v1 ^ 0x1234567;
+            fill.setInt(2, v2);
+            s.beginCapture();
+            k.launch(s, LaunchConfig.of(132, 256), fill);
+            try (Graph g = s.endCapture()) {
+                for (int rep = 0; rep < 3; rep++) {
+                    buf.fill((byte) 0, s);
+                    g.launch(s);
+                    s.synchronize();
+                    MemorySegment host = arena.allocate(4L * n);
+                    buf.copyToHost(host);
+                    for (int i = 0; i < n; i += 997) assertEquals(v2, host.getAtIndex(ValueLayout.JAVA_INT, i));
+                    assertEquals(v2, host.getAtIndex(ValueLayout.JAVA_INT, n - 1));
+                }
+            }
+        }
+    }
+
+    @Test void peerCopyAndPeerStores() {
+        GpuRuntime rt = Gpus.runtimeWithDevices(2);
+        Gpus.requireKernels(rt, "basic");
+        Device d0 = rt.device(0), d1 = rt.device(1);
+        Gpus.skipUnless(d0.canAccessPeer(d1), "devices 0 and 1 have no peer access");
+        d0.enablePeerAccess(d1);
+        try (Arena arena = Arena.ofConfined(); Stream s0 = d0.createStream(); CodeObject basic = d0.loadKernels("basic")) {
+            int n = 300_001;
+            byte[] data = new byte[4 * n];
+            random.nextBytes(data);
+            DeviceBuffer a = d0.allocate(data.length, arena), b = d1.allocate(data.length, arena), c = d1.allocate(data.length, arena);
+            a.copyFromHost(MemorySegment.ofArray(data));
+            try (Stream s1 = d1.createStream()) {
+                b.fill((byte) 0x33, s1);
+                s1.synchronize();
+                b.copyFrom(a, s1); // peer copy device 0 -> device 1
+                s1.synchronize();
+                c.fill((byte) 0x44, s1);
+                s1.synchronize();
+            }
+            assertArrayEquals(data, b.toByteArray());
+            KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
+            args.setPointer(0, a).setPointer(1, c).setLong(2, n);
+            basic.kernel("gin_add_peer_u32").launch(s0, LaunchConfig.of(64, 256), args);
+            s0.synchronize();
+            MemorySegment got = MemorySegment.ofArray(c.toByteArray()), src = MemorySegment.ofArray(data);
+            for (int i = 0; i < n; i++) {
+                assertEquals(src.getAtIndex(ValueLayout.JAVA_INT_UNALIGNED, i) + 1, got.getAtIndex(ValueLayout.JAVA_INT_UNALIGNED, i), "peer store at " + i);
+            }
+        }
+    }
+
+    @Test void badInputGivesExceptionsNotCrashes() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+            Kernel k = basic.kernel("gin_fill_u32");
+            DeviceBuffer buf = dev.allocate(1024, arena);
+            KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32);
+            IllegalStateException unset = assertThrows(IllegalStateException.class, () -> k.launch(s, LaunchConfig.of(1, 32), args));
+            assertTrue(unset.getMessage().contains("argument 0"), unset.getMessage());
+            args.setPointer(0, buf).setLong(1, 256).setInt(2, 1);
+            IllegalArgumentException tooMany = assertThrows(IllegalArgumentException.class, () -> k.launch(s, LaunchConfig.of(1, 4096), args));
+            assertTrue(tooMany.getMessage().contains("threads per block"), tooMany.getMessage());
+            GpuException oom = assertThrows(GpuException.class, () -> dev.allocate(1L << 52, arena));
+            assertTrue(oom.errorName().contains("OUT_OF_MEMORY") || oom.errorName().contains("OutOfMemory"), oom.getMessage());
+            GpuException noKernel = assertThrows(GpuException.class, () -> basic.kernel("no_such_kernel"));
+            assertTrue(noKernel.getMessage().contains("no_such_kernel"), noKernel.getMessage());
+            assertThrows(IndexOutOfBoundsException.class, () -> buf.slice(1000, 100));
+            assertThrows(IllegalArgumentException.class, () -> buf.copyFromHost(MemorySegment.ofArray(new byte[3])));
+        }
+        Stream closed = dev.createStream();
+        closed.close();
+        closed.close(); // idempotent
+        IllegalStateException use = assertThrows(IllegalStateException.class, closed::synchronize);
+        assertTrue(use.getMessage().contains("closed"), use.getMessage());
+        DeviceBuffer freed;
+        try (Arena arena = Arena.ofConfined()) {
+            freed = dev.allocate(64, arena);
+        }
+        assertThrows(IllegalStateException.class, freed::address);
+    }
+}
