@@ -841,8 +841,16 @@ def main(argv):
         print(f"typedef layouts {len(gen.typedef_layouts)}")
         print(f"enum constants {sum(1 for n in opts.include['constant'] if n in model.enum_constants)}")
         print(f"macro constants {sum(1 for n in opts.include['constant'] if n not in model.enum_constants)}")
-        for h in headers:
-            print(f"header {h} {sha256(h)}")
+        roots = [a[2:] for a in opts.clang_args if a.startswith("-I")]
+        files = {os.path.realpath(h) for h in headers}
+        for inc in tu.get_includes():
+            files.add(os.path.realpath(inc.include.name))
+        for f in sorted(files):
+            for r in roots + [os.path.dirname(os.path.realpath(h)) for h in headers]:
+                r = os.path.realpath(r)
+                if f.startswith(r + os.sep):
+                    print(f"header {os.path.relpath(f, r)} {sha256(f)}")
+                    break
         return 0
     if output is None:
         raise GenError("--output is required")
