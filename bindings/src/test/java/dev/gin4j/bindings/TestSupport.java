@@ -27,8 +27,16 @@ final class TestSupport {
         assumeTrue(condition, reason);
     }
 
-    /** The bindings/ folder (Maven runs tests there; walk up in case it does not). */
+    /**
+     * The bindings/ folder: system property gin4j.bindings.dir, else found from the working
+     * directory (Maven runs tests in bindings/). Skips the test when the sources are not there,
+     * e.g. when the test-jar runs on a GPU host without the repository.
+     */
     static Path bindingsDir() {
+        String configured = System.getProperty("gin4j.bindings.dir");
+        if (configured != null && Files.isRegularFile(Path.of(configured, "cuda.args"))) {
+            return Path.of(configured).toAbsolutePath();
+        }
         Path p = Path.of("").toAbsolutePath();
         for (Path q = p; q != null; q = q.getParent()) {
             if (Files.isRegularFile(q.resolve("cuda.args")) && Files.isDirectory(q.resolve("generator"))) {
@@ -38,7 +46,9 @@ final class TestSupport {
                 return q.resolve("bindings");
             }
         }
-        throw new IllegalStateException("bindings/ folder not found above " + p);
+        assumeOrSkip(false, "bindings/ sources (argfiles) not found above " + p
+                + ": this check needs the repository (or -Dgin4j.bindings.dir=<repo>/bindings)");
+        throw new AssertionError("unreachable");
     }
 
     static Path cudaHome() {
