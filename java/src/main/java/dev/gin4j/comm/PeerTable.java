@@ -1,0 +1,109 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.CodeObject;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.Stream;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * For each local rank, a device array of {@code worldSize} addresses: where each rank's copy of a
+ * symmetric window is mapped in this process (0 where a peer is not load/store reachable).
+ * Kernels store into peers through it. One process driving all GPUs shares one address space, so
+ * the table is the ranks' own window addresses ({@code ncclMemAlloc} grants peer access); with one
+ * process per GPU, NCCL maps peers' windows at registration and the device API tells where
+ * ({@code ncclGetLsaPointer}, in the gin_resolve_peers kernel).
+ */
+public final class PeerTable {
+    private final List<DeviceBuffer> tables;
+    private final List<long[]> host;
+    private final String source;
+
+    private PeerTable(List<DeviceBuffer> tables, List<long[]> host, String source) {
+        this.tables = tables;
+        this.host = host;
+        this.source = source;
+    }
+
+    /** Chooses the way that works for how the group was set up; tables live as long as {@code arena}. */
+    public static PeerTable resolve(SymmetricWindow window, Arena arena) {
+        return window.group().isSingleProcess() ? direct(window, arena) : fromDeviceApi(window, arena);
+    }
+
+    /** Single process: the ranks' own window addresses. */
+    public static PeerTable direct(SymmetricWindow window, Arena arena) {
+        CommGroup g = window.group();
+        if (!g.isSingleProcess()) throw new IllegalStateException("direct peer addresses need one process driving every rank");
+        long[] bases = new long[g.worldSize()];
+        for (int i = 0; i < g.localCount(); i++) bases[g.rank(i).rank()] = window.buffer(i).address();
+        List<DeviceBuffer> tables = new ArrayList<>();
+        List<long[]> host = new ArrayList<>();
+        for (int i = 0; i < g.localCount(); i++) {
+            var dev = g.rank(i).device();
+            for (int j = 0; j < g.localCount(); j++) {
+                if (i != j && !dev.canAccessPeer(g.rank(j).device())) {
+                    throw new CommException(dev + " has no load/store access to " + g.rank(j).device() + ": the GPU-initiated path needs NVLink/xGMI or PCIe peer access");
+                }
+            }
+            DeviceBuffer t = dev.allocate(8L * bases.length, arena);
+            t.copyFromHost(MemorySegment.ofArray(bases.clone()));
+            tables.add(t);
+            host.add(bases.clone());
+        }
+        return new PeerTable(tables, host, "direct addresses (one process, shared address space)");
+    }
+
+    /** Any process layout: asks NCCL's device API through the gin_resolve_peers kernel. */
+    public static PeerTable fromDeviceApi(SymmetricWindow window, Arena arena) {
+        CommGroup g = window.group();
+        List<DeviceBuffer> tables = new ArrayList<>();
+        List<long[]> host = new ArrayList<>();
+        try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(0, 0, 0))) {
+            for (int i = 0; i < g.localCount(); i++) {
+                var dev = g.rank(i).device();
+                try (Stream s = dev.createStream(); CodeObject peers = dev.loadKernels("nccl_peers"); Arena tmp = Arena.ofConfined()) {
+                    DeviceBuffer t = dev.allocate(8L * g.worldSize(), arena);
+                    KernelErrors err = new KernelErrors(dev, tmp, s);
+                    NcclDeviceAbi abi = dc.abi();
+                    KernelArgs args = KernelArgs.of(tmp, KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1)), KernelArgs.Type.POINTER,
+                            KernelArgs.Type.I64, KernelArgs.Type.POINTER, KernelArgs.Type.I32, KernelArgs.Type.POINTER);
+                    args.setStruct(0, dc.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, window.handle(i).address()).setLong(2, 0)
+                            .setPointer(3, t).setInt(4, g.worldSize()).setPointer(5, err.buffer());
+                    t.fill((byte) 0, s);
+                    peers.kernel("gin_resolve_peers").launch(s, LaunchConfig.of(1, 64), args);
+                    err.check("gin_resolve_peers", s);
+                    MemorySegment h = tmp.allocate(8L * g.worldSize());
+                    t.copyToHost(h);
+                    long[] bases = h.toArray(ValueLayout.JAVA_LONG);
+                    if (bases[g.rank(i).rank()] != window.buffer(i).address()) {
+                        throw new CommException("NCCL's device API maps " + g.rank(i) + "'s own window at 0x" + Long.toHexString(bases[g.rank(i).rank()])
+                                + " but it was allocated at 0x" + Long.toHexString(window.buffer(i).address()));
+                    }
+                    tables.add(t);
+                    host.add(bases);
+                }
+            }
+        }
+        return new PeerTable(tables, host, "NCCL device API (ncclGetLsaPointer)");
+    }
+
+    /** The device array for local rank {@code localIndex}. */
+    public DeviceBuffer table(int localIndex) { return tables.get(localIndex); }
+
+    /** A host copy of local rank {@code localIndex}'s table. */
+    public long[] bases(int localIndex) { return host.get(localIndex).clone(); }
+
+    /** Whether every peer of every local rank is load/store reachable. */
+    public boolean allReachable() {
+        for (long[] b : host) for (long a : b) if (a == 0) return false;
+        return true;
+    }
+
+    public String source() { return source; }
+}

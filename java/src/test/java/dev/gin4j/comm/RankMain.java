@@ -1,0 +1,103 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.CodeObject;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.Stream;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Random;
+
+/**
+ * One rank of the one-process-per-GPU tests, started by {@link TwoProcessGpuTest} with RANK,
+ * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and GIN4J_TEST_SEED set. Exits 0 and prints
+ * "RANK r OK" when its checks pass.
+ */
+public final class RankMain {
+    public static void main(String[] args) throws Exception {
+        String scenario = args.length > 0 ? args[0] : "exchange";
+        long seed = Long.parseLong(System.getenv().getOrDefault("GIN4J_TEST_SEED", "1"));
+        int rank = Integer.parseInt(System.getenv("RANK"));
+        try (CommGroup g = CommGroup.fromEnvironment(); Arena arena = Arena.ofShared()) {
+            switch (scenario) {
+                case "exchange" -> exchange(g, rank, seed, arena);
+                case "mismatch" -> mismatch(g, rank);
+                default -> throw new IllegalArgumentException("unknown scenario " + scenario);
+            }
+        }
+        System.out.println("RANK " + rank + " OK");
+        System.exit(0);
+    }
+
+    /** Every rank derives every rank's data from the shared seed, so it can check what arrived. */
+    private static byte[] dataOf(long seed, int rank, int bytes) {
+        byte[] b = new byte[bytes];
+        new Random(seed * 1_000_003 + rank).nextBytes(b);
+        return b;
+    }
+
+    private static void exchange(CommGroup g, int rank, long seed, Arena arena) {
+        Device d = g.rank(0).device();
+        int world = g.worldSize();
+        WindowLayout layout = WindowLayout.builder().region("payload", 1 << 20, 4096).build();
+        try (SymmetricWindow w = SymmetricWindow.allocate(g, layout); Stream s = d.createStream()) {
+            PeerTable peers = PeerTable.resolve(w, arena);
+            if (!peers.allReachable()) throw new AssertionError("not every peer is load/store reachable: " + Arrays.toString(peers.bases(0)));
+            w.region(0, "payload").fill((byte) 0xee, s);
+            s.synchronize();
+            g.allGatherLongs(new long[] {rank}); // everyone poisoned before anyone writes
+            int n = (1 << 20) / 4;
+            byte[] mine = dataOf(seed, rank, 4 * n);
+            int peer = (rank + 1) % world;
+            try (CodeObject basic = d.loadKernels("basic")) {
+                DeviceBuffer src = d.allocate(mine.length, arena);
+                src.copyFromHost(MemorySegment.ofArray(mine));
+                KernelArgs a = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
+                a.setPointer(0, src).setPointer(1, peers.bases(0)[peer] + layout.region("payload").offset()).setLong(2, n);
+                basic.kernel("gin_add_peer_u32").launch(s, LaunchConfig.of(64, 256), a);
+                s.synchronize();
+            }
+            g.allGatherLongs(new long[] {rank}); // everyone has written
+            int from = (rank - 1 + world) % world;
+            var exp = MemorySegment.ofArray(dataOf(seed, from, 4 * n));
+            var got = MemorySegment.ofArray(w.region(0, "payload").toByteArray());
+            for (int k = 0; k < n; k++) {
+                int e = exp.getAtIndex(java.lang.foreign.ValueLayout.JAVA_INT_UNALIGNED, k) + 1;
+                int v = got.getAtIndex(java.lang.foreign.ValueLayout.JAVA_INT_UNALIGNED, k);
+                if (e != v) throw new AssertionError("rank " + rank + " word " + k + ": expected " + e + " got " + v);
+            }
+            // host baseline all-to-all across processes
+            long perPeer = 10_007;
+            byte[] sendBytes = dataOf(seed + 7, rank, (int) (perPeer * world));
+            DeviceBuffer send = d.allocate(perPeer * world, arena), recv = d.allocate(perPeer * world, arena);
+            send.copyFromHost(MemorySegment.ofArray(sendBytes));
+            recv.fill((byte) 0x11, s);
+            g.allToAll(List.of(send), List.of(recv), perPeer, List.of(s));
+            s.synchronize();
+            byte[] r = recv.toByteArray();
+            for (int src = 0; src < world; src++) {
+                byte[] theirs = dataOf(seed + 7, src, (int) (perPeer * world));
+                if (!Arrays.equals(Arrays.copyOfRange(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer)),
+                        Arrays.copyOfRange(r, (int) (src * perPeer), (int) ((src + 1) * perPeer)))) {
+                    throw new AssertionError("host all-to-all: rank " + rank + " got wrong bytes from " + src);
+                }
+            }
+        }
+    }
+
+    private static void mismatch(CommGroup g, int rank) {
+        WindowLayout layout = WindowLayout.builder().region("payload", 4096L * (rank + 1), 4096).build();
+        try {
+            SymmetricWindow.allocate(g, layout).close();
+            throw new AssertionError("window sizes differ across ranks but allocation succeeded");
+        } catch (CommException e) {
+            if (!e.getMessage().contains("mismatch") || !e.getMessage().contains("rank")) throw new AssertionError("unclear message: " + e.getMessage());
+            System.out.println("rank " + rank + " refused as expected: " + e.getMessage());
+        }
+    }
+}

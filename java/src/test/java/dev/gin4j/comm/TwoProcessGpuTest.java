@@ -1,0 +1,68 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.testing.Gpus;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+
+import java.io.IOException;
+import java.net.ServerSocket;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.concurrent.TimeUnit;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** One process per GPU over loopback, started the way torchrun would (RANK, WORLD_SIZE, ...). */
+@Tag("gpu")
+class TwoProcessGpuTest {
+
+    static List<String> runRanks(int world, String mainClass, String scenario) throws Exception {
+        int port;
+        try (ServerSocket s = new ServerSocket(0)) { port = s.getLocalPort(); }
+        String java = ProcessHandle.current().info().command().orElse("java");
+        List<Process> procs = new ArrayList<>();
+        List<Path> logs = new ArrayList<>();
+        long seed = System.nanoTime();
+        for (int r = 0; r < world; r++) {
+            Path log = Files.createTempFile("gin4j-rank" + r, ".log");
+            logs.add(log);
+            ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", System.getProperty("java.class.path"), mainClass, scenario);
+            pb.environment().putAll(java.util.Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "LOCAL_RANK", "" + r, "MASTER_ADDR", "127.0.0.1",
+                    "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60"));
+            pb.redirectErrorStream(true).redirectOutput(log.toFile());
+            procs.add(pb.start());
+        }
+        List<String> outputs = new ArrayList<>();
+        for (int r = 0; r < world; r++) {
+            boolean done = procs.get(r).waitFor(180, TimeUnit.SECONDS);
+            if (!done) procs.forEach(Process::destroyForcibly);
+            String out = Files.readString(logs.get(r));
+            outputs.add(out);
+            assertTrue(done, "rank " + r + " did not finish in 180 s:\n" + out);
+            assertEquals(0, procs.get(r).exitValue(), "rank " + r + " failed:\n" + out);
+            assertTrue(out.contains("RANK " + r + " OK"), out);
+            Files.deleteIfExists(logs.get(r));
+        }
+        return outputs;
+    }
+
+    static void requireTwoGpus() throws IOException {
+        GpuRuntime rt = Gpus.runtimeWithDevices(2);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.requireKernels(rt, "nccl_peers");
+    }
+
+    @Test void windowsPeerStoresAndHostAllToAllAcrossProcesses() throws Exception {
+        requireTwoGpus();
+        runRanks(2, RankMain.class.getName(), "exchange");
+    }
+
+    @Test void mismatchedWindowSizesAreRefusedOnEveryRank() throws Exception {
+        requireTwoGpus();
+        List<String> out = runRanks(2, RankMain.class.getName(), "mismatch");
+        for (String o : out) assertTrue(o.contains("refused as expected"), o);
+    }
+}
