@@ -201,8 +201,11 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
 //   [r: kernel s-1] -> kernel boundary -> [r: stores of call s]. A load that completed before its
 //   kernel retired cannot observe a store issued after a later kernel observed a still later
 //   store; this is the same reasoning NCCL's LL protocol uses for its credit words.
-//   Stale words in half h carry flag s-2 (or 0 when fresh), never s (32-bit flags wrap only after
-//   2^32 calls and s-2 != s modulo 2^32).
+//   Flags never go stale: the receiver clears every payload pair it consumed (a local store in its
+//   kernel of call s-2, ordered before r's stores of call s by the same chain), so a payload word
+//   holds either 0 or the flag of the write now in flight, and flags are never 0:
+//   flag(s) = (s mod (2^32-1)) + 1. The count header (pair 0) is not cleared (several blocks read
+//   it) but is rewritten by every LL call, uniform or not, so it holds flag(s-2) != flag(s) or 0.
 // The fixed receive slot itself is written only by its owner (unpack / self copy), so it is
 // stream-ordered against the owner's readers; the output location never alternates.
 //
@@ -227,6 +230,8 @@ GIN_DEVICE_INLINE void store_payload8(uint8_t* dst, uint64_t v, uint64_t avail) 
   uint64_t n = avail < 8 ? avail : 8;
   for (uint64_t k = 0; k < n; ++k) dst[k] = (uint8_t)(v >> (8 * k));
 }
+
+GIN_DEVICE_INLINE uint32_t ll_flag(uint64_t seq) { return (uint32_t)(seq % 0xFFFFFFFFull) + 1u; }
 
 GIN_DEVICE_INLINE uint64_t ll_word(uint32_t flag, uint32_t payload) {
   return ((uint64_t)flag << 32) | payload;
@@ -271,8 +276,9 @@ GIN_DEVICE_INLINE void ll_send(uint64_t* stagePairs, const uint8_t* src, uint64_
   }
 }
 
-// Waits for LL pairs jlo..jhi-1 at stage and unpacks their payload (bytes < count) into dst.
-GIN_DEVICE_INLINE bool ll_recv(const uint64_t* stagePairs, uint8_t* dst, uint64_t count, uint64_t jlo, uint64_t jhi,
+// Waits for LL pairs jlo..jhi-1 at stage, unpacks their payload (bytes < count) into dst and
+// clears each consumed pair (so no old flag can ever be mistaken for a new one).
+GIN_DEVICE_INLINE bool ll_recv(uint64_t* stagePairs, uint8_t* dst, uint64_t count, uint64_t jlo, uint64_t jhi,
                                uint32_t flag, uint32_t tid, uint32_t nthreads, uint32_t* errorFlags) {
   for (uint64_t base = jlo + tid; base < jhi; base += (uint64_t)nthreads * kLlUnroll) {
     uint64_t w0[kLlUnroll], w1[kLlUnroll];
@@ -287,6 +293,7 @@ GIN_DEVICE_INLINE bool ll_recv(const uint64_t* stagePairs, uint8_t* dst, uint64_
       if (j < jhi) {
         if (!ll_wait_pair(stagePairs + 2 * j, flag, w0[u], w1[u], errorFlags)) return false;
         store_payload8(dst + 8 * j, (w0[u] & 0xffffffffull) | (w1[u] << 32), count - 8 * j);
+        gin_st16((void*)(stagePairs + 2 * j), gin_u128{0, 0});
       }
     }
   }
@@ -351,17 +358,18 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
   }
   __syncthreads();
   const uint64_t s = sharedSeq;
-  const uint32_t flag = (uint32_t)s;
+  const uint32_t flag = ll_flag(s);
   const uint64_t stride = gin_a2a_ll_slot_stride(llCapacity);
   const uint64_t half = (s & 1ull) * (uint64_t)nranks;
   uint64_t* sendStage = (uint64_t*)(peerWin + llOffset + (half + (uint64_t)rank) * stride);
-  const uint64_t* recvStage = (const uint64_t*)(ownWin + llOffset + (half + (uint64_t)p) * stride);
+  uint64_t* recvStage = (uint64_t*)(ownWin + llOffset + (half + (uint64_t)p) * stride);
 
-  // Send side: chunk c of my bytes for p (a2av: plus the count header from chunk 0).
+  // Send side: chunk c of my bytes for p, plus the count header from chunk 0 (written by uniform
+  // calls too, so the header never holds a stale flag; see above).
   {
     uint64_t lo, hi;
     chunk_range(count, chunks, c, kLlGranule, lo, hi);
-    if (kVarCounts && c == 0 && tid == 0) gin_ll_store_pair(sendStage, ll_word(flag, (uint32_t)count), ll_word(flag, 0));
+    if (c == 0 && tid == 0) gin_ll_store_pair(sendStage, ll_word(flag, (uint32_t)count), ll_word(flag, 0));
     ll_send(sendStage + 2, send + srcOffset, count, lo / 8, (hi + 7) / 8, flag, tid, nthreads);
   }
 
