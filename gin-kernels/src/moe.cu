@@ -1,0 +1,1445 @@
+// moe.cu - MoE dispatch and combine (expert-parallel token exchange) for both backends.
+//
+//   GIN (GPU-initiated, LSA windows; no host round trip, graph-capturable):
+//     moe_gin_dispatch   1 launch: routing layout + send (each token once per destination rank)
+//                        + receive/expand into the expert-major recvX.
+//     moe_gin_combine    1 launch: expert-side weighted partial sums per (token, rank), sent back
+//                        once per destination rank, and the source-side fp32 reduction into y.
+//   HOST (TorchTitan style; the exchanges are ncclAlltoAll / ncclSend / ncclRecv from Java):
+//     moe_host_layout, moe_host_pack, moe_host_permute, moe_host_unpermute, moe_host_combine.
+//   moe_query_layout     writes the window and workspace layouts (the Java side sizes both).
+//
+// Signatures, grids, window/workspace layouts, error bits and the ordering arguments are in
+// gin-kernels/KERNELS.md, section "moe.cu"; the short form of each argument sits next to the code.
+#include "gin_sync.cuh"
+
+// ------------------------------------------------------------------------------------------------
+// Limits and constants (mirrored in KERNELS.md).
+// ------------------------------------------------------------------------------------------------
+#define MOE_THREADS 512                             // blockDim.x of dispatch, combine, host_layout
+#define MOE_WARPS (MOE_THREADS / GIN_WARP_SIZE)     // 16 on NVIDIA, 8 on AMD (wave64)
+#define MOE_MAX_WARPS 16                            // sizes the per-warp flag arrays
+#define MOE_MAX_RANKS 16
+#define MOE_MAX_EXPERTS 2048
+#define MOE_MAX_TOPK 32
+#define MOE_MAX_CHANNELS 128
+#define MOE_MAX_BLOCKS (2 * MOE_MAX_CHANNELS)
+#define MOE_TILE_WORDS 3072  // layout tile: experts x 32-token chunks bitmasks (E * chunks <= this)
+#define MOE_MAX_HOST_THREADS 1024                   // blockDim.x limit of the other host kernels
+
+// Error bits (bits 0-7 are gin_sync's, e.g. GIN_ERR_TIMEOUT = 1 and GIN_ERR_NO_LSA_PATH = 16).
+#define MOE_ERR_EXPERT_ID (1u << 8)   // topkIdx entry < -1, >= E, or repeated in a token: masked
+#define MOE_ERR_TOKENS (1u << 9)      // numTokens < 0 or > maxTokens: clamped to [0, maxTokens]
+#define MOE_ERR_CONFIG (1u << 10)     // launch geometry / sizes outside the limits: nothing done
+#define MOE_ERR_COUNTS (1u << 11)     // received counts or row indices inconsistent: rows dropped
+
+// Workspace state words (uint64, zeroed once at creation; offsets in words).
+#define MOE_STATE_SEQ_DISPATCH 0      // [MOE_MAX_BLOCKS] call counter per dispatch block
+#define MOE_STATE_SEQ_COMBINE 256     // [MOE_MAX_BLOCKS] per combine block
+#define MOE_STATE_SEQ_LAYOUT 512      // [MOE_MAX_CHANNELS] per host_layout block
+#define MOE_STATE_HIST_READY 640      // [MOE_MAX_CHANNELS] dispatch: block histogram published
+#define MOE_STATE_LAYOUT_DONE 768     // [MOE_MAX_CHANNELS] dispatch: block positions written
+#define MOE_STATE_HIST_READY_HOST 896 // [MOE_MAX_CHANNELS] host_layout: histogram published
+#define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
+#define MOE_STATE_WORDS 1024
+
+// moe_query_layout output words.
+#define MOE_Q_WINDOW_BYTES 0
+#define MOE_Q_WINDOW_FLAGS_OFFSET 1
+#define MOE_Q_WINDOW_FLAGS_BYTES 2
+#define MOE_Q_WORKSPACE_BYTES 3
+#define MOE_Q_WORKSPACE_STATE_BYTES 4
+#define MOE_Q_RECV_CAPACITY_ROWS 5
+#define MOE_Q_SEND_CAPACITY_ROWS 6
+#define MOE_Q_WS_EXPERT_COUNT 7
+#define MOE_Q_WS_EXPERT_OFFSET 8
+#define MOE_Q_WS_ROWS_TO 9
+#define MOE_Q_WS_TOKENS_TO 10
+#define MOE_Q_WS_SLOT_IN_EXPERT 11
+#define MOE_Q_WS_TOKEN_POS 12
+#define MOE_Q_ROW_STRIDE 13
+#define MOE_Q_VERSION 14
+#define MOE_Q_WORDS 16
+#define MOE_LAYOUT_VERSION 1
+
+// ------------------------------------------------------------------------------------------------
+// Layouts (host and device). Every offset is in bytes from the window / workspace base.
+// ------------------------------------------------------------------------------------------------
+__host__ __device__ inline uint64_t moe_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Window section of data that `writer` stores into `owner`'s window: 0..R-2 (nothing for self).
+__host__ __device__ inline int moe_peer_section(int writer, int owner, int nRanks) {
+  int p = writer - owner - 1;
+  return p < 0 ? p + nRanks : p;
+}
+
+__host__ __device__ inline int moe_min_i(int a, int b) { return a < b ? a : b; }
+
+// Rows this rank can receive: every source token once per local expert it picked.
+__host__ __device__ inline uint64_t moe_recv_capacity_rows(int R, int E, int K, int M) {
+  int L = E / R;
+  return (uint64_t)R * (uint64_t)M * (uint64_t)moe_min_i(K, L);
+}
+
+struct MoeWindowLayout {
+  uint64_t rowBytes, rowStride, metaStride, countStride;
+  uint64_t dispRows;      // [R-1 sections][M slots][rowStride]   staging rows, by source section
+  uint64_t dispMeta;      // [R-1][M][metaStride]: int32 localExpert[K], int32 slotInExpert[K], f32 weight[K]
+  uint64_t counts;        // [R sources][countStride]: int32 count[L], slots, chanStart[C+1]
+  uint64_t combRows;      // [R-1][M][rowStride]   combine partials, by expert-rank section
+  uint64_t flagsOffset;   // start of the flag area (must be zero before the first call)
+  uint64_t countFlags;    // uint64 [MOE_MAX_RANKS] by source rank
+  uint64_t dispProgress;  // uint64 [R-1][MOE_MAX_CHANNELS][MOE_MAX_WARPS]
+  uint64_t dispConsumed;  // uint64 [R-1][MOE_MAX_CHANNELS]
+  uint64_t combProgress;  // uint64 [R-1][MOE_MAX_CHANNELS][MOE_MAX_WARPS]
+  uint64_t combConsumed;  // uint64 [R-1][MOE_MAX_CHANNELS]
+  uint64_t flagsBytes, totalBytes;
+};
+
+__host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K, int H, int M) {
+  MoeWindowLayout w;
+  const uint64_t P = R > 1 ? (uint64_t)(R - 1) : 0;
+  const uint64_t L = (uint64_t)(E / R);
+  const uint64_t slots = P * (uint64_t)M;
+  w.rowBytes = 2ull * (uint64_t)H;
+  w.rowStride = moe_align_up(w.rowBytes, 16);
+  w.metaStride = moe_align_up(12ull * (uint64_t)K, 16);
+  w.countStride = moe_align_up(4ull * (L + 2 + MOE_MAX_CHANNELS), 16);
+  uint64_t o = 0;
+  w.dispRows = o;
+  o = moe_align_up(o + slots * w.rowStride, 256);
+  w.dispMeta = o;
+  o = moe_align_up(o + slots * w.metaStride, 256);
+  w.counts = o;
+  o = moe_align_up(o + (uint64_t)R * w.countStride, 256);
+  w.combRows = o;
+  o = moe_align_up(o + slots * w.rowStride, 256);
+  w.flagsOffset = o;
+  w.countFlags = o;
+  o += 8ull * MOE_MAX_RANKS;
+  w.dispProgress = o;
+  o += 8ull * P * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
+  w.dispConsumed = o;
+  o += 8ull * P * MOE_MAX_CHANNELS;
+  w.combProgress = o;
+  o += 8ull * P * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
+  w.combConsumed = o;
+  o += 8ull * P * MOE_MAX_CHANNELS;
+  o = moe_align_up(o, 256);
+  w.flagsBytes = o - w.flagsOffset;
+  w.totalBytes = o;
+  return w;
+}
+
+// Local (non-window) device memory of one MoE instance; zeroed once at creation (at least the
+// state words). Arrays are int32 unless noted.
+struct MoeWorkspaceLayout {
+  uint64_t state;          // uint64 [MOE_STATE_WORDS]
+  uint64_t tokenPos;       // [M][R]  index of token t among this rank's tokens going to rank d, or -1
+  uint64_t slotInExpert;   // [M][K]  index of (t, expert k) among this rank's rows for that expert, or -1
+  uint64_t sendList;       // [R][M]  token of slot i to rank d (inverse of tokenPos)
+  uint64_t expertCount;    // [E]     this rank's rows per global expert
+  uint64_t expertOffset;   // [E+1]   host_layout only: exclusive scan of expertCount (send-row order)
+  uint64_t tokensTo;       // [R]     tokens going to each rank (slots)
+  uint64_t rowsTo;         // [R]     host_layout only: rows going to each rank
+  uint64_t chanStartTo;    // [R][MOE_MAX_CHANNELS+1] first slot to rank d of each token channel
+  uint64_t histE;          // [MOE_MAX_CHANNELS][E] per-block expert histograms (scratch)
+  uint64_t histD;          // [MOE_MAX_CHANNELS][R] per-block destination histograms (scratch)
+  uint64_t slotRows;       // [R][M][K] recvX row of (received slot, k), or -1 (dispatch -> combine)
+  uint64_t slotsFrom;      // [R]     slots received from each source
+  uint64_t chanStartFrom;  // [R][MOE_MAX_CHANNELS+1] source s's channel boundaries in its slots to us
+  uint64_t totalBytes;
+};
+
+__host__ __device__ inline MoeWorkspaceLayout moe_workspace_layout(int R, int E, int K, int M) {
+  MoeWorkspaceLayout w;
+  const uint64_t r = (uint64_t)R, e = (uint64_t)E, k = (uint64_t)K, m = (uint64_t)M;
+  uint64_t o = 0;
+  w.state = o;
+  o = moe_align_up(o + 8ull * MOE_STATE_WORDS, 256);
+  w.tokenPos = o;
+  o = moe_align_up(o + 4ull * m * r, 256);
+  w.slotInExpert = o;
+  o = moe_align_up(o + 4ull * m * k, 256);
+  w.sendList = o;
+  o = moe_align_up(o + 4ull * r * m, 256);
+  w.expertCount = o;
+  o = moe_align_up(o + 4ull * e, 256);
+  w.expertOffset = o;
+  o = moe_align_up(o + 4ull * (e + 1), 256);
+  w.tokensTo = o;
+  o = moe_align_up(o + 4ull * r, 256);
+  w.rowsTo = o;
+  o = moe_align_up(o + 4ull * r, 256);
+  w.chanStartTo = o;
+  o = moe_align_up(o + 4ull * r * (MOE_MAX_CHANNELS + 1), 256);
+  w.histE = o;
+  o = moe_align_up(o + 4ull * MOE_MAX_CHANNELS * e, 256);
+  w.histD = o;
+  o = moe_align_up(o + 4ull * MOE_MAX_CHANNELS * r, 256);
+  w.slotRows = o;
+  o = moe_align_up(o + 4ull * r * m * k, 256);
+  w.slotsFrom = o;
+  o = moe_align_up(o + 4ull * r, 256);
+  w.chanStartFrom = o;
+  o = moe_align_up(o + 4ull * r * (MOE_MAX_CHANNELS + 1), 256);
+  w.totalBytes = o;
+  return w;
+}
+
+// Sizes every kernel accepts (the same check on host and device).
+__host__ __device__ inline bool moe_sizes_ok(int R, int E, int K, int H, int M) {
+  if (R < 1 || R > MOE_MAX_RANKS || E < R || E > MOE_MAX_EXPERTS || E % R != 0) return false;
+  if (K < 1 || K > MOE_MAX_TOPK || H < 1 || M < 1) return false;
+  // int32 row indices: receive capacity and send rows stay below 2^31.
+  if (moe_recv_capacity_rows(R, E, K, M) >= (1ull << 31) || (uint64_t)M * (uint64_t)K >= (1ull << 31)) return false;
+  if ((uint64_t)M * (uint64_t)R >= (1ull << 31)) return false;
+  return true;
+}
+
+namespace moe_detail {
+
+// ------------------------------------------------------------------------------------------------
+// Small portable helpers.
+// ------------------------------------------------------------------------------------------------
+GIN_DEVICE_INLINE int shfl_i(int v, int src) {
+#if GIN_HIP
+  return __shfl(v, src);
+#else
+  return __shfl_sync(0xffffffffu, v, src);
+#endif
+}
+GIN_DEVICE_INLINE float shfl_f(float v, int src) { return __int_as_float(shfl_i(__float_as_int(v), src)); }
+GIN_DEVICE_INLINE const uint8_t* shfl_ptr(const uint8_t* p, int src) {
+  uint64_t u = (uint64_t)(uintptr_t)p;
+  uint32_t lo = (uint32_t)shfl_i((int)(uint32_t)u, src);
+  uint32_t hi = (uint32_t)shfl_i((int)(uint32_t)(u >> 32), src);
+  return (const uint8_t*)(uintptr_t)(((uint64_t)hi << 32) | lo);
+}
+
+// Execution + memory barrier of one warp/wavefront.
+GIN_DEVICE_INLINE void syncwarp() {
+#if GIN_HIP
+  __builtin_amdgcn_fence(__ATOMIC_ACQ_REL, "wavefront");
+  __builtin_amdgcn_wave_barrier();
+#else
+  __syncwarp();
+#endif
+}
+
+// Loads of data written during this kernel by another block or another GPU (after the matching
+// acquire): never through the non-coherent path, and not kept in L1.
+GIN_DEVICE_INLINE int ld_fresh_i32(const int* p) {
+#if GIN_HIP
+  return __hip_atomic_load(p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  return __ldcg(p);
+#endif
+}
+GIN_DEVICE_INLINE uint16_t ld_fresh_u16(const uint16_t* p) {
+#if GIN_HIP
+  return *(const volatile uint16_t*)p;
+#else
+  return __ldcg((const unsigned short*)p);
+#endif
+}
+GIN_DEVICE_INLINE gin_u128 ld16_fresh(const void* p) {
+  gin_u128 v;
+#if GIN_HIP
+  v.lo = __hip_atomic_load((const uint64_t*)p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+  v.hi = __hip_atomic_load((const uint64_t*)p + 1, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2];" : "=l"(v.lo), "=l"(v.hi) : "l"(p));
+#endif
+  return v;
+}
+template <bool kFresh>
+GIN_DEVICE_INLINE gin_u128 ld16(const void* p) {
+  return kFresh ? ld16_fresh(p) : gin_ld16_stream(p);
+}
+template <bool kFresh>
+GIN_DEVICE_INLINE uint16_t ld_u16(const uint16_t* p) {
+  return kFresh ? ld_fresh_u16(p) : *p;
+}
+
+GIN_DEVICE_INLINE float bf16_to_f32(uint32_t b) { return __uint_as_float((b & 0xffffu) << 16); }
+
+// Round to nearest even; NaN stays NaN.
+GIN_DEVICE_INLINE uint32_t f32_to_bf16(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+
+GIN_DEVICE_INLINE void acc_bf16x8(float* acc, gin_u128 v, float w) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[i] += w * bf16_to_f32((uint32_t)(v.lo >> (16 * i)));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) acc[4 + i] += w * bf16_to_f32((uint32_t)(v.hi >> (16 * i)));
+}
+
+GIN_DEVICE_INLINE gin_u128 pack_bf16x8(const float* acc) {
+  gin_u128 v;
+  v.lo = (uint64_t)f32_to_bf16(acc[0]) | ((uint64_t)f32_to_bf16(acc[1]) << 16) |
+         ((uint64_t)f32_to_bf16(acc[2]) << 32) | ((uint64_t)f32_to_bf16(acc[3]) << 48);
+  v.hi = (uint64_t)f32_to_bf16(acc[4]) | ((uint64_t)f32_to_bf16(acc[5]) << 16) |
+         ((uint64_t)f32_to_bf16(acc[6]) << 32) | ((uint64_t)f32_to_bf16(acc[7]) << 48);
+  return v;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Per-launch scalars derived from the arguments (registers; never a kernel argument).
+// ------------------------------------------------------------------------------------------------
+struct Dims {
+  int R, rank, E, L, K, H, M, C, T;
+  uint64_t rowBytes;
+};
+
+GIN_DEVICE_INLINE Dims make_dims(int rank, int nRanks, int numExperts, int topK, int hidden, int maxTokens,
+                                 int numChannels, int numTokens) {
+  Dims d;
+  d.R = nRanks;
+  d.rank = rank;
+  d.E = numExperts;
+  d.L = nRanks > 0 ? numExperts / nRanks : 0;
+  d.K = topK;
+  d.H = hidden;
+  d.M = maxTokens;
+  d.C = numChannels;
+  d.T = numTokens < 0 ? 0 : (numTokens > maxTokens ? maxTokens : numTokens);
+  d.rowBytes = 2ull * (uint64_t)(hidden > 0 ? hidden : 0);
+  return d;
+}
+
+// Token range of channel c: [c*T/C, (c+1)*T/C). Dispatch senders and combine consumers share it.
+GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) {
+  t0 = (int)((int64_t)c * d.T / d.C);
+  t1 = (int)((int64_t)(c + 1) * d.T / d.C);
+}
+
+// Validated expert ids of token t: ids < -1 or >= E, and repeats of an earlier slot, become -1.
+GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, int* ev, bool report,
+                                     uint32_t* errorFlags) {
+  const int* row = topkIdx + (uint64_t)t * (uint64_t)d.K;
+  bool bad = false;
+  for (int k = 0; k < d.K; ++k) {
+    int e = row[k];
+    if (e < -1 || e >= d.E) {
+      bad = true;
+      e = -1;
+    } else if (e >= 0) {
+      for (int j = 0; j < k; ++j) {
+        if (ev[j] == e) {
+          bad = true;
+          e = -1;
+          break;
+        }
+      }
+    }
+    ev[k] = e;
+  }
+  if (bad && report) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
+}
+
+// In-place exclusive scan of a[0..n) in shared memory by the whole block; returns the total.
+// tmp: blockDim.x ints of shared memory. Must be called by every thread of the block.
+GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
+  const int B = (int)blockDim.x, tid = (int)threadIdx.x;
+  const int per = (n + B - 1) / B;
+  const int begin = moe_min_i(n, tid * per), end = moe_min_i(n, begin + per);
+  int sum = 0;
+  for (int i = begin; i < end; ++i) sum += a[i];
+  tmp[tid] = sum;
+  __syncthreads();
+  for (int off = 1; off < B; off <<= 1) {
+    int v = tid >= off ? tmp[tid - off] : 0;
+    __syncthreads();
+    tmp[tid] += v;
+    __syncthreads();
+  }
+  int run = tmp[tid] - sum;
+  for (int i = begin; i < end; ++i) {
+    int x = a[i];
+    a[i] = run;
+    run += x;
+  }
+  const int total = tmp[B - 1];
+  __syncthreads();
+  return total;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Row movers (one warp per row). `fast`: rowBytes % 16 == 0 and all bases 16-byte aligned.
+// ------------------------------------------------------------------------------------------------
+constexpr int kExpandUnroll = 4;   // 16-byte vectors in flight per lane when copying
+constexpr int kReduceUnroll = 4;   // output vectors per lane per pass when reducing
+
+// Copies one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none) of dstBase.
+// kFresh: the source was written during this kernel (window staging), so no non-coherent loads.
+template <bool kFresh>
+GIN_DEVICE_INLINE void warp_expand_row(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
+                                       int nTargets, bool fast) {
+  const int lane = (int)gin_lane_id();
+  if (fast) {
+    const uint64_t nvec = rowBytes >> 4;
+    for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
+      gin_u128 r[kExpandUnroll];
+#pragma unroll
+      for (int u = 0; u < kExpandUnroll; ++u) {
+        const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+        if (v < nvec) r[u] = ld16<kFresh>(src + (v << 4));
+      }
+      for (int k = 0; k < nTargets; ++k) {
+        const int row = shfl_i(myRow, k);
+        if (row < 0) continue;
+        uint8_t* dst = dstBase + (uint64_t)row * rowBytes;
+#pragma unroll
+        for (int u = 0; u < kExpandUnroll; ++u) {
+          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+          if (v < nvec) gin_st16(dst + (v << 4), r[u]);
+        }
+      }
+    }
+  } else {
+    // Any hidden size / alignment: element by element (bf16 rows are always 2-byte aligned).
+    const uint64_t n = rowBytes >> 1;
+    const uint16_t* s16 = (const uint16_t*)src;
+    for (int k = 0; k < nTargets; ++k) {
+      const int row = shfl_i(myRow, k);
+      if (row < 0) continue;
+      uint16_t* dst = (uint16_t*)(dstBase + (uint64_t)row * rowBytes);
+      for (uint64_t i = (uint64_t)lane; i < n; i += GIN_WARP_SIZE) dst[i] = ld_u16<kFresh>(s16 + i);
+    }
+  }
+}
+
+// out = bf16( sum_{k < nk, row_k >= 0} w_k * rowsBase[row_k] + sum_{lanes j < nExtra, extra_j != 0} extra_j ),
+// accumulated in fp32. rowsBase rows are stable for the kernel; extra rows were written during it
+// (window partials, read after their flags). Lane k holds (myRow, myW), lane j holds myExtra.
+GIN_DEVICE_INLINE void warp_reduce_row(const uint8_t* rowsBase, uint64_t rowBytes, int myRow, float myW, int nk,
+                                       const uint8_t* myExtra, int nExtra, uint8_t* out, bool fast) {
+  const int lane = (int)gin_lane_id();
+  if (fast) {
+    const uint64_t nvec = rowBytes >> 4;
+    for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kReduceUnroll) {
+      float acc[kReduceUnroll][8];
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
+      for (int k = 0; k < nk; ++k) {
+        const int row = shfl_i(myRow, k);
+        const float w = shfl_f(myW, k);
+        if (row < 0) continue;
+        const uint8_t* src = rowsBase + (uint64_t)row * rowBytes;
+        gin_u128 r[kReduceUnroll];
+#pragma unroll
+        for (int u = 0; u < kReduceUnroll; ++u) {
+          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+          if (v < nvec) r[u] = gin_ld16_stream(src + (v << 4));
+        }
+#pragma unroll
+        for (int u = 0; u < kReduceUnroll; ++u) {
+          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+          if (v < nvec) acc_bf16x8(acc[u], r[u], w);
+        }
+      }
+      for (int j = 0; j < nExtra; ++j) {
+        const uint8_t* src = shfl_ptr(myExtra, j);
+        if (src == nullptr) continue;
+        gin_u128 r[kReduceUnroll];
+#pragma unroll
+        for (int u = 0; u < kReduceUnroll; ++u) {
+          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+          if (v < nvec) r[u] = ld16_fresh(src + (v << 4));
+        }
+#pragma unroll
+        for (int u = 0; u < kReduceUnroll; ++u) {
+          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+          if (v < nvec) acc_bf16x8(acc[u], r[u], 1.f);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kReduceUnroll; ++u) {
+        const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+        if (v < nvec) gin_st16(out + (v << 4), pack_bf16x8(acc[u]));
+      }
+    }
+  } else {
+    const uint64_t n = rowBytes >> 1;
+    uint16_t* o16 = (uint16_t*)out;
+    for (uint64_t i0 = 0; i0 < n; i0 += GIN_WARP_SIZE) {
+      const uint64_t i = i0 + (uint64_t)lane;
+      float acc = 0.f;
+      for (int k = 0; k < nk; ++k) {
+        const int row = shfl_i(myRow, k);
+        const float w = shfl_f(myW, k);
+        if (row < 0 || i >= n) continue;
+        acc += w * bf16_to_f32(((const uint16_t*)(rowsBase + (uint64_t)row * rowBytes))[i]);
+      }
+      for (int j = 0; j < nExtra; ++j) {
+        const uint8_t* src = shfl_ptr(myExtra, j);
+        if (src == nullptr || i >= n) continue;
+        acc += bf16_to_f32(ld_fresh_u16((const uint16_t*)src + i));
+      }
+      if (i < n) o16[i] = (uint16_t)f32_to_bf16(acc);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Routing layout, shared by moe_gin_dispatch (its sender blocks) and moe_host_layout.
+// Block c of C owns tokens [c*T/C, (c+1)*T/C). Positions are deterministic: the row of (t, e) among
+// this rank's rows for expert e is the number of tokens t' < t that picked e (slotInExpert), the
+// slot of t towards rank d is the number of tokens t' < t going to d (tokenPos). Each block
+//   1. counts its tokens per expert / destination and publishes the histogram (histReady[c] = seq),
+//   2. sums the histograms of blocks < c (it waits only for lower blocks, so blocks dispatched in
+//      index order always progress) = its starting offsets; the last block also gets the totals,
+//   3. walks its tokens in tiles of 32-token chunks: per expert a 32-bit mask per chunk (atomicOr,
+//      order-free), a scan over chunks, then position = prefix + popc(mask below the token).
+// ------------------------------------------------------------------------------------------------
+struct LayoutSmem {
+  int cntE[MOE_MAX_EXPERTS];  // this block's rows per expert
+  int runE[MOE_MAX_EXPERTS];  // rows of lower blocks per expert, then running position
+  int cntD[MOE_MAX_RANKS];    // this block's tokens per destination
+  int runD[MOE_MAX_RANKS];
+  int prefD[MOE_MAX_RANKS];   // tokens of lower blocks per destination (= this channel's first slot)
+  union {
+    struct {
+      uint32_t bits[MOE_TILE_WORDS];  // [E][chunks] token masks
+      int pre[MOE_TILE_WORDS];        // [E][chunks] position of the chunk's first hit
+      uint32_t dbits[MOE_MAX_RANKS * 32];
+      int dpre[MOE_MAX_RANKS * 32];
+    } tile;
+    struct {
+      int histD[MOE_MAX_CHANNELS * MOE_MAX_RANKS];          // [C][R] of every block
+      int chanStart[MOE_MAX_RANKS * (MOE_MAX_CHANNELS + 1)];  // [R][C+1]
+    } lead;
+  } u;
+  int scanTmp[MOE_THREADS];
+  int ok;
+};
+
+struct RecvSmem {
+  int cnt[MOE_MAX_EXPERTS];      // [R][L] rows from source s for local expert e
+  int rowBase[MOE_MAX_EXPERTS];  // [R][L] first recvX row of (s, e)
+  int slots[MOE_MAX_RANKS];      // slots source s sends us
+  int lo[MOE_MAX_RANKS];         // this channel's slot range of source s
+  int hi[MOE_MAX_RANKS];
+  int scanTmp[MOE_THREADS];
+  int ok;
+};
+
+union DispatchSmem {
+  LayoutSmem lay;
+  RecvSmem rcv;
+};
+
+// Step 1: histogram of the block's tokens into smem and into this block's rows of histE / histD.
+GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1,
+                                        int* histERow, int* histDRow, uint32_t* errorFlags) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  for (int e = tid; e < d.E; e += B) s.cntE[e] = 0;
+  for (int r = tid; r < d.R; r += B) s.cntD[r] = 0;
+  __syncthreads();
+  int ev[MOE_MAX_TOPK];
+  for (int t = t0 + tid; t < t1; t += B) {
+    token_experts(topkIdx, t, d, ev, true, errorFlags);
+    uint32_t destMask = 0;
+    for (int k = 0; k < d.K; ++k) {
+      if (ev[k] < 0) continue;
+      atomicAdd(&s.cntE[ev[k]], 1);
+      destMask |= 1u << (ev[k] / d.L);
+    }
+    while (destMask) {
+      const int r = __ffs((int)destMask) - 1;
+      destMask &= destMask - 1;
+      atomicAdd(&s.cntD[r], 1);
+    }
+  }
+  __syncthreads();
+  for (int e = tid; e < d.E; e += B) histERow[e] = s.cntE[e];
+  for (int r = tid; r < d.R; r += B) histDRow[r] = s.cntD[r];
+}
+
+// Publishes this block's histogram rows (written by all threads) with one release.
+GIN_DEVICE_INLINE void publish_local(uint64_t* flag, uint64_t value) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) gin_st_release_sys(flag, value);
+}
+
+// Step 2: runE / runD / prefD = sums over blocks < c. Returns false after a timeout.
+GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const int* histE, const int* histD,
+                                     const uint64_t* histReady, uint64_t seq, uint32_t* errorFlags) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  if (tid == 0) s.ok = 1;
+  for (int e = tid; e < d.E; e += B) s.runE[e] = 0;
+  for (int r = tid; r < d.R; r += B) s.runD[r] = 0;
+  __syncthreads();
+  bool ok = true;
+  for (int b = tid; b < c; b += B) ok &= gin_wait_geq(histReady + b, seq, errorFlags);
+  if (!ok) s.ok = 0;
+  __syncthreads();  // acquire by thread b, then the barrier: every thread may read block b's rows
+  const uint64_t nE = (uint64_t)c * (uint64_t)d.E;
+  for (uint64_t i0 = (uint64_t)tid; i0 < nE; i0 += 8ull * (uint64_t)B) {
+    int v[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
+      v[u] = i < nE ? ld_fresh_i32(histE + i) : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
+      if (i < nE && v[u] != 0) atomicAdd(&s.runE[(int)(i % (uint64_t)d.E)], v[u]);
+    }
+  }
+  const int nD = c * d.R;
+  for (int i = tid; i < nD; i += B) {
+    const int v = ld_fresh_i32(histD + i);
+    if (v != 0) atomicAdd(&s.runD[i % d.R], v);
+  }
+  __syncthreads();
+  for (int r = tid; r < d.R; r += B) s.prefD[r] = s.runD[r];
+  __syncthreads();
+  return s.ok != 0;
+}
+
+// Last block only: channel boundaries per destination, chanStart[r][j] = sum_{b<j} histD[b][r]
+// for j in [0, C], into smem (u.lead) and workspace chanStartTo; totals into expertCount/tokensTo.
+GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const int* histD, int* expertCount,
+                                          int* tokensTo, int* chanStartTo) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int last = d.C - 1;
+  for (int i = tid; i < d.C * d.R; i += B) {
+    const int b = i / d.R;
+    s.u.lead.histD[i] = b < last ? ld_fresh_i32(histD + i) : s.cntD[i % d.R];
+  }
+  __syncthreads();
+  for (int i = tid; i < d.R * (d.C + 1); i += B) {
+    const int r = i / (d.C + 1), j = i % (d.C + 1);
+    int acc = 0;
+    for (int b = 0; b < j; ++b) acc += s.u.lead.histD[b * d.R + r];
+    s.u.lead.chanStart[i] = acc;
+    chanStartTo[r * (MOE_MAX_CHANNELS + 1) + j] = acc;
+  }
+  for (int e = tid; e < d.E; e += B) expertCount[e] = s.runE[e] + s.cntE[e];
+  __syncthreads();
+  for (int r = tid; r < d.R; r += B) tokensTo[r] = s.u.lead.chanStart[r * (d.C + 1) + d.C];
+}
+
+// Step 3: final positions of the block's tokens. runE/runD hold the block's starting offsets.
+GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1,
+                                        int* slotInExpert, int* tokenPos, int* sendList) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int NC = moe_min_i(32, MOE_TILE_WORDS / d.E);  // chunks per tile (>= 1 since E <= 2048)
+  const int tileTokens = 32 * NC;
+  int ev[MOE_MAX_TOPK];
+  for (int tb = t0; tb < t1; tb += tileTokens) {
+    const int nt = moe_min_i(tileTokens, t1 - tb);
+    const int nch = (nt + 31) >> 5;
+    for (int i = tid; i < d.E * NC; i += B) s.u.tile.bits[i] = 0;
+    for (int i = tid; i < d.R * NC; i += B) s.u.tile.dbits[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < nt; i += B) {
+      const int ch = i >> 5;
+      const uint32_t bit = 1u << (i & 31);
+      token_experts(topkIdx, tb + i, d, ev, false, nullptr);
+      uint32_t destMask = 0;
+      for (int k = 0; k < d.K; ++k) {
+        if (ev[k] < 0) continue;
+        atomicOr(&s.u.tile.bits[ev[k] * NC + ch], bit);
+        destMask |= 1u << (ev[k] / d.L);
+      }
+      while (destMask) {
+        const int r = __ffs((int)destMask) - 1;
+        destMask &= destMask - 1;
+        atomicOr(&s.u.tile.dbits[r * NC + ch], bit);
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < d.E + d.R; i += B) {
+      if (i < d.E) {
+        int run = s.runE[i];
+        for (int ch = 0; ch < nch; ++ch) {
+          s.u.tile.pre[i * NC + ch] = run;
+          run += __popc(s.u.tile.bits[i * NC + ch]);
+        }
+        s.runE[i] = run;
+      } else {
+        const int r = i - d.E;
+        int run = s.runD[r];
+        for (int ch = 0; ch < nch; ++ch) {
+          s.u.tile.dpre[r * NC + ch] = run;
+          run += __popc(s.u.tile.dbits[r * NC + ch]);
+        }
+        s.runD[r] = run;
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < nt; i += B) {
+      const int t = tb + i, ch = i >> 5;
+      const uint32_t bit = 1u << (i & 31), below = bit - 1u;
+      token_experts(topkIdx, t, d, ev, false, nullptr);
+      for (int k = 0; k < d.K; ++k) {
+        const int e = ev[k];
+        slotInExpert[(uint64_t)t * d.K + k] =
+            e < 0 ? -1 : s.u.tile.pre[e * NC + ch] + __popc(s.u.tile.bits[e * NC + ch] & below);
+      }
+      for (int r = 0; r < d.R; ++r) {
+        const uint32_t m = s.u.tile.dbits[r * NC + ch];
+        int pos = -1;
+        if (m & bit) {
+          pos = s.u.tile.dpre[r * NC + ch] + __popc(m & below);
+          sendList[(uint64_t)r * d.M + pos] = t;
+        }
+        tokenPos[(uint64_t)t * d.R + r] = pos;
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Common launch checks; every block reaches the same verdict, block 0 reports it.
+GIN_DEVICE_INLINE bool launch_ok(const Dims& d, int blocksPerChannel, bool needRank, const void* must1,
+                                 const void* must2, uint32_t* errorFlags) {
+  bool ok = moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) && d.C >= 1 && d.C <= MOE_MAX_CHANNELS &&
+            blockDim.x == MOE_THREADS && blockDim.y == 1 && blockDim.z == 1 && gridDim.y == 1 &&
+            gridDim.z == 1 && gridDim.x == (unsigned)(blocksPerChannel * d.C) && must1 != nullptr &&
+            must2 != nullptr && (!needRank || (d.rank >= 0 && d.rank < d.R));
+  if (!ok && blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+  return ok;
+}
+
+GIN_DEVICE_INLINE bool peers_ok(const uint64_t* peerBases, int R, uint32_t* errorFlags) {
+  bool ok = true;
+  for (int p = 0; p < R; ++p) ok &= peerBases[p] != 0 && (peerBases[p] & 15u) == 0;
+  if (!ok && blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+  return ok;
+}
+
+GIN_DEVICE_INLINE uint64_t* state_of(uint8_t* workspace) {
+  return (uint64_t*)workspace;  // state words sit at offset 0
+}
+
+// Reads this block's call counter (+1) into *seqOut for every thread; thread 0 stores it back at
+// the end via store_seq. Every block of a launch holds the same value (all start equal, all +1).
+GIN_DEVICE_INLINE uint64_t load_seq(uint64_t* counter, uint64_t* sharedSeq) {
+  if (threadIdx.x == 0) *sharedSeq = *counter + 1;
+  __syncthreads();
+  return *sharedSeq;
+}
+
+}  // namespace moe_detail
+
+using namespace moe_detail;
+
+// ================================================================================================
+// moe_query_layout: out[MOE_Q_*] = window / workspace sizes and a few offsets the Java side needs.
+// Grid 1, block 1.
+// ================================================================================================
+GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,
+                                 int32_t maxTokens, uint64_t* out) {
+  if (threadIdx.x != 0 || blockIdx.x != 0 || out == nullptr) return;
+  for (int i = 0; i < MOE_Q_WORDS; ++i) out[i] = 0;
+  if (!moe_sizes_ok(nRanks, numExperts, topK, hidden, maxTokens)) return;  // all zero = refused
+  const MoeWindowLayout w = moe_window_layout(nRanks, numExperts, topK, hidden, maxTokens);
+  const MoeWorkspaceLayout s = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
+  out[MOE_Q_WINDOW_BYTES] = w.totalBytes;
+  out[MOE_Q_WINDOW_FLAGS_OFFSET] = w.flagsOffset;
+  out[MOE_Q_WINDOW_FLAGS_BYTES] = w.flagsBytes;
+  out[MOE_Q_WORKSPACE_BYTES] = s.totalBytes;
+  out[MOE_Q_WORKSPACE_STATE_BYTES] = 8ull * MOE_STATE_WORDS;
+  out[MOE_Q_RECV_CAPACITY_ROWS] = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens);
+  out[MOE_Q_SEND_CAPACITY_ROWS] = (uint64_t)maxTokens * (uint64_t)topK;
+  out[MOE_Q_WS_EXPERT_COUNT] = s.expertCount;
+  out[MOE_Q_WS_EXPERT_OFFSET] = s.expertOffset;
+  out[MOE_Q_WS_ROWS_TO] = s.rowsTo;
+  out[MOE_Q_WS_TOKENS_TO] = s.tokensTo;
+  out[MOE_Q_WS_SLOT_IN_EXPERT] = s.slotInExpert;
+  out[MOE_Q_WS_TOKEN_POS] = s.tokenPos;
+  out[MOE_Q_ROW_STRIDE] = w.rowStride;
+  out[MOE_Q_VERSION] = MOE_LAYOUT_VERSION;
+}
+
+// ================================================================================================
+// moe_gin_dispatch. Grid 2*C blocks of MOE_THREADS: blocks [0, C) are senders (channel c = token
+// range c), blocks [C, 2C) receivers (channel c = the slots that the senders of channel c of every
+// source produce). Per call seq n (per-block counters in the workspace state):
+//  sender c:  layout steps 1-2 (histReady[c] = n, wait lower blocks);
+//             last sender (the leader): totals; for every remote d waits dispConsumed[d][*] >= n-1
+//             in its own window (d's receivers finished reading our previous count table), writes
+//             our count table into d's window (per local expert of d, slots, chanStart[C+1]),
+//             fence, countFlags[rank] = n in d's window (own window for d = rank);
+//             layout step 3, layoutDone[c] = n (local);
+//             for each remote d with slots: wait dispConsumed[d][*] >= n-1 (all of d's receivers
+//             finished reading our previous staging), then warp w sends slots j = w, w+W, ... of
+//             the channel: row + metadata into d's staging, fence, dispProgress[rank][c][w] =
+//             (n << 32) | (slots done by w) in d's window.
+//  receiver c: waits countFlags[s] >= n for all s; builds rowBase[s][e] = expertStart[e] +
+//             sum_{s'<s} count[s'][e]; expands own tokens first (source = x, after layoutDone[c]),
+//             then each remote source's slots of channel c (warp w takes the slots sender warp w
+//             sent, waiting for its progress word); row = rowBase[s][e] + slotInExpert; finally
+//             dispConsumed[rank][c] = n into every remote source's window.
+// Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
+// ================================================================================================
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
+moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
+                 uint16_t* recvX, float* recvWeights, int32_t* recvCounts, const uint64_t* peerBases,
+                 uint8_t* workspace, uint32_t* errorFlags, int32_t rank, int32_t nRanks, int32_t numExperts,
+                 int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
+  __shared__ __align__(16) DispatchSmem sm;
+  __shared__ uint64_t sharedSeq;
+  const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
+  if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
+  if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||
+      topkWeights == nullptr || (x == nullptr && d.T > 0)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  if (!peers_ok(peerBases, d.R, errorFlags)) return;
+  if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
+    gin_error_set(errorFlags, MOE_ERR_TOKENS);
+
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
+  const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  uint64_t* state = state_of(workspace);
+  int* tokenPos = (int*)(workspace + ws.tokenPos);
+  int* slotInExpert = (int*)(workspace + ws.slotInExpert);
+  int* sendList = (int*)(workspace + ws.sendList);
+  uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
+  const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(recvX, 16);
+  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x, &sharedSeq);
+  const uint64_t seqHi = seq << 32;
+
+  if ((int)blockIdx.x < d.C) {
+    // ------------------------------------------------------------------ sender / layout block
+    LayoutSmem& s = sm.lay;
+    const int c = (int)blockIdx.x;
+    int t0, t1;
+    token_range(d, c, t0, t1);
+    int* histE = (int*)(workspace + ws.histE);
+    int* histD = (int*)(workspace + ws.histD);
+    layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
+    publish_local(state + MOE_STATE_HIST_READY + c, seq);
+    layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY, seq, errorFlags);
+
+    if (c == d.C - 1) {
+      // Leader: totals, then the count tables every receiver needs before it can place any row.
+      layout_lead_totals(s, d, histD, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
+                         (int*)(workspace + ws.chanStartTo));
+      if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
+      // WAR: d's receivers read our previous table until they raise dispConsumed (end of their call).
+      for (int i = tid; i < d.R * d.C; i += B) {
+        const int r = i / d.C, cc = i % d.C;
+        if (r == d.rank) continue;
+        const uint64_t* f = (const uint64_t*)(ownWin + wl.dispConsumed) +
+                            (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + cc;
+        (void)gin_wait_geq(f, seq - 1, errorFlags);
+      }
+      __syncthreads();
+      const int entries = d.L + 2 + d.C;
+      for (int r = 0; r < d.R; ++r) {
+        int* table = (int*)((uint8_t*)peerBases[r] + wl.counts + (uint64_t)d.rank * wl.countStride);
+        for (int i = tid; i < entries; i += B) {
+          int v;
+          if (i < d.L) v = s.runE[r * d.L + i] + s.cntE[r * d.L + i];
+          else if (i == d.L) v = s.u.lead.chanStart[r * (d.C + 1) + d.C];
+          else v = s.u.lead.chanStart[r * (d.C + 1) + (i - d.L - 1)];
+          table[i] = v;
+        }
+      }
+      gin_fence_acq_rel_sys();
+      __syncthreads();  // every thread's table stores, fenced, precede thread 0's releases
+      if (tid == 0) {
+        for (int r = 0; r < d.R; ++r)
+          gin_st_release_sys((uint64_t*)((uint8_t*)peerBases[r] + wl.countFlags) + d.rank, seq);
+      }
+      __syncthreads();  // u.lead is reused by the tiles below
+    }
+
+    layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
+    publish_local(state + MOE_STATE_LAYOUT_DONE + c, seq);
+
+    // Send this channel's slots to every remote rank (rotated so channels spread over peers).
+    for (int q = 1; q < d.R; ++q) {
+      const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
+      const int lo = s.prefD[r], cnt = s.cntD[r];
+      if (cnt == 0) continue;
+      // WAR on d's staging: ranges move between calls, so wait for all of d's receivers.
+      for (int cc = tid; cc < d.C; cc += B) {
+        const uint64_t* f = (const uint64_t*)(ownWin + wl.dispConsumed) +
+                            (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + cc;
+        (void)gin_wait_geq(f, seq - 1, errorFlags);
+      }
+      __syncthreads();
+      uint8_t* peerWin = (uint8_t*)peerBases[r];
+      const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
+      uint8_t* rowsBase = peerWin + wl.dispRows + sec * d.M * wl.rowStride;
+      uint8_t* metaBase = peerWin + wl.dispMeta + sec * d.M * wl.metaStride;
+      uint64_t* progress = (uint64_t*)(peerWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
+      int done = 0;
+      for (int j = warp; j < cnt; j += MOE_WARPS) {
+        const int slot = lo + j;
+        const int t = ld_fresh_i32(sendList + (uint64_t)r * d.M + slot);
+        const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
+        uint8_t* dst = rowsBase + (uint64_t)slot * wl.rowStride;
+        if (fast) {
+          const uint64_t nvec = d.rowBytes >> 4;
+          for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
+            gin_u128 v[kExpandUnroll];
+#pragma unroll
+            for (int u = 0; u < kExpandUnroll; ++u) {
+              const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+              if (vi < nvec) v[u] = gin_ld16_stream(src + (vi << 4));
+            }
+#pragma unroll
+            for (int u = 0; u < kExpandUnroll; ++u) {
+              const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+              if (vi < nvec) gin_st16(dst + (vi << 4), v[u]);
+            }
+          }
+        } else {
+          gin_copy_bytes(dst, src, d.rowBytes, (uint32_t)lane, GIN_WARP_SIZE);
+        }
+        if (lane < d.K) {
+          const int e = topkIdx[(uint64_t)t * d.K + lane];
+          const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
+          const bool mine = sl >= 0 && e / d.L == r;  // sl >= 0 implies e is a validated id
+          int* meta = (int*)(metaBase + (uint64_t)slot * wl.metaStride);
+          meta[lane] = mine ? e - r * d.L : -1;
+          meta[d.K + lane] = mine ? sl : -1;
+          ((float*)meta)[2 * d.K + lane] = mine ? topkWeights[(uint64_t)t * d.K + lane] : 0.f;
+        }
+        ++done;
+        gin_fence_acq_rel_sys();  // each lane's row/metadata stores before the warp's release
+        syncwarp();
+        if (lane == 0) gin_st_release_sys(progress, seqHi | (uint64_t)done);
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ receiver block
+    RecvSmem& s = sm.rcv;
+    const int c = (int)blockIdx.x - d.C;
+    if (tid == 0) s.ok = 1;
+    bool ok = true;
+    for (int r = tid; r < d.R; r += B)
+      ok &= gin_wait_geq((const uint64_t*)(ownWin + wl.countFlags) + r, seq, errorFlags);
+    if (!ok) s.ok = 0;
+    __syncthreads();
+    // Count tables (acquired above): counts, slots and this channel's slot range per source.
+    for (int i = tid; i < d.R * d.L; i += B) {
+      const int src = i / d.L, e = i % d.L;
+      const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
+      const int v = ld_fresh_i32(table + e);
+      s.cnt[i] = v;
+    }
+    for (int src = tid; src < d.R; src += B) {
+      const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
+      s.slots[src] = ld_fresh_i32(table + d.L);
+      s.lo[src] = ld_fresh_i32(table + d.L + 1 + c);
+      s.hi[src] = ld_fresh_i32(table + d.L + 2 + c);
+    }
+    __syncthreads();
+    // Validation: a source whose numbers cannot be right contributes nothing (never out of bounds).
+    const int maxRowsPerSource = d.M * moe_min_i(d.K, d.L);
+    for (int src = tid; src < d.R; src += B) {
+      int sum = 0;
+      bool bad = s.slots[src] < 0 || s.slots[src] > d.M || s.lo[src] < 0 || s.lo[src] > s.hi[src] ||
+                 s.hi[src] > s.slots[src];
+      for (int e = 0; e < d.L && !bad; ++e) {
+        const int v = s.cnt[src * d.L + e];
+        if (v < 0 || v > d.M) bad = true;
+        sum += v;
+      }
+      if (bad || sum > maxRowsPerSource) {
+        gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        for (int e = 0; e < d.L; ++e) s.cnt[src * d.L + e] = 0;
+        s.slots[src] = 0;
+        s.lo[src] = s.hi[src] = 0;
+      }
+    }
+    __syncthreads();
+    // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e]; expertStart = scan of totals.
+    for (int e = tid; e < d.L; e += B) {
+      int tot = 0;
+      for (int src = 0; src < d.R; ++src) tot += s.cnt[src * d.L + e];
+      s.rowBase[e] = tot;
+      if (c == 0) recvCounts[e] = tot;
+    }
+    __syncthreads();
+    block_exclusive_scan(s.rowBase, d.L, s.scanTmp);
+    for (int e = tid; e < d.L; e += B) {
+      int run = s.rowBase[e];
+      for (int src = 0; src < d.R; ++src) {
+        s.rowBase[src * d.L + e] = run;
+        run += s.cnt[src * d.L + e];
+      }
+    }
+    if (c == 0) {
+      int* slotsFrom = (int*)(workspace + ws.slotsFrom);
+      int* chanStartFrom = (int*)(workspace + ws.chanStartFrom);
+      for (int src = tid; src < d.R; src += B) slotsFrom[src] = s.slots[src];
+      for (int i = tid; i < d.R * (d.C + 1); i += B) {
+        const int src = i / (d.C + 1), j = i % (d.C + 1);
+        const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
+        int v = ld_fresh_i32(table + d.L + 1 + j);
+        if (v < 0 || v > s.slots[src]) v = s.slots[src] < 0 ? 0 : s.slots[src];
+        chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + j] = v;
+      }
+    }
+    __syncthreads();
+
+    int* slotRows = (int*)(workspace + ws.slotRows);
+    uint8_t* recvBase = (uint8_t*)recvX;
+    // Own tokens: straight from x, once sender c has written their positions.
+    {
+      // Acquire by thread 0, then the barrier: sender c's positions are visible to the block.
+      if (tid == 0) (void)gin_wait_geq(state + MOE_STATE_LAYOUT_DONE + c, seq, errorFlags);
+      __syncthreads();
+      const int lo = s.lo[d.rank], hi = s.hi[d.rank];
+      for (int slot = lo + warp; slot < hi; slot += MOE_WARPS) {
+        // sendList / slotInExpert were written by sender c during this kernel: coherent loads.
+        const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
+        int row = -1;
+        float wt = 0.f;
+        if (lane < d.K && t >= 0 && t < d.T) {
+          const int e = topkIdx[(uint64_t)t * d.K + lane];
+          const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
+          if (sl >= 0 && e / d.L == d.rank) {
+            const int le = e - d.rank * d.L;
+            if (sl < s.cnt[d.rank * d.L + le]) {
+              row = s.rowBase[d.rank * d.L + le] + sl;
+              wt = topkWeights[(uint64_t)t * d.K + lane];
+            } else {
+              gin_error_set(errorFlags, MOE_ERR_COUNTS);
+            }
+          }
+        }
+        if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
+        if (row >= 0) recvWeights[row] = wt;
+        if (t >= 0 && t < d.T)
+          warp_expand_row<false>((const uint8_t*)x + (uint64_t)t * d.rowBytes, recvBase, d.rowBytes, row, d.K,
+                                 fast);
+      }
+    }
+    // Remote sources: warp w expands the slots that sender warp w sent, as they land.
+    for (int q = 1; q < d.R; ++q) {
+      const int src = (d.rank + q) % d.R;
+      const int lo = s.lo[src], hi = s.hi[src];
+      const uint64_t sec = (uint64_t)moe_peer_section(src, d.rank, d.R);
+      const uint8_t* rowsBase = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
+      const uint8_t* metaBase = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
+      const uint64_t* progress =
+          (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
+      int ordinal = 0;
+      for (int j = warp; lo + j < hi; j += MOE_WARPS) {
+        const int slot = lo + j;
+        ++ordinal;
+        (void)gin_wait_geq(progress, seqHi | (uint64_t)ordinal, errorFlags);  // every lane acquires
+        int row = -1;
+        float wt = 0.f;
+        if (lane < d.K) {
+          const int* meta = (const int*)(metaBase + (uint64_t)slot * wl.metaStride);
+          const int le = ld_fresh_i32(meta + lane);
+          const int sl = ld_fresh_i32(meta + d.K + lane);
+          if (le >= 0 && le < d.L && sl >= 0 && sl < s.cnt[src * d.L + le]) {
+            row = s.rowBase[src * d.L + le] + sl;
+            wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
+          } else if (le != -1) {
+            gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          }
+          slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
+        }
+        if (row >= 0) recvWeights[row] = wt;
+        warp_expand_row<true>(rowsBase + (uint64_t)slot * wl.rowStride, recvBase, d.rowBytes, row, d.K, fast);
+      }
+    }
+    // WAR release: every read of the sources' staging and count tables is done.
+    __syncthreads();
+    if (tid < d.R && tid != d.rank) {
+      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
+                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
+      gin_st_release_sys(f, seq);
+    }
+  }
+  if (tid == 0) state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] = seq;
+}
+
+// ================================================================================================
+// moe_gin_combine. Grid 2*C blocks of MOE_THREADS, same C as the dispatch whose results it uses.
+//  producer c (blocks [0, C)), expert side: for each remote source s, the slots of s's channel c
+//             (chanStartFrom): wait combConsumed[s][*] >= n-1 in its own window (s's consumers
+//             finished reading our previous partials), then warp w reduces slots j = w, w+W, ...:
+//             partial = sum_k w_k * expertOut[row_k] (fp32 -> bf16) into s's window, fence,
+//             combProgress[rank][c][w] = (n << 32) | (slots done by w) in s's window.
+//  consumer c (blocks [C, 2C)), source side: tokens of channel c (same T and C as the dispatch):
+//             y[t] = sum over own experts of w * expertOut[row] + sum over remote d of the partial
+//             from d (after its producer warp's progress word), fp32 -> bf16; then
+//             combConsumed[rank][c] = n into every remote rank's window.
+// ================================================================================================
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
+moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens, uint16_t* y,
+                const uint64_t* peerBases, uint8_t* workspace, uint32_t* errorFlags, int32_t rank, int32_t nRanks,
+                int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
+  __shared__ uint64_t sharedSeq;
+  __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS];
+  Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
+  if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
+  if (expertOut == nullptr || recvWeights == nullptr || (y == nullptr && d.T > 0)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  if (!peers_ok(peerBases, d.R, errorFlags)) return;
+  uint64_t* state = state_of(workspace);
+  // The token partition must be the dispatch's: use its T (y must have at least T rows).
+  const int dispatchT = (int)state[MOE_STATE_DISPATCH_TOKENS];
+  if (dispatchT != numTokens) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_TOKENS);
+  }
+  d.T = dispatchT < 0 ? 0 : (dispatchT > d.M ? d.M : dispatchT);
+  const int yRows = numTokens < 0 ? 0 : numTokens;
+
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
+  const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  const int* slotRows = (const int*)(workspace + ws.slotRows);
+  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
+  const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);
+  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_COMBINE + blockIdx.x, &sharedSeq);
+  const uint64_t seqHi = seq << 32;
+
+  if ((int)blockIdx.x < d.C) {
+    // ------------------------------------------------------------------ producer (expert side)
+    const int c = (int)blockIdx.x;
+    const int* slotsFrom = (const int*)(workspace + ws.slotsFrom);
+    const int* chanStartFrom = (const int*)(workspace + ws.chanStartFrom);
+    for (int q = 1; q < d.R; ++q) {
+      const int src = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
+      const int S = slotsFrom[src];
+      const int a = chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + c];
+      const int b = chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + c + 1];
+      if (S < 0 || S > d.M || a < 0 || a > b || b > S) {
+        if (tid == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        continue;
+      }
+      if (a == b) continue;
+      for (int cc = tid; cc < d.C; cc += B) {
+        const uint64_t* f = (const uint64_t*)(ownWin + wl.combConsumed) +
+                            (uint64_t)moe_peer_section(src, d.rank, d.R) * MOE_MAX_CHANNELS + cc;
+        (void)gin_wait_geq(f, seq - 1, errorFlags);
+      }
+      __syncthreads();
+      uint8_t* peerWin = (uint8_t*)peerBases[src];
+      const uint64_t sec = (uint64_t)moe_peer_section(d.rank, src, d.R);
+      uint8_t* partBase = peerWin + wl.combRows + sec * d.M * wl.rowStride;
+      uint64_t* progress = (uint64_t*)(peerWin + wl.combProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
+      int done = 0;
+      for (int j = warp; a + j < b; j += MOE_WARPS) {
+        const int slot = a + j;
+        int row = -1;
+        float wt = 0.f;
+        if (lane < d.K) {
+          row = slotRows[((uint64_t)src * d.M + slot) * d.K + lane];
+          if (row >= capacity || row < -1) {
+            gin_error_set(errorFlags, MOE_ERR_COUNTS);
+            row = -1;
+          }
+          if (row >= 0) wt = recvWeights[row];
+        }
+        warp_reduce_row((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, nullptr, 0,
+                        partBase + (uint64_t)slot * wl.rowStride, fast);
+        ++done;
+        gin_fence_acq_rel_sys();
+        syncwarp();
+        if (lane == 0) gin_st_release_sys(progress, seqHi | (uint64_t)done);
+      }
+    }
+  } else {
+    // ------------------------------------------------------------------ consumer (source side)
+    const int c = (int)blockIdx.x - d.C;
+    const int* tokenPos = (const int*)(workspace + ws.tokenPos);
+    const int* chanStartTo = (const int*)(workspace + ws.chanStartTo);
+    for (int r = tid; r < d.R; r += B) {
+      lo[r] = chanStartTo[r * (MOE_MAX_CHANNELS + 1) + c];
+      hi[r] = chanStartTo[r * (MOE_MAX_CHANNELS + 1) + c + 1];
+    }
+    __syncthreads();
+    int t0, t1;
+    token_range(d, c, t0, t1);
+    if (t1 > yRows) t1 = yRows;  // never write past the y the caller passed
+    for (int t = t0 + warp; t < t1; t += MOE_WARPS) {
+      // Own experts: rows of this token's own slot, weights as dispatched.
+      int row = -1;
+      float wt = 0.f;
+      const int selfPos = tokenPos[(uint64_t)t * d.R + d.rank];
+      if (lane < d.K && selfPos >= 0 && selfPos < d.M) {
+        row = slotRows[((uint64_t)d.rank * d.M + selfPos) * d.K + lane];
+        if (row >= capacity || row < -1) {
+          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          row = -1;
+        }
+        if (row >= 0) wt = recvWeights[row];
+      }
+      // Remote partials: lane r waits for the producer warp that wrote this token's slot on r.
+      const uint8_t* extra = nullptr;
+      if (lane < d.R && lane != d.rank) {
+        const int pos = tokenPos[(uint64_t)t * d.R + lane];
+        if (pos >= 0) {
+          const int j = pos - lo[lane];
+          if (j < 0 || pos >= hi[lane]) {
+            gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          } else {
+            const uint64_t sec = (uint64_t)moe_peer_section(lane, d.rank, d.R);
+            const uint64_t* progress = (const uint64_t*)(ownWin + wl.combProgress) +
+                                       (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + (j % MOE_WARPS);
+            (void)gin_wait_geq(progress, seqHi | (uint64_t)(j / MOE_WARPS + 1), errorFlags);
+            extra = ownWin + wl.combRows + (sec * d.M + (uint64_t)pos) * wl.rowStride;
+          }
+        }
+      }
+      syncwarp();  // lane r's acquire, then the barrier: every lane may read r's partial
+      warp_reduce_row((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, extra, d.R,
+                      (uint8_t*)y + (uint64_t)t * d.rowBytes, fast);
+    }
+    __syncthreads();
+    if (tid < d.R && tid != d.rank) {
+      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.combConsumed) +
+                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
+      gin_st_release_sys(f, seq);
+    }
+  }
+  if (tid == 0) state[MOE_STATE_SEQ_COMBINE + blockIdx.x] = seq;
+}
+
+// ================================================================================================
+// HOST backend: local kernels around the Java side's ncclAlltoAll / ncclSend / ncclRecv.
+// ================================================================================================
+
+// moe_host_layout: the routing layout (same positions as the GIN dispatch) plus expertOffset
+// (exclusive scan of expertCount: send rows are ordered by global expert id, hence by destination
+// rank, and by token within an expert) and rowsTo[d]. Grid C blocks of MOE_THREADS (C <= 128;
+// block c waits only for blocks < c).
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
+moe_host_layout(const int32_t* topkIdx, int32_t numTokens, uint8_t* workspace, uint32_t* errorFlags,
+                int32_t nRanks, int32_t numExperts, int32_t topK, int32_t maxTokens, int32_t numChannels) {
+  __shared__ __align__(16) LayoutSmem s;
+  __shared__ uint64_t sharedSeq;
+  const Dims d = make_dims(0, nRanks, numExperts, topK, 1, maxTokens, numChannels, numTokens);
+  if (!launch_ok(d, 1, false, workspace, topkIdx, errorFlags)) return;
+  if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
+    gin_error_set(errorFlags, MOE_ERR_TOKENS);
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  uint64_t* state = state_of(workspace);
+  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_LAYOUT + blockIdx.x, &sharedSeq);
+  const int c = (int)blockIdx.x;
+  int t0, t1;
+  token_range(d, c, t0, t1);
+  int* histE = (int*)(workspace + ws.histE);
+  int* histD = (int*)(workspace + ws.histD);
+  layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
+  publish_local(state + MOE_STATE_HIST_READY_HOST + c, seq);
+  layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY_HOST, seq, errorFlags);
+  if (c == d.C - 1) {
+    int* expertCount = (int*)(workspace + ws.expertCount);
+    layout_lead_totals(s, d, histD, expertCount, (int*)(workspace + ws.tokensTo), (int*)(workspace + ws.chanStartTo));
+    if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
+    for (int e = tid; e < d.E; e += B) s.cntE[e] += s.runE[e];  // totals; runE stays for step 3
+    __syncthreads();
+    const int total = block_exclusive_scan(s.cntE, d.E, s.scanTmp);
+    int* expertOffset = (int*)(workspace + ws.expertOffset);
+    int* rowsTo = (int*)(workspace + ws.rowsTo);
+    for (int e = tid; e < d.E; e += B) expertOffset[e] = s.cntE[e];
+    if (tid == 0) expertOffset[d.E] = total;
+    for (int r = tid; r < d.R; r += B)
+      rowsTo[r] = (r + 1 < d.R ? s.cntE[(r + 1) * d.L] : total) - s.cntE[r * d.L];
+    __syncthreads();
+  }
+  layout_positions(s, topkIdx, d, t0, t1, (int*)(workspace + ws.slotInExpert), (int*)(workspace + ws.tokenPos),
+                   (int*)(workspace + ws.sendList));
+  if (tid == 0) state[MOE_STATE_SEQ_LAYOUT + blockIdx.x] = seq;
+}
+
+// moe_host_pack: sendRows[expertOffset[e] + slotInExpert[t][k]] = x[t], sendWeights[same] =
+// topkWeights[t][k] for every non-masked (t, k). One warp per token; any grid, any block size that
+// is a multiple of the warp size (<= 1024).
+GIN_KERNEL void moe_host_pack(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
+                              const uint8_t* workspace, uint16_t* sendRows, float* sendWeights, uint32_t* errorFlags,
+                              int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
+  const Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, numTokens);
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || blockDim.x % GIN_WARP_SIZE != 0 || workspace == nullptr ||
+      topkIdx == nullptr || topkWeights == nullptr || sendRows == nullptr || sendWeights == nullptr ||
+      (x == nullptr && d.T > 0)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  const int* slotInExpert = (const int*)(workspace + ws.slotInExpert);
+  const int* expertOffset = (const int*)(workspace + ws.expertOffset);
+  const int lane = (int)gin_lane_id();
+  const uint64_t warpsTotal = (uint64_t)gridDim.x * (blockDim.x / GIN_WARP_SIZE);
+  const uint64_t capacity = (uint64_t)d.M * (uint64_t)d.K;
+  const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(sendRows, 16);
+  for (uint64_t t = (uint64_t)blockIdx.x * (blockDim.x / GIN_WARP_SIZE) + threadIdx.x / GIN_WARP_SIZE;
+       t < (uint64_t)d.T; t += warpsTotal) {
+    int pos = -1;
+    if (lane < d.K) {
+      const int sl = slotInExpert[t * d.K + lane];
+      if (sl >= 0) {
+        const int e = topkIdx[t * d.K + lane];
+        const int64_t p = (int64_t)expertOffset[e] + sl;
+        if (e >= 0 && e < d.E && p >= 0 && (uint64_t)p < capacity) {
+          pos = (int)p;
+          sendWeights[pos] = topkWeights[t * d.K + lane];
+        } else {
+          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        }
+      }
+    }
+    warp_expand_row<false>((const uint8_t*)x + t * d.rowBytes, (uint8_t*)sendRows, d.rowBytes, pos, d.K, fast);
+  }
+}
+
+// Shared by permute / unpermute: received rows are ordered source-major (s, then local expert e,
+// then token); recvX is expert-major (e, then s, then token). countMatrix[s][e] = rows from s for
+// local expert e (device int32 [R][L], from the count exchange).
+template <bool kToExpertMajor>
+GIN_DEVICE_INLINE void host_permute(const uint16_t* in, const float* inWeights, const int32_t* countMatrix,
+                                    uint16_t* out, float* outWeights, int32_t* recvCounts, uint32_t* errorFlags,
+                                    int nRanks, int numExperts, int topK, int hidden, int maxTokens) {
+  __shared__ int cnt[MOE_MAX_EXPERTS], srcOff[MOE_MAX_EXPERTS], dstOff[MOE_MAX_EXPERTS];
+  __shared__ int scanTmp[MOE_MAX_HOST_THREADS];
+  __shared__ int totalRows;
+  const Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, 0);
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || blockDim.x % GIN_WARP_SIZE != 0 ||
+      blockDim.x > MOE_MAX_HOST_THREADS || in == nullptr || out == nullptr || countMatrix == nullptr ||
+      (kToExpertMajor && (inWeights == nullptr || outWeights == nullptr))) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x, n = d.R * d.L;
+  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  // Every block derives the same offsets; a bad matrix (negative, or more than fits) moves nothing.
+  for (int i = tid; i < n; i += B) {
+    const int v = countMatrix[i];
+    cnt[i] = v;
+    srcOff[i] = v;
+  }
+  if (tid == 0) totalRows = 0;
+  __syncthreads();
+  if (tid == 0) {
+    int64_t sum = 0;
+    bool bad = false;
+    for (int i = 0; i < n; ++i) {
+      if (cnt[i] < 0 || cnt[i] > d.M) bad = true;
+      sum += cnt[i] < 0 ? 0 : cnt[i];
+    }
+    if (bad || sum > capacity) {
+      if (blockIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+      totalRows = -1;
+    }
+  }
+  __syncthreads();
+  if (totalRows < 0) return;  // uniform: every thread of every block returns
+  const int total = block_exclusive_scan(srcOff, n, scanTmp);  // source-major offsets
+  // Expert-major: dstOff[s][e] = sum of all rows of experts < e + rows of (s' < s, e).
+  for (int e = tid; e < d.L; e += B) {
+    int tot = 0;
+    for (int s = 0; s < d.R; ++s) tot += cnt[s * d.L + e];
+    dstOff[e] = tot;  // scanned below (only the first L entries)
+    if (kToExpertMajor && blockIdx.x == 0 && recvCounts != nullptr) recvCounts[e] = tot;
+  }
+  __syncthreads();
+  block_exclusive_scan(dstOff, d.L, scanTmp);
+  for (int e = tid; e < d.L; e += B) {
+    int run = dstOff[e];
+    for (int s = 0; s < d.R; ++s) {
+      dstOff[s * d.L + e] = run;
+      run += cnt[s * d.L + e];
+    }
+  }
+  __syncthreads();
+  const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(in, 16) && gin_is_aligned(out, 16);
+  const int lane = (int)gin_lane_id();
+  const uint64_t warpsTotal = (uint64_t)gridDim.x * (blockDim.x / GIN_WARP_SIZE);
+  for (uint64_t j = (uint64_t)blockIdx.x * (blockDim.x / GIN_WARP_SIZE) + threadIdx.x / GIN_WARP_SIZE;
+       j < (uint64_t)total; j += warpsTotal) {
+    // Last (s, e) with srcOff <= j: entries with zero rows share the next one's offset.
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if ((uint64_t)srcOff[mid] <= j) lo = mid;
+      else hi = mid - 1;
+    }
+    const uint64_t dst = (uint64_t)dstOff[lo] + (j - (uint64_t)srcOff[lo]);
+    const uint64_t from = kToExpertMajor ? j : dst;
+    const uint64_t to = kToExpertMajor ? dst : j;
+    warp_expand_row<false>((const uint8_t*)in + from * d.rowBytes, (uint8_t*)out, d.rowBytes,
+                           lane == 0 ? (int)to : -1, 1, fast);
+    if (kToExpertMajor && lane == 0) outWeights[to] = inWeights[from];
+  }
+}
+
+// moe_host_permute: recvBuf (source-major, as received) -> recvX (expert-major), with weights;
+// writes recvCounts[L]. Any grid, block size a multiple of the warp size (<= 1024).
+GIN_KERNEL void moe_host_permute(const uint16_t* recvBuf, const float* recvBufWeights, const int32_t* countMatrix,
+                                 uint16_t* recvX, float* recvWeights, int32_t* recvCounts, uint32_t* errorFlags,
+                                 int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
+  host_permute<true>(recvBuf, recvBufWeights, countMatrix, recvX, recvWeights, recvCounts, errorFlags, nRanks,
+                     numExperts, topK, hidden, maxTokens);
+}
+
+// moe_host_unpermute: expertOut (expert-major) -> backBuf (source-major, ready to send back).
+GIN_KERNEL void moe_host_unpermute(const uint16_t* expertOut, const int32_t* countMatrix, uint16_t* backBuf,
+                                   uint32_t* errorFlags, int32_t nRanks, int32_t numExperts, int32_t topK,
+                                   int32_t hidden, int32_t maxTokens) {
+  host_permute<false>(expertOut, nullptr, countMatrix, backBuf, nullptr, nullptr, errorFlags, nRanks, numExperts,
+                      topK, hidden, maxTokens);
+}
+
+// moe_host_combine: y[t] = sum_k topkWeights[t][k] * returned[expertOffset[e] + slotInExpert[t][k]]
+// in fp32 (returned rows are in send-row order). One warp per token; any grid.
+GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkIdx, const float* topkWeights,
+                                 int32_t numTokens, const uint8_t* workspace, uint16_t* y, uint32_t* errorFlags,
+                                 int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
+  const Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, numTokens);
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || blockDim.x % GIN_WARP_SIZE != 0 || workspace == nullptr ||
+      topkIdx == nullptr || topkWeights == nullptr || (d.T > 0 && (returned == nullptr || y == nullptr))) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  const int* slotInExpert = (const int*)(workspace + ws.slotInExpert);
+  const int* expertOffset = (const int*)(workspace + ws.expertOffset);
+  const int lane = (int)gin_lane_id();
+  const uint64_t warpsTotal = (uint64_t)gridDim.x * (blockDim.x / GIN_WARP_SIZE);
+  const uint64_t capacity = (uint64_t)d.M * (uint64_t)d.K;
+  const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(returned, 16) && gin_is_aligned(y, 16);
+  for (uint64_t t = (uint64_t)blockIdx.x * (blockDim.x / GIN_WARP_SIZE) + threadIdx.x / GIN_WARP_SIZE;
+       t < (uint64_t)d.T; t += warpsTotal) {
+    int pos = -1;
+    float w = 0.f;
+    if (lane < d.K) {
+      const int sl = slotInExpert[t * d.K + lane];
+      if (sl >= 0) {
+        const int e = topkIdx[t * d.K + lane];
+        const int64_t p = (int64_t)expertOffset[e] + sl;
+        if (e >= 0 && e < d.E && p >= 0 && (uint64_t)p < capacity) {
+          pos = (int)p;
+          w = topkWeights[t * d.K + lane];
+        } else {
+          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        }
+      }
+    }
+    warp_reduce_row((const uint8_t*)returned, d.rowBytes, pos, w, d.K, nullptr, 0, (uint8_t*)y + t * d.rowBytes,
+                    fast);
+  }
+}
