@@ -82,6 +82,10 @@ public final class HipDriver implements Driver {
     }
 
     @Override public String arch(int dev) {
+        if (NativeLibrary.HIP.find("hipGetDevicePropertiesR0600").isEmpty()) {
+            // HIP before 6.0 exports no R0600 properties call; its compute capability gives gfx<major><minor>x only
+            return "gfx" + attribute(dev, hipDeviceAttributeComputeCapabilityMajor()) + attribute(dev, hipDeviceAttributeComputeCapabilityMinor()) + "x";
+        }
         try (Arena a = Arena.ofConfined()) {
             MemorySegment props = a.allocate(hipDeviceProp_tR0600.layout());
             check("hipGetDevicePropertiesR0600", hipGetDevicePropertiesR0600(props, dev));
