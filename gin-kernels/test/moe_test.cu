@@ -1,0 +1,1099 @@
+// moe_test.cu - standalone check and benchmark of gin-kernels/src/moe.cu (CUDA runtime only).
+//
+// One process drives every visible GPU (>= 2) as one rank each: symmetric windows are plain
+// cudaMalloc buffers made reachable with peer access, peerBases tables are built on the host.
+// Part 1 (correctness): the GIN kernels run on all GPUs concurrently (one stream each); the HOST
+// backend's local kernels run with the exchange emulated by cudaMemcpyPeerAsync of the counted
+// rows (the library uses NCCL from Java for it). Everything is checked against a CPU reference:
+// rank-tagged rows at their exact recvX positions, recvCounts, recvWeights, GIN == HOST byte for
+// byte, combine of fake experts (out = x * (1 + global expert id)) within the bf16 bound, edge
+// cases, and 200 back-to-back rounds without host synchronisation. Prints "N passed, M failed".
+// Part 2 (timing): GIN dispatch / combine and the HOST local kernels for DeepSeek-V3, Qwen3-30B-A3B
+// and Mixtral shapes at 128 and 4096 tokens per rank.
+//
+//   nvcc -arch=sm_90 -O3 -std=c++17 -Igin-kernels/src -o /tmp/moe_test gin-kernels/test/moe_test.cu
+//   /tmp/moe_test [--seed N] [--no-bench] [--bench-only] [--channels C]
+#include "../src/moe.cu"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#define CUDA_CHECK(call)                                                                              \
+  do {                                                                                                \
+    cudaError_t err_ = (call);                                                                        \
+    if (err_ != cudaSuccess) {                                                                        \
+      fprintf(stderr, "%s:%d: %s failed: %s (%d)\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_), \
+              (int)err_);                                                                             \
+      exit(2);                                                                                        \
+    }                                                                                                 \
+  } while (0)
+
+// ------------------------------------------------------------------------------------------------
+// bf16 on the host (same rounding as the kernels).
+// ------------------------------------------------------------------------------------------------
+static float bf2f(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t f2bf(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Test-only device kernels.
+// ------------------------------------------------------------------------------------------------
+__device__ __forceinline__ float dev_bf2f(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
+__device__ __forceinline__ uint16_t dev_f2bf(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0u;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+// Fake experts: out[row] = in[row] * (1 + global expert id of the row), rows expert-major with
+// per-local-expert counts recvCounts[L] (device, no host round trip). One block per row stride.
+__global__ void fake_expert_kernel(const uint16_t* in, uint16_t* out, const int* recvCounts, int L, int rank,
+                                   int H, int capacityRows) {
+  __shared__ int start[MOE_MAX_EXPERTS + 1];
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (int e = 0; e < L; ++e) {
+      start[e] = s;
+      int c = recvCounts[e];
+      s += c < 0 ? 0 : c;
+    }
+    start[L] = s;
+  }
+  __syncthreads();
+  const int total = start[L] < capacityRows ? start[L] : capacityRows;
+  for (int row = blockIdx.x; row < total; row += gridDim.x) {
+    int lo = 0, hi = L - 1;  // last e with start[e] <= row
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (start[mid] <= row) lo = mid;
+      else hi = mid - 1;
+    }
+    const float factor = (float)(1 + rank * L + lo);
+    const uint16_t* src = in + (uint64_t)row * H;
+    uint16_t* dst = out + (uint64_t)row * H;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = dev_f2bf(dev_bf2f(src[h]) * factor);
+  }
+}
+
+// Holds a stream until the host writes `expect` into a mapped pinned word, so that timed work on
+// all GPUs starts together (gives up after 5 s).
+__global__ void gate_kernel(const volatile uint32_t* flag, uint32_t expect) {
+  uint64_t t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  while (*flag < expect) {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > 5000000000ull) break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Problem description and inputs.
+// ------------------------------------------------------------------------------------------------
+enum Routing { UNIFORM, ONE_EXPERT, RANK0_ONLY, ALL_MASKED, INVALID_IDS };
+
+struct Case {
+  std::string name;
+  int E, K, H, M, C;
+  std::vector<int> T;  // per rank (cycled if shorter than the number of ranks)
+  Routing routing;
+  double maskProb;
+};
+
+struct RankInput {
+  int T = 0;
+  std::vector<uint16_t> x;  // [T][H]
+  std::vector<int> idx;     // [T][K]
+  std::vector<float> w;     // [T][K]
+  std::vector<int> ev;      // validated ids (CPU reference)
+};
+
+// Every value a small positive integer (exact in bf16); columns 0..3 tag rank, token and round.
+static uint16_t x_value(int rank, int t, int h, int round) {
+  int v;
+  if (h == 0) v = rank + 1;
+  else if (h == 1) v = (t >> 6) + 1;
+  else if (h == 2) v = (t & 63) + 1;
+  else if (h == 3) v = (round & 63) + 1;
+  else v = 1 + (rank * 37 + t * 11 + h * 5 + round * 3) % 61;
+  return f2bf((float)v);
+}
+
+static void validate_ids(RankInput& in, int E, int K) {
+  in.ev.assign((size_t)in.T * K, -1);
+  for (int t = 0; t < in.T; ++t)
+    for (int k = 0; k < K; ++k) {
+      int e = in.idx[(size_t)t * K + k];
+      if (e < -1 || e >= E) e = -1;
+      if (e >= 0)
+        for (int j = 0; j < k; ++j)
+          if (in.ev[(size_t)t * K + j] == e) e = -1;
+      in.ev[(size_t)t * K + k] = e;
+    }
+}
+
+static RankInput make_input(std::mt19937_64& rng, const Case& cs, int R, int rank, int T, int round) {
+  RankInput in;
+  in.T = T;
+  const int E = cs.E, K = cs.K, H = cs.H, L = E / R;
+  in.x.resize((size_t)T * H);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < H; ++h) in.x[(size_t)t * H + h] = x_value(rank, t, h, round);
+  in.idx.assign((size_t)T * K, -1);
+  in.w.resize((size_t)T * K);
+  std::uniform_real_distribution<double> uni(0.0, 1.0);
+  std::vector<int> perm(E);
+  for (int t = 0; t < T; ++t) {
+    for (int k = 0; k < K; ++k) in.w[(size_t)t * K + k] = (float)(0.05 + 0.95 * uni(rng));
+    int* row = &in.idx[(size_t)t * K];
+    switch (cs.routing) {
+      case ALL_MASKED: break;
+      case ONE_EXPERT: row[0] = E - 1; break;
+      case RANK0_ONLY:
+      case UNIFORM:
+      case INVALID_IDS: {
+        const int pool = cs.routing == RANK0_ONLY ? L : E;
+        for (int i = 0; i < pool; ++i) perm[i] = i;
+        for (int k = 0; k < K && k < pool; ++k) {
+          std::uniform_int_distribution<int> pick(k, pool - 1);
+          std::swap(perm[k], perm[pick(rng)]);
+          row[k] = uni(rng) < cs.maskProb ? -1 : perm[k];
+        }
+        if (cs.routing == INVALID_IDS) {
+          for (int k = 0; k < K; ++k) {
+            const double u = uni(rng);
+            if (u < 0.05) row[k] = E + (int)(uni(rng) * 100);         // out of range
+            else if (u < 0.10) row[k] = -2 - (int)(uni(rng) * 100);  // below -1
+            else if (u < 0.15 && k > 0) row[k] = row[0];             // repeat of slot 0
+          }
+        }
+        break;
+      }
+    }
+  }
+  validate_ids(in, E, K);
+  return in;
+}
+
+// CPU reference of one rank's dispatch result: rows (source, token, k) in expert-major order.
+struct RefRow {
+  int src, t, k;
+};
+static void reference_dispatch(const std::vector<RankInput>& in, int R, int E, int K, int d, std::vector<RefRow>& rows,
+                               std::vector<int>& counts) {
+  const int L = E / R;
+  rows.clear();
+  counts.assign(L, 0);
+  for (int e = 0; e < L; ++e) {
+    const int ge = d * L + e;
+    for (int s = 0; s < R; ++s)
+      for (int t = 0; t < in[s].T; ++t)
+        for (int k = 0; k < K; ++k)
+          if (in[s].ev[(size_t)t * K + k] == ge) {
+            rows.push_back({s, t, k});
+            counts[e]++;
+          }
+  }
+}
+
+// Fake expert output of one element (exactly what fake_expert_kernel computes).
+static uint16_t fake_out(uint16_t xv, int globalExpert) { return f2bf(bf2f(xv) * (float)(1 + globalExpert)); }
+
+// ------------------------------------------------------------------------------------------------
+// Per-rank device state for one configuration.
+// ------------------------------------------------------------------------------------------------
+struct Rank {
+  int dev = 0;
+  cudaStream_t stream = nullptr;
+  // GIN
+  uint8_t* window = nullptr;
+  uint8_t* ws = nullptr;
+  uint64_t* peerBases = nullptr;
+  uint32_t* err = nullptr;
+  uint16_t *x = nullptr, *recvX = nullptr, *expertOut = nullptr, *y = nullptr;
+  int *idx = nullptr, *recvCounts = nullptr;
+  float *w = nullptr, *recvWeights = nullptr;
+  // HOST
+  uint8_t* hws = nullptr;
+  uint16_t *sendRows = nullptr, *recvBuf = nullptr, *hRecvX = nullptr, *hExpertOut = nullptr, *backBuf = nullptr,
+           *returned = nullptr, *hy = nullptr;
+  float *sendWeights = nullptr, *recvBufWeights = nullptr, *hRecvWeights = nullptr;
+  int *countMatrix = nullptr, *hRecvCounts = nullptr;
+};
+
+struct Setup {
+  int R, E, K, H, M, C, L;
+  uint64_t rowBytes, capRows, sendCapRows;
+  MoeWindowLayout wl;
+  MoeWorkspaceLayout wsl;
+  std::vector<Rank> rk;
+};
+
+static int gNumGpus = 0;
+static int gSmCount = 0;
+
+template <typename T>
+static T* dmalloc(size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes < 16 ? 16 : bytes));
+  return (T*)p;
+}
+
+static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
+  Setup s;
+  s.R = gNumGpus;
+  s.E = E;
+  s.K = K;
+  s.H = H;
+  s.M = M;
+  s.C = C;
+  s.L = E / s.R;
+  if (!moe_sizes_ok(s.R, E, K, H, M) || C < 1 || C > MOE_MAX_CHANNELS) {
+    fprintf(stderr, "configuration outside the kernels' limits: R=%d E=%d K=%d H=%d M=%d C=%d\n", s.R, E, K, H, M, C);
+    exit(2);
+  }
+  s.rowBytes = 2ull * H;
+  s.capRows = moe_recv_capacity_rows(s.R, E, K, M);
+  s.sendCapRows = (uint64_t)M * K;
+  s.wl = moe_window_layout(s.R, E, K, H, M);
+  s.wsl = moe_workspace_layout(s.R, E, K, M);
+  s.rk.resize(s.R);
+  std::vector<uint64_t> bases(s.R);
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    q.dev = r;
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&q.stream, cudaStreamNonBlocking));
+    q.window = dmalloc<uint8_t>(s.wl.totalBytes);
+    CUDA_CHECK(cudaMemset(q.window, 0, s.wl.totalBytes));
+    q.ws = dmalloc<uint8_t>(s.wsl.totalBytes);
+    CUDA_CHECK(cudaMemset(q.ws, 0, s.wsl.totalBytes));
+    q.peerBases = dmalloc<uint64_t>(8ull * s.R);
+    q.err = dmalloc<uint32_t>(4);
+    CUDA_CHECK(cudaMemset(q.err, 0, 4));
+    q.x = dmalloc<uint16_t>((size_t)M * s.rowBytes);
+    q.idx = dmalloc<int>((size_t)M * K * 4);
+    q.w = dmalloc<float>((size_t)M * K * 4);
+    q.recvX = dmalloc<uint16_t>(s.capRows * s.rowBytes);
+    q.expertOut = dmalloc<uint16_t>(s.capRows * s.rowBytes);
+    q.recvWeights = dmalloc<float>(s.capRows * 4);
+    q.recvCounts = dmalloc<int>(4ull * s.L);
+    q.y = dmalloc<uint16_t>((size_t)M * s.rowBytes);
+    if (withHost) {
+      q.hws = dmalloc<uint8_t>(s.wsl.totalBytes);
+      CUDA_CHECK(cudaMemset(q.hws, 0, s.wsl.totalBytes));
+      q.sendRows = dmalloc<uint16_t>(s.sendCapRows * s.rowBytes);
+      q.sendWeights = dmalloc<float>(s.sendCapRows * 4);
+      q.recvBuf = dmalloc<uint16_t>(s.capRows * s.rowBytes);
+      q.recvBufWeights = dmalloc<float>(s.capRows * 4);
+      q.countMatrix = dmalloc<int>(4ull * s.R * s.L);
+      q.hRecvX = dmalloc<uint16_t>(s.capRows * s.rowBytes);
+      q.hExpertOut = dmalloc<uint16_t>(s.capRows * s.rowBytes);
+      q.hRecvWeights = dmalloc<float>(s.capRows * 4);
+      q.hRecvCounts = dmalloc<int>(4ull * s.L);
+      q.backBuf = dmalloc<uint16_t>(s.capRows * s.rowBytes);
+      q.returned = dmalloc<uint16_t>(s.sendCapRows * s.rowBytes);
+      q.hy = dmalloc<uint16_t>((size_t)M * s.rowBytes);
+    }
+    bases[r] = (uint64_t)(uintptr_t)q.window;
+  }
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaMemcpy(s.rk[r].peerBases, bases.data(), 8ull * s.R, cudaMemcpyHostToDevice));
+  }
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return s;
+}
+
+static void free_setup(Setup& s) {
+  for (auto& q : s.rk) {
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    void* ptrs[] = {q.window, q.ws, q.peerBases, q.err, q.x, q.idx, q.w, q.recvX, q.expertOut, q.recvWeights,
+                    q.recvCounts, q.y, q.hws, q.sendRows, q.sendWeights, q.recvBuf, q.recvBufWeights, q.countMatrix,
+                    q.hRecvX, q.hExpertOut, q.hRecvWeights, q.hRecvCounts, q.backBuf, q.returned, q.hy};
+    for (void* p : ptrs)
+      if (p) CUDA_CHECK(cudaFree(p));
+    CUDA_CHECK(cudaStreamDestroy(q.stream));
+  }
+  s.rk.clear();
+}
+
+static void sync_all(Setup& s) {
+  for (auto& q : s.rk) {
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    CUDA_CHECK(cudaStreamSynchronize(q.stream));
+  }
+}
+
+static void upload_inputs(Setup& s, const std::vector<RankInput>& in) {
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    if (in[r].T > 0) {
+      CUDA_CHECK(cudaMemcpy(q.x, in[r].x.data(), in[r].x.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(q.idx, in[r].idx.data(), in[r].idx.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(q.w, in[r].w.data(), in[r].w.size() * 4, cudaMemcpyHostToDevice));
+    }
+  }
+}
+
+// Outputs poisoned before each run (bf16 0xFFFF is a NaN, int -1, float NaN).
+static void poison_outputs(Setup& s) {
+  for (auto& q : s.rk) {
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    CUDA_CHECK(cudaMemsetAsync(q.recvX, 0xFF, s.capRows * s.rowBytes, q.stream));
+    CUDA_CHECK(cudaMemsetAsync(q.expertOut, 0xFF, s.capRows * s.rowBytes, q.stream));
+    CUDA_CHECK(cudaMemsetAsync(q.recvWeights, 0xFF, s.capRows * 4, q.stream));
+    CUDA_CHECK(cudaMemsetAsync(q.recvCounts, 0xFF, 4ull * s.L, q.stream));
+    CUDA_CHECK(cudaMemsetAsync(q.y, 0xFF, (size_t)s.M * s.rowBytes, q.stream));
+    if (q.hws) {
+      CUDA_CHECK(cudaMemsetAsync(q.sendRows, 0xFF, s.sendCapRows * s.rowBytes, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.recvBuf, 0xFF, s.capRows * s.rowBytes, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.hRecvX, 0xFF, s.capRows * s.rowBytes, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.hExpertOut, 0xFF, s.capRows * s.rowBytes, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.hRecvWeights, 0xFF, s.capRows * 4, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.hRecvCounts, 0xFF, 4ull * s.L, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.backBuf, 0xFF, s.capRows * s.rowBytes, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.returned, 0xFF, s.sendCapRows * s.rowBytes, q.stream));
+      CUDA_CHECK(cudaMemsetAsync(q.hy, 0xFF, (size_t)s.M * s.rowBytes, q.stream));
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Launchers.
+// ------------------------------------------------------------------------------------------------
+static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T) {
+  Rank& q = s.rk[r];
+  CUDA_CHECK(cudaSetDevice(q.dev));
+  moe_gin_dispatch<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(x, idx, w, T, q.recvX, q.recvWeights, q.recvCounts,
+                                                         q.peerBases, q.ws, q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
+  CUDA_CHECK(cudaGetLastError());
+}
+static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
+  Rank& q = s.rk[r];
+  CUDA_CHECK(cudaSetDevice(q.dev));
+  moe_gin_combine<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(q.expertOut, q.recvWeights, T, y, q.peerBases, q.ws, q.err, r,
+                                                        s.R, s.E, s.K, s.H, s.M, s.C);
+  CUDA_CHECK(cudaGetLastError());
+}
+static void fake_expert(Setup& s, int r, const uint16_t* in, uint16_t* out, const int* counts) {
+  Rank& q = s.rk[r];
+  CUDA_CHECK(cudaSetDevice(q.dev));
+  fake_expert_kernel<<<2 * gSmCount, 256, 0, q.stream>>>(in, out, counts, s.L, r, s.H, (int)s.capRows);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+static const int kHostThreads = 512;
+static int host_grid(uint64_t warps) {
+  uint64_t blocks = (warps * 32 + kHostThreads - 1) / kHostThreads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > (uint64_t)gSmCount * 4) blocks = (uint64_t)gSmCount * 4;
+  return (int)blocks;
+}
+
+// HOST backend, full round trip with the exchanges emulated by peer copies. Host-side counts
+// come from the layout (the library exchanges them with ncclAlltoAll and copies them to the host).
+struct HostCounts {
+  std::vector<std::vector<int>> expertCount, expertOffset;  // [rank][E], [rank][E+1]
+};
+
+static void host_layout_all(Setup& s, const std::vector<int>& T) {
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(q.idx, T[r], q.hws, q.err, s.R, s.E, s.K, s.M, s.C);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+static HostCounts host_read_counts(Setup& s) {
+  HostCounts hc;
+  hc.expertCount.resize(s.R);
+  hc.expertOffset.resize(s.R);
+  sync_all(s);
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    hc.expertCount[r].resize(s.E);
+    hc.expertOffset[r].resize(s.E + 1);
+    CUDA_CHECK(cudaMemcpy(hc.expertCount[r].data(), s.rk[r].hws + s.wsl.expertCount, 4ull * s.E, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hc.expertOffset[r].data(), s.rk[r].hws + s.wsl.expertOffset, 4ull * (s.E + 1),
+                          cudaMemcpyDeviceToHost));
+  }
+  return hc;
+}
+
+// Rows s sends to d (device-side order: global experts of d, token order).
+static int rows_between(const HostCounts& hc, int s, int d, int L) {
+  return hc.expertOffset[s][(d + 1) * L] - hc.expertOffset[s][d * L];
+}
+
+static void host_upload_count_matrix(Setup& s, const HostCounts& hc) {
+  for (int d = 0; d < s.R; ++d) {
+    std::vector<int> m((size_t)s.R * s.L);
+    for (int src = 0; src < s.R; ++src)
+      for (int e = 0; e < s.L; ++e) m[(size_t)src * s.L + e] = hc.expertCount[src][d * s.L + e];
+    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaMemcpy(s.rk[d].countMatrix, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
+  }
+}
+
+static void host_pack_all(Setup& s, const std::vector<int>& T) {
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_host_pack<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(q.x, q.idx, q.w, T[r], q.hws, q.sendRows,
+                                                                            q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// Emulated exchange: d receives from every s (source-major) into recvBuf, or the way back.
+static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
+  std::vector<cudaEvent_t> ev(s.R);
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaEventCreateWithFlags(&ev[r], cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventRecord(ev[r], s.rk[r].stream));
+  }
+  for (int r = 0; r < s.R; ++r) {  // every stream waits for every producer's kernels
+    CUDA_CHECK(cudaSetDevice(r));
+    for (int o = 0; o < s.R; ++o) CUDA_CHECK(cudaStreamWaitEvent(s.rk[r].stream, ev[o], 0));
+  }
+  for (int d = 0; d < s.R; ++d) {
+    uint64_t recvRow = 0;  // row in d's source-major buffer
+    for (int src = 0; src < s.R; ++src) {
+      const int n = rows_between(hc, src, d, s.L);
+      const uint64_t sendRow = (uint64_t)hc.expertOffset[src][d * s.L];
+      if (n > 0) {
+        if (!back) {
+          CUDA_CHECK(cudaSetDevice(src));
+          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[d].recvBuf + recvRow * s.rowBytes, d,
+                                         (uint8_t*)s.rk[src].sendRows + sendRow * s.rowBytes, src, n * s.rowBytes,
+                                         s.rk[src].stream));
+          CUDA_CHECK(cudaMemcpyPeerAsync(s.rk[d].recvBufWeights + recvRow, d, s.rk[src].sendWeights + sendRow, src,
+                                         4ull * n, s.rk[src].stream));
+        } else {
+          CUDA_CHECK(cudaSetDevice(d));
+          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[src].returned + sendRow * s.rowBytes, src,
+                                         (uint8_t*)s.rk[d].backBuf + recvRow * s.rowBytes, d, n * s.rowBytes,
+                                         s.rk[d].stream));
+        }
+      }
+      recvRow += (uint64_t)n;
+    }
+  }
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaEventRecord(ev[r], s.rk[r].stream));
+  }
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    for (int o = 0; o < s.R; ++o) CUDA_CHECK(cudaStreamWaitEvent(s.rk[r].stream, ev[o], 0));
+  }
+  sync_all(s);
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaEventDestroy(ev[r]));
+  }
+}
+
+static void host_permute_all(Setup& s) {
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_host_permute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(q.recvBuf, q.recvBufWeights, q.countMatrix,
+                                                                          q.hRecvX, q.hRecvWeights, q.hRecvCounts,
+                                                                          q.err, s.R, s.E, s.K, s.H, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+static void host_unpermute_all(Setup& s) {
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(q.hExpertOut, q.countMatrix, q.backBuf,
+                                                                            q.err, s.R, s.E, s.K, s.H, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+static void host_combine_all(Setup& s, const std::vector<int>& T) {
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_host_combine<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(q.returned, q.idx, q.w, T[r], q.hws, q.hy,
+                                                                               q.err, s.R, s.E, s.K, s.H, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Checks.
+// ------------------------------------------------------------------------------------------------
+static int gPassed = 0, gFailed = 0;
+static void record(bool ok, const std::string& what, const std::string& detail) {
+  if (ok) {
+    ++gPassed;
+  } else {
+    ++gFailed;
+    printf("  FAIL %s: %s\n", what.c_str(), detail.c_str());
+  }
+}
+
+struct DispatchResult {
+  std::vector<int> counts;
+  std::vector<uint16_t> rows;  // [total][H]
+  std::vector<float> weights;  // [total]
+};
+
+static DispatchResult read_dispatch(Setup& s, int r, const uint16_t* recvX, const float* recvWeights,
+                                    const int* recvCounts, int expectTotal) {
+  DispatchResult d;
+  CUDA_CHECK(cudaSetDevice(r));
+  d.counts.resize(s.L);
+  CUDA_CHECK(cudaMemcpy(d.counts.data(), recvCounts, 4ull * s.L, cudaMemcpyDeviceToHost));
+  const uint64_t n = (uint64_t)std::max(0, expectTotal);
+  d.rows.resize(n * s.H);
+  d.weights.resize(n);
+  if (n > 0) {
+    CUDA_CHECK(cudaMemcpy(d.rows.data(), recvX, n * s.rowBytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(d.weights.data(), recvWeights, n * 4, cudaMemcpyDeviceToHost));
+  }
+  return d;
+}
+
+// Compares one rank's dispatch result with the CPU reference; returns "" or the first mismatch.
+static std::string check_dispatch(const Setup& s, const std::vector<RankInput>& in, int d, const DispatchResult& got) {
+  std::vector<RefRow> rows;
+  std::vector<int> counts;
+  reference_dispatch(in, s.R, s.E, s.K, d, rows, counts);
+  char buf[256];
+  for (int e = 0; e < s.L; ++e)
+    if (got.counts[e] != counts[e]) {
+      snprintf(buf, sizeof buf, "rank %d recvCounts[%d] = %d, expected %d", d, e, got.counts[e], counts[e]);
+      return buf;
+    }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const RefRow& rr = rows[i];
+    const uint16_t* want = &in[rr.src].x[(size_t)rr.t * s.H];
+    const uint16_t* have = &got.rows[i * s.H];
+    if (memcmp(want, have, s.rowBytes) != 0) {
+      int h = 0;
+      while (want[h] == have[h]) ++h;
+      snprintf(buf, sizeof buf,
+               "rank %d recvX row %zu (source %d token %d slot %d): column %d = %g (tags %g,%g,%g), expected %g",
+               d, i, rr.src, rr.t, rr.k, h, bf2f(have[h]), bf2f(have[0]), s.H > 1 ? bf2f(have[1]) : 0.f,
+               s.H > 2 ? bf2f(have[2]) : 0.f, bf2f(want[h]));
+      return buf;
+    }
+    const float ww = in[rr.src].w[(size_t)rr.t * s.K + rr.k];
+    if (memcmp(&ww, &got.weights[i], 4) != 0) {
+      snprintf(buf, sizeof buf, "rank %d recvWeights[%zu] = %g, expected %g", d, i, got.weights[i], ww);
+      return buf;
+    }
+  }
+  return "";
+}
+
+// y of rank r against the CPU reference; returns the max relative error, -1 on a hard mismatch.
+static double check_combine(const Setup& s, const std::vector<RankInput>& in, int r, const std::vector<uint16_t>& y,
+                            double bound, std::string& detail) {
+  const RankInput& ri = in[r];
+  double maxRel = 0.0;
+  char buf[256];
+  for (int t = 0; t < ri.T; ++t) {
+    for (int h = 0; h < s.H; ++h) {
+      double ref = 0.0;
+      for (int k = 0; k < s.K; ++k) {
+        const int e = ri.ev[(size_t)t * s.K + k];
+        if (e < 0) continue;
+        ref += (double)ri.w[(size_t)t * s.K + k] * (double)bf2f(fake_out(ri.x[(size_t)t * s.H + h], e));
+      }
+      const double got = bf2f(y[(size_t)t * s.H + h]);
+      if (ref == 0.0) {
+        if (got != 0.0) {
+          snprintf(buf, sizeof buf, "rank %d y[%d][%d] = %g, expected 0 (all slots masked)", r, t, h, got);
+          detail = buf;
+          return -1.0;
+        }
+        continue;
+      }
+      const double rel = std::fabs(got - ref) / std::fabs(ref);
+      if (!(rel <= bound)) {
+        snprintf(buf, sizeof buf, "rank %d y[%d][%d] = %.6g, expected %.6g (relative error %.3g > %.3g)", r, t, h, got,
+                 ref, rel, bound);
+        detail = buf;
+        return -1.0;
+      }
+      maxRel = std::max(maxRel, rel);
+    }
+  }
+  return maxRel;
+}
+
+static std::vector<uint32_t> read_errors(Setup& s, bool host) {
+  std::vector<uint32_t> out(s.R);
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaMemcpy(&out[r], s.rk[r].err, 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemset(s.rk[r].err, 0, 4));
+  }
+  (void)host;
+  return out;
+}
+
+// Bounds of the combine error (bf16 unit roundoff u = 2^-8; all terms positive): HOST rounds once
+// (y), GIN twice (the per-rank partial crossing NVLink, then y).
+static const double kHostBound = 0.00392, kGinBound = 0.00786;
+
+// ------------------------------------------------------------------------------------------------
+// One correctness case: GIN and HOST dispatch + fake experts + combine, all checks.
+// ------------------------------------------------------------------------------------------------
+static void run_case(const Case& cs, std::mt19937_64& rng) {
+  Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, true);
+  std::vector<int> T(s.R);
+  for (int r = 0; r < s.R; ++r) T[r] = cs.T[r % cs.T.size()];
+  std::vector<RankInput> in(s.R);
+  for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, T[r], 0);
+  printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d T=[", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C);
+  for (int r = 0; r < s.R; ++r) printf("%s%d", r ? "," : "", T[r]);
+  printf("]\n");
+  upload_inputs(s, in);
+  const uint32_t expectErr = cs.routing == INVALID_IDS ? MOE_ERR_EXPERT_ID : 0u;
+
+  // GIN: dispatch on all ranks, fake experts, combine.
+  poison_outputs(s);
+  for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T[r]);
+  for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+  for (int r = 0; r < s.R; ++r) gin_combine(s, r, T[r], s.rk[r].y);
+  sync_all(s);
+  std::vector<uint32_t> ginErr = read_errors(s, false);
+
+  // HOST: layout, counts to host, pack, exchange, permute, fake experts, unpermute, exchange back, combine.
+  host_layout_all(s, T);
+  HostCounts hc = host_read_counts(s);
+  host_upload_count_matrix(s, hc);
+  host_pack_all(s, T);
+  host_exchange(s, hc, false);
+  host_permute_all(s);
+  for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].hRecvX, s.rk[r].hExpertOut, s.rk[r].hRecvCounts);
+  host_unpermute_all(s);
+  host_exchange(s, hc, true);
+  host_combine_all(s, T);
+  sync_all(s);
+  std::vector<uint32_t> hostErr = read_errors(s, true);
+
+  for (int r = 0; r < s.R; ++r) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "%s rank %d", cs.name.c_str(), r);
+    std::vector<RefRow> refRows;
+    std::vector<int> refCounts;
+    reference_dispatch(in, s.R, s.E, s.K, r, refRows, refCounts);
+    const int total = (int)refRows.size();
+    DispatchResult g = read_dispatch(s, r, s.rk[r].recvX, s.rk[r].recvWeights, s.rk[r].recvCounts, total);
+    DispatchResult h = read_dispatch(s, r, s.rk[r].hRecvX, s.rk[r].hRecvWeights, s.rk[r].hRecvCounts, total);
+    std::string e1 = check_dispatch(s, in, r, g);
+    record(e1.empty(), std::string(tag) + " GIN dispatch", e1);
+    std::string e2 = check_dispatch(s, in, r, h);
+    record(e2.empty(), std::string(tag) + " HOST dispatch", e2);
+    const bool same = g.counts == h.counts && g.rows == h.rows &&
+                      (g.weights.empty() || memcmp(g.weights.data(), h.weights.data(), g.weights.size() * 4) == 0);
+    record(same, std::string(tag) + " GIN == HOST layout", "recvX / recvWeights / recvCounts differ");
+
+    std::vector<uint16_t> yg((size_t)T[r] * s.H), yh((size_t)T[r] * s.H);
+    CUDA_CHECK(cudaSetDevice(r));
+    if (T[r] > 0) {
+      CUDA_CHECK(cudaMemcpy(yg.data(), s.rk[r].y, yg.size() * 2, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(yh.data(), s.rk[r].hy, yh.size() * 2, cudaMemcpyDeviceToHost));
+    }
+    std::string d1, d2;
+    const double rg = check_combine(s, in, r, yg, kGinBound, d1);
+    record(rg >= 0, std::string(tag) + " GIN combine", d1);
+    const double rh = check_combine(s, in, r, yh, kHostBound, d2);
+    record(rh >= 0, std::string(tag) + " HOST combine", d2);
+    char ebuf[160];
+    snprintf(ebuf, sizeof ebuf, "errorFlags GIN 0x%x HOST 0x%x, expected 0x%x", ginErr[r], hostErr[r],
+             r < s.R && T[r] > 0 ? expectErr : 0u);
+    const uint32_t want = T[r] > 0 ? expectErr : 0u;
+    // Invalid ids are reported by the rank that holds them; 0 tokens hold none.
+    record(ginErr[r] == want && hostErr[r] == want, std::string(tag) + " error flags", ebuf);
+    printf("  rank %d: %d rows received, combine max rel. error GIN %.2e HOST %.2e\n", r, total, rg, rh);
+  }
+  free_setup(s);
+}
+
+// ------------------------------------------------------------------------------------------------
+// 200 back-to-back rounds without host synchronisation: per round a decoy dispatch (other routing),
+// the real dispatch, fake experts, combine, and a second combine; every result copied aside on the
+// device, all checked at the end.
+// ------------------------------------------------------------------------------------------------
+static void run_back_to_back(std::mt19937_64& rng, int rounds) {
+  Case cs{"back-to-back", 32, 4, 264, 96, 5, {96}, UNIFORM, 0.1};
+  if (cs.E % gNumGpus != 0) cs.E = 16 * gNumGpus;
+  Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, false);
+  printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d, %d rounds\n", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C,
+         rounds);
+  std::vector<std::vector<RankInput>> in(rounds, std::vector<RankInput>(s.R));
+  for (int i = 0; i < rounds; ++i)
+    for (int r = 0; r < s.R; ++r) {
+      const int T = (i * 37 + r * 53) % (cs.M + 1);  // includes 0 and M over the rounds
+      in[i][r] = make_input(rng, cs, s.R, r, T, i);
+    }
+  const size_t xStride = (size_t)cs.M * s.H, kStride = (size_t)cs.M * cs.K;
+  struct Bufs {
+    uint16_t *x, *y1, *y2;
+    int *idx, *counts;
+    float* w;
+  };
+  std::vector<Bufs> b(s.R);
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    b[r].x = dmalloc<uint16_t>(rounds * xStride * 2);
+    b[r].y1 = dmalloc<uint16_t>(rounds * xStride * 2);
+    b[r].y2 = dmalloc<uint16_t>(rounds * xStride * 2);
+    b[r].idx = dmalloc<int>(rounds * kStride * 4);
+    b[r].w = dmalloc<float>(rounds * kStride * 4);
+    b[r].counts = dmalloc<int>((size_t)rounds * s.L * 4);
+    CUDA_CHECK(cudaMemset(b[r].y1, 0xFF, rounds * xStride * 2));
+    CUDA_CHECK(cudaMemset(b[r].y2, 0xFF, rounds * xStride * 2));
+    for (int i = 0; i < rounds; ++i) {
+      const RankInput& ri = in[i][r];
+      if (ri.T == 0) continue;
+      CUDA_CHECK(cudaMemcpy(b[r].x + i * xStride, ri.x.data(), ri.x.size() * 2, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(b[r].idx + i * kStride, ri.idx.data(), ri.idx.size() * 4, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(b[r].w + i * kStride, ri.w.data(), ri.w.size() * 4, cudaMemcpyHostToDevice));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < rounds; ++i) {
+    const int decoy = (i + 1) % rounds;
+    // Launch order interleaves ranks per step, so no rank's queue waits on work not yet enqueued.
+    for (int r = 0; r < s.R; ++r)
+      gin_dispatch(s, r, b[r].x + decoy * xStride, b[r].idx + decoy * kStride, b[r].w + decoy * kStride,
+                   in[decoy][r].T);
+    for (int r = 0; r < s.R; ++r)
+      gin_dispatch(s, r, b[r].x + i * xStride, b[r].idx + i * kStride, b[r].w + i * kStride, in[i][r].T);
+    for (int r = 0; r < s.R; ++r) {
+      fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+      CUDA_CHECK(cudaMemcpyAsync(b[r].counts + (size_t)i * s.L, s.rk[r].recvCounts, 4ull * s.L,
+                                 cudaMemcpyDeviceToDevice, s.rk[r].stream));
+    }
+    for (int r = 0; r < s.R; ++r) gin_combine(s, r, in[i][r].T, b[r].y1 + i * xStride);
+    for (int r = 0; r < s.R; ++r) gin_combine(s, r, in[i][r].T, b[r].y2 + i * xStride);
+  }
+  sync_all(s);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<uint32_t> err = read_errors(s, false);
+  int badRounds = 0;
+  std::string first;
+  double maxRel = 0;
+  for (int i = 0; i < rounds; ++i) {
+    for (int r = 0; r < s.R; ++r) {
+      std::vector<RefRow> rows;
+      std::vector<int> counts;
+      reference_dispatch(in[i], s.R, s.E, s.K, r, rows, counts);
+      std::vector<int> got(s.L);
+      CUDA_CHECK(cudaSetDevice(r));
+      CUDA_CHECK(cudaMemcpy(got.data(), b[r].counts + (size_t)i * s.L, 4ull * s.L, cudaMemcpyDeviceToHost));
+      std::string why;
+      if (got != counts) why = "recvCounts differ from the reference";
+      const int T = in[i][r].T;
+      std::vector<uint16_t> y1((size_t)T * s.H), y2((size_t)T * s.H);
+      if (T > 0) {
+        CUDA_CHECK(cudaMemcpy(y1.data(), b[r].y1 + i * xStride, y1.size() * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(y2.data(), b[r].y2 + i * xStride, y2.size() * 2, cudaMemcpyDeviceToHost));
+      }
+      std::string d;
+      double rel = check_combine(s, in[i], r, y1, kGinBound, d);
+      if (rel < 0 && why.empty()) why = "combine: " + d;
+      maxRel = std::max(maxRel, rel);
+      if (why.empty() && y1 != y2) why = "second combine differs from the first";
+      if (!why.empty()) {
+        ++badRounds;
+        if (first.empty()) first = "round " + std::to_string(i) + " rank " + std::to_string(r) + ": " + why;
+      }
+    }
+  }
+  record(badRounds == 0, "back-to-back rounds", std::to_string(badRounds) + " bad (rank, round) pairs; first: " + first);
+  bool errOk = true;
+  for (uint32_t e : err) errOk &= e == 0;
+  char ebuf[64];
+  snprintf(ebuf, sizeof ebuf, "errorFlags rank0 0x%x", err[0]);
+  record(errOk, "back-to-back error flags", ebuf);
+  printf("  %d rounds (2 dispatch + 2 combine each) in %.1f ms, combine max rel. error %.2e\n", rounds, secs * 1e3,
+         maxRel);
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaFree(b[r].x));
+    CUDA_CHECK(cudaFree(b[r].y1));
+    CUDA_CHECK(cudaFree(b[r].y2));
+    CUDA_CHECK(cudaFree(b[r].idx));
+    CUDA_CHECK(cudaFree(b[r].w));
+    CUDA_CHECK(cudaFree(b[r].counts));
+  }
+  free_setup(s);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Timing.
+// ------------------------------------------------------------------------------------------------
+struct Gate {
+  uint32_t* host = nullptr;
+  uint32_t value = 0;
+};
+
+// Times `op` on every rank between events that follow a shared gate; returns the max over ranks.
+template <typename Op>
+static float timed_all_ranks(Setup& s, Gate& g, std::vector<cudaEvent_t>& ev0, std::vector<cudaEvent_t>& ev1, Op op) {
+  ++g.value;
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    gate_kernel<<<1, 1, 0, s.rk[r].stream>>>(g.host, g.value);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaEventRecord(ev0[r], s.rk[r].stream));
+  }
+  op();
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaEventRecord(ev1[r], s.rk[r].stream));
+  }
+  *(volatile uint32_t*)g.host = g.value;
+  sync_all(s);
+  float worst = 0.f;
+  for (int r = 0; r < s.R; ++r) {
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev0[r], ev1[r]));
+    worst = std::max(worst, ms);
+  }
+  return worst * 1000.f;
+}
+
+static float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.f : v[v.size() / 2];
+}
+
+struct Shape {
+  const char* name;
+  int H, E, K;
+};
+
+static void run_bench(std::mt19937_64& rng, int channels) {
+  const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8}, {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2}};
+  const int tokens[] = {128, 4096};
+  const int warm = 5, iters = 20;
+  Gate g;
+  CUDA_CHECK(cudaSetDevice(0));
+  CUDA_CHECK(cudaHostAlloc((void**)&g.host, 64, cudaHostAllocMapped | cudaHostAllocPortable));
+  *(volatile uint32_t*)g.host = 0;
+  printf("\nTiming: %d GPUs, C=%d channels (grid %d x %d threads), median of %d after %d warm-ups, uniform routing.\n",
+         gNumGpus, channels, 2 * channels, MOE_THREADS, iters, warm);
+  printf("GIN columns: one launch each, all ranks released together by a gate kernel; time = slowest rank.\n");
+  printf("GB/s = (token rows that cross NVLink from one rank, i.e. tokens x remote destination ranks, once per\n"
+         "       rank however many experts it hits there) x 2H bytes / time.  HOST columns: local kernels only on\n"
+         "       rank 0 (layout + pack + permute | unpermute + combine), the NCCL exchanges excluded.\n");
+  printf("%-14s %6s | %11s %8s | %11s %8s | %10s %10s | %9s %9s\n", "shape", "tokens", "GIN disp us", "GB/s",
+         "GIN comb us", "GB/s", "NVLink MB", "rows/rank", "HOST d us", "HOST c us");
+  for (const Shape& sh : shapes) {
+    for (int T : tokens) {
+      if (sh.E % gNumGpus != 0) continue;
+      Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, UNIFORM, 0.0};
+      Setup s = make_setup(sh.E, sh.K, sh.H, T, channels, true);
+      std::vector<RankInput> in(s.R);
+      std::vector<int> Ts(s.R, T);
+      for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, T, 0);
+      upload_inputs(s, in);
+      std::vector<cudaEvent_t> ev0(s.R), ev1(s.R);
+      for (int r = 0; r < s.R; ++r) {
+        CUDA_CHECK(cudaSetDevice(r));
+        CUDA_CHECK(cudaEventCreate(&ev0[r]));
+        CUDA_CHECK(cudaEventCreate(&ev1[r]));
+      }
+      // NVLink rows of rank 0: tokens x remote ranks they go to.
+      uint64_t crossRows = 0, recvRows = 0;
+      {
+        const int L = s.L;
+        for (int t = 0; t < in[0].T; ++t) {
+          uint32_t mask = 0;
+          for (int k = 0; k < s.K; ++k)
+            if (in[0].ev[(size_t)t * s.K + k] >= 0) mask |= 1u << (in[0].ev[(size_t)t * s.K + k] / L);
+          mask &= ~1u;
+          crossRows += __builtin_popcount(mask);
+        }
+        std::vector<RefRow> rr;
+        std::vector<int> cnt;
+        reference_dispatch(in, s.R, s.E, s.K, 0, rr, cnt);
+        recvRows = rr.size();
+      }
+      const double crossBytes = (double)crossRows * s.rowBytes;
+      std::vector<float> td, tc;
+      for (int i = 0; i < warm + iters; ++i) {
+        float a = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+        });
+        for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+        float b = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
+        });
+        if (i >= warm) {
+          td.push_back(a);
+          tc.push_back(b);
+        }
+      }
+      std::vector<uint32_t> err = read_errors(s, false);
+      bool errOk = true;
+      for (uint32_t e : err) errOk &= e == 0;
+      // HOST local kernels on rank 0 (counts exchanged once up front; the sizes do not change).
+      host_layout_all(s, Ts);
+      HostCounts hc = host_read_counts(s);
+      host_upload_count_matrix(s, hc);
+      host_pack_all(s, Ts);
+      host_exchange(s, hc, false);
+      std::vector<float> hd, hcomb;
+      cudaEvent_t e[6];
+      CUDA_CHECK(cudaSetDevice(0));
+      for (auto& x : e) CUDA_CHECK(cudaEventCreate(&x));
+      Rank& q = s.rk[0];
+      for (int i = 0; i < warm + iters; ++i) {
+        CUDA_CHECK(cudaSetDevice(0));
+        CUDA_CHECK(cudaEventRecord(e[0], q.stream));
+        moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(q.idx, T, q.hws, q.err, s.R, s.E, s.K, s.M, s.C);
+        moe_host_pack<<<host_grid(T), kHostThreads, 0, q.stream>>>(q.x, q.idx, q.w, T, q.hws, q.sendRows, q.sendWeights,
+                                                                   q.err, s.R, s.E, s.K, s.H, s.M);
+        moe_host_permute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
+            q.recvBuf, q.recvBufWeights, q.countMatrix, q.hRecvX, q.hRecvWeights, q.hRecvCounts, q.err, s.R, s.E, s.K,
+            s.H, s.M);
+        CUDA_CHECK(cudaEventRecord(e[1], q.stream));
+        moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(q.hRecvX, q.countMatrix, q.backBuf,
+                                                                                q.err, s.R, s.E, s.K, s.H, s.M);
+        moe_host_combine<<<host_grid(T), kHostThreads, 0, q.stream>>>(q.sendRows, q.idx, q.w, T, q.hws, q.hy, q.err, s.R,
+                                                                      s.E, s.K, s.H, s.M);
+        CUDA_CHECK(cudaEventRecord(e[2], q.stream));
+        CUDA_CHECK(cudaGetLastError());
+        CUDA_CHECK(cudaStreamSynchronize(q.stream));
+        float a = 0, b = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&a, e[0], e[1]));
+        CUDA_CHECK(cudaEventElapsedTime(&b, e[1], e[2]));
+        if (i >= warm) {
+          hd.push_back(a * 1000.f);
+          hcomb.push_back(b * 1000.f);
+        }
+      }
+      for (auto& x : e) CUDA_CHECK(cudaEventDestroy(x));
+      const float md = median(td), mc = median(tc);
+      printf("%-14s %6d | %11.1f %8.1f | %11.1f %8.1f | %10.1f %10llu | %9.1f %9.1f%s\n", sh.name, T, md,
+             crossBytes / (md * 1e3), mc, crossBytes / (mc * 1e3), crossBytes / 1e6, (unsigned long long)recvRows,
+             median(hd), median(hcomb), errOk ? "" : "  (errorFlags set!)");
+      record(errOk, std::string("bench ") + sh.name + " error flags", "errorFlags nonzero during timing");
+      for (int r = 0; r < s.R; ++r) {
+        CUDA_CHECK(cudaSetDevice(r));
+        CUDA_CHECK(cudaEventDestroy(ev0[r]));
+        CUDA_CHECK(cudaEventDestroy(ev1[r]));
+      }
+      free_setup(s);
+    }
+  }
+  CUDA_CHECK(cudaFreeHost(g.host));
+}
+
+int main(int argc, char** argv) {
+  uint64_t seed = (uint64_t)std::chrono::high_resolution_clock::now().time_since_epoch().count();
+  bool bench = true, tests = true;
+  int channels = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 10);
+    else if (!strcmp(argv[i], "--no-bench")) bench = false;
+    else if (!strcmp(argv[i], "--bench-only")) tests = false;
+    else if (!strcmp(argv[i], "--channels") && i + 1 < argc) channels = atoi(argv[++i]);
+    else {
+      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C]\n", argv[0]);
+      return 2;
+    }
+  }
+  CUDA_CHECK(cudaGetDeviceCount(&gNumGpus));
+  if (gNumGpus < 2) {
+    fprintf(stderr, "moe_test needs at least 2 GPUs (found %d)\n", gNumGpus);
+    return 2;
+  }
+  if (gNumGpus > MOE_MAX_RANKS) gNumGpus = MOE_MAX_RANKS;
+  for (int a = 0; a < gNumGpus; ++a) {
+    CUDA_CHECK(cudaSetDevice(a));
+    for (int b = 0; b < gNumGpus; ++b) {
+      if (a == b) continue;
+      int can = 0;
+      CUDA_CHECK(cudaDeviceCanAccessPeer(&can, a, b));
+      if (!can) {
+        fprintf(stderr, "GPU %d cannot access GPU %d (peer access needed for the LSA windows)\n", a, b);
+        return 2;
+      }
+      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) CUDA_CHECK(e);
+      (void)cudaGetLastError();
+    }
+  }
+  cudaDeviceProp prop;
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  gSmCount = prop.multiProcessorCount;
+  if (channels <= 0) channels = std::min(MOE_MAX_CHANNELS, gSmCount / 2);
+  printf("moe_test: %d GPUs (%s, %d SMs), seed %llu\n", gNumGpus, prop.name, gSmCount, (unsigned long long)seed);
+  std::mt19937_64 rng(seed);
+
+  if (tests) {
+    const int R = gNumGpus;
+    const int Cd = channels;
+    std::vector<Case> cases = {
+        {"uniform", 16 * R, 4, 256, 256, Cd, {256, 200}, UNIFORM, 0.1},
+        {"uniform few channels", 8 * R, 4, 256, 300, 3, {300, 77}, UNIFORM, 0.1},
+        {"one channel", 8 * R, 2, 128, 64, 1, {64, 50}, UNIFORM, 0.1},
+        {"H=2050", 4 * R, 2, 2050, 64, 7, {64, 33}, UNIFORM, 0.1},
+        {"H=7", 4 * R, 3, 7, 40, 4, {40, 39}, UNIFORM, 0.1},
+        {"H=7168 DeepSeek-like", 128 * R, 8, 7168, 128, Cd, {128}, UNIFORM, 0.0},
+        {"Qwen-like", 64 * R, 8, 2048, 512, Cd, {512, 480}, UNIFORM, 0.05},
+        {"T=0 everywhere", 8 * R, 4, 256, 64, 4, {0}, UNIFORM, 0.1},
+        {"T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1},
+        {"T=1", 8 * R, 4, 256, 64, Cd, {1}, UNIFORM, 0.0},
+        {"every token to one expert", 8 * R, 4, 256, 128, 6, {128, 100}, ONE_EXPERT, 0.0},
+        {"only rank 0 receives", 8 * R, 4, 256, 128, 6, {128, 97}, RANK0_ONLY, 0.0},
+        {"all slots masked", 8 * R, 4, 256, 64, 4, {64}, ALL_MASKED, 0.0},
+        {"K=1", 8 * R, 1, 256, 128, 8, {128, 127}, UNIFORM, 0.0},
+        {"one expert per rank (L=1)", R, 2, 200, 96, 5, {96, 90}, UNIFORM, 0.1},
+        {"invalid ids masked", 8 * R, 4, 256, 128, 6, {128, 111}, INVALID_IDS, 0.0},
+        {"Mixtral-like", 8, 2, 4096, 256, Cd, {256, 255}, UNIFORM, 0.0},
+    };
+    for (const Case& cs : cases) {
+      if (cs.E % R != 0 || cs.K > cs.E) {
+        printf("case %-28s skipped: E=%d not a multiple of %d ranks\n", cs.name.c_str(), cs.E, R);
+        continue;
+      }
+      run_case(cs, rng);
+    }
+    run_back_to_back(rng, 200);
+    printf("\n%d passed, %d failed\n", gPassed, gFailed);
+  }
+  if (bench) run_bench(rng, channels);
+  if (!tests) printf("\n%d passed, %d failed\n", gPassed, gFailed);
+  return gFailed == 0 ? 0 : 1;
+}
