@@ -233,6 +233,14 @@ GIN_DEVICE_INLINE void store_payload8(uint8_t* dst, uint64_t v, uint64_t avail) 
 
 GIN_DEVICE_INLINE uint32_t ll_flag(uint64_t seq) { return (uint32_t)(seq % 0xFFFFFFFFull) + 1u; }
 
+// LL pairs [jlo, jhi) holding payload bytes [lo, hi) of a chunk. Chunk bounds are multiples of
+// kLlGranule except where clamped to the count, so an empty chunk (lo == hi == count, maybe not a
+// multiple of 8) must own no pair: the last partial pair belongs to the chunk that ends there.
+GIN_DEVICE_INLINE void ll_pairs(uint64_t lo, uint64_t hi, uint64_t& jlo, uint64_t& jhi) {
+  jlo = lo / 8;
+  jhi = hi > lo ? (hi + 7) / 8 : jlo;
+}
+
 GIN_DEVICE_INLINE uint64_t ll_word(uint32_t flag, uint32_t payload) {
   return ((uint64_t)flag << 32) | payload;
 }
@@ -370,7 +378,9 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
     uint64_t lo, hi;
     chunk_range(count, chunks, c, kLlGranule, lo, hi);
     if (c == 0 && tid == 0) gin_ll_store_pair(sendStage, ll_word(flag, (uint32_t)count), ll_word(flag, 0));
-    ll_send(sendStage + 2, send + srcOffset, count, lo / 8, (hi + 7) / 8, flag, tid, nthreads);
+    uint64_t jlo, jhi;
+    ll_pairs(lo, hi, jlo, jhi);
+    ll_send(sendStage + 2, send + srcOffset, count, jlo, jhi, flag, tid, nthreads);
   }
 
   // Receive side: chunk c of p's bytes for me.
@@ -397,8 +407,10 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
   }
   uint64_t lo, hi;
   chunk_range(recvCount, chunks, c, kLlGranule, lo, hi);
-  (void)ll_recv(recvStage + 2, ownWin + recvOffset + (uint64_t)p * slotBytes, recvCount, lo / 8, (hi + 7) / 8, flag,
-                tid, nthreads, errorFlags);
+  uint64_t jlo, jhi;
+  ll_pairs(lo, hi, jlo, jhi);
+  (void)ll_recv(recvStage + 2, ownWin + recvOffset + (uint64_t)p * slotBytes, recvCount, jlo, jhi, flag, tid, nthreads,
+                errorFlags);
 }
 
 }  // namespace gin_a2a_detail
