@@ -7,5 +7,6 @@ module dev.gin4j {
     requires dev.gin4j.bindings;
     exports dev.gin4j.gpu;
     exports dev.gin4j.comm;
+    exports dev.gin4j.a2a;
     exports dev.gin4j.cli;
 }

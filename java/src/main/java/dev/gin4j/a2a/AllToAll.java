@@ -1,0 +1,156 @@
+package dev.gin4j.a2a;
+
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.Communicator;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.Stream;
+
+import java.lang.foreign.Arena;
+import java.util.ArrayList;
+import java.util.List;
+
+/**
+ * Uniform all-to-all: every rank sends {@code count} elements to every rank. Rank r's input holds
+ * the block for rank p at {@code p * count}; after the call, {@link #output(int)} of rank r holds
+ * the block from rank s at {@code s * count}. Stream-ordered and, for {@link Backend#GIN},
+ * capturable in a graph (a call only launches kernels). One object serves every rank this
+ * process drives; call {@link #run} with one input and one stream per local rank.
+ * <p>GIN: the kernels copy straight from the input (anywhere in device memory) into the peers'
+ * windows; the output is a region of this object's symmetric window, valid until the next call.
+ * HOST: {@code ncclAlltoAll} into a plain device buffer.
+ */
+public final class AllToAll implements AutoCloseable {
+    private final CommGroup group;
+    private final Backend backend;
+    private final long maxBytesPerPeer;
+    private final GinState gin;
+    private final Arena arena;
+    private final List<DeviceBuffer> hostOutputs = new ArrayList<>();
+    private Protocol protocol = Protocol.AUTO;
+    private final long[] lastBytesPerPeer;
+
+    private AllToAll(CommGroup group, Backend backend, long maxBytesPerPeer) {
+        if (maxBytesPerPeer < 1) throw new IllegalArgumentException("maxBytesPerPeer must be >= 1, got " + maxBytesPerPeer);
+        this.group = group;
+        this.backend = backend;
+        this.maxBytesPerPeer = maxBytesPerPeer;
+        this.lastBytesPerPeer = new long[group.localCount()];
+        if (backend == Backend.GIN) {
+            this.gin = new GinState(group, maxBytesPerPeer);
+            this.arena = null;
+        } else {
+            this.gin = null;
+            this.arena = Arena.ofShared();
+            for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(Math.multiplyExact(maxBytesPerPeer, (long) group.worldSize()), arena));
+        }
+    }
+
+    /** Collective: every rank must create it with the same size and backend. */
+    public static AllToAll create(CommGroup group, long maxBytesPerPeer, Backend backend) {
+        return new AllToAll(group, backend, maxBytesPerPeer);
+    }
+
+    public Backend backend() { return backend; }
+    public long maxBytesPerPeer() { return maxBytesPerPeer; }
+
+    /** Forces the GIN protocol for later calls ({@link Protocol#AUTO} picks by size). */
+    public AllToAll protocol(Protocol p) {
+        this.protocol = p;
+        return this;
+    }
+
+    /** The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result. */
+    public DeviceBuffer output(int localIndex) {
+        return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
+    }
+
+    /** The result of the last call on local rank {@code i}: {@code worldSize * bytesPerPeer} bytes. */
+    public DeviceBuffer result(int localIndex) { return output(localIndex).slice(0, lastBytesPerPeer[localIndex] * group.worldSize()); }
+
+    /** Exchanges {@code count} elements of {@code type} per peer. */
+    public void run(List<DeviceBuffer> inputs, long count, DType type, List<Stream> streams) {
+        if (count < 0) throw new IllegalArgumentException("count must be >= 0, got " + count);
+        run(inputs, Math.multiplyExact(count, (long) type.bytes()), streams);
+    }
+
+    /** Exchanges {@code bytesPerPeer} bytes per peer on every local rank; inputs hold {@code worldSize * bytesPerPeer} bytes. */
+    public void run(List<DeviceBuffer> inputs, long bytesPerPeer, List<Stream> streams) {
+        int local = group.localCount();
+        if (inputs.size() != local || streams.size() != local)
+            throw new IllegalArgumentException("one input and one stream per local rank expected (" + local + "), got " + inputs.size() + " and " + streams.size());
+        for (int i = 0; i < local; i++) check(i, inputs.get(i), bytesPerPeer, streams.get(i));
+        if (backend == Backend.HOST) {
+            group.allToAll(inputs, hostOutputs, bytesPerPeer, streams);
+            java.util.Arrays.fill(lastBytesPerPeer, bytesPerPeer);
+            return;
+        }
+        for (int i = 0; i < local; i++) launch(i, inputs.get(i), bytesPerPeer, streams.get(i));
+    }
+
+    /**
+     * Queues local rank {@code i}'s part only: what a graph capture of one rank's stream needs, or
+     * one thread per GPU. GIN only when this process drives several ranks (NCCL calls of several
+     * local ranks must be grouped: use the list form).
+     */
+    public void run(int localIndex, DeviceBuffer input, long bytesPerPeer, Stream stream) {
+        check(localIndex, input, bytesPerPeer, stream);
+        if (backend == Backend.HOST) {
+            if (group.localCount() > 1) throw new IllegalStateException("HOST all-to-all with " + group.localCount() + " local ranks must be issued for all of them together: use run(List, long, List)");
+            group.allToAll(List.of(input), hostOutputs, bytesPerPeer, List.of(stream));
+            lastBytesPerPeer[localIndex] = bytesPerPeer;
+            return;
+        }
+        launch(localIndex, input, bytesPerPeer, stream);
+    }
+
+    private void check(int i, DeviceBuffer in, long bytesPerPeer, Stream stream) {
+        int n = group.worldSize();
+        if (i < 0 || i >= group.localCount()) throw new IndexOutOfBoundsException("local rank " + i + " does not exist: this process drives " + group.localCount());
+        if (bytesPerPeer < 0 || bytesPerPeer > maxBytesPerPeer)
+            throw new IllegalArgumentException(bytesPerPeer + " bytes per peer is outside [0, " + maxBytesPerPeer + "], the size this all-to-all was created for");
+        Communicator c = group.rank(i);
+        if (in.device() != c.device()) throw new IllegalArgumentException("input of " + c + " is on " + in.device());
+        if (stream.device() != c.device()) throw new IllegalArgumentException("stream of " + c + " is on " + stream.device());
+        if (in.byteSize() < bytesPerPeer * n)
+            throw new IllegalArgumentException("input of " + c + " has " + in.byteSize() + " bytes; " + n + " ranks x " + bytesPerPeer + " bytes = " + bytesPerPeer * n + " needed");
+    }
+
+    private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
+        Plan plan = Plan.choose(bytesPerPeer, protocol);
+        if (plan.protocol() == Protocol.LL && bytesPerPeer > gin.llCapacity) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
+        GinState.Rank r = gin.ranks.get(i);
+        lastBytesPerPeer[i] = bytesPerPeer;
+        int n = gin.nranks;
+        long peerBases = gin.peers.table(i).address();
+        LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads());
+        if (plan.protocol() == Protocol.LL) {
+            KernelArgs a = r.llArgs;
+            a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
+                    .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll")).setLong(6, gin.llCapacity).setPointer(7, r.llSeq.address())
+                    .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
+            r.ll.launch(s, cfg, a);
+        } else {
+            KernelArgs a = r.directArgs;
+            a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
+                    .setLong(4, bytesPerPeer).setLong(5, gin.offset("signals")).setPointer(6, r.seq.address())
+                    .setInt(7, r.comm.rank()).setInt(8, n).setInt(9, plan.chunksPerPeer()).setInt(10, Plan.MAX_CHUNKS_PER_PEER).setPointer(11, r.errors.buffer().address());
+            r.direct.launch(s, cfg, a);
+        }
+    }
+
+    /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments). */
+    public void checkErrors(List<Stream> streams) {
+        if (backend != Backend.GIN) {
+            streams.forEach(Stream::synchronize);
+            return;
+        }
+        for (int i = 0; i < gin.ranks.size(); i++) gin.ranks.get(i).errors.check("GIN all-to-all", streams.get(i));
+    }
+
+    @Override public void close() {
+        if (gin != null) gin.close();
+        if (arena != null) arena.close();
+    }
+}

@@ -1,0 +1,239 @@
+package dev.gin4j.a2a;
+
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.Nccl;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Graph;
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.Stream;
+import dev.gin4j.testing.Gpus;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.SplittableRandom;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** GIN all-to-all(-v) against the CPU oracle and the HOST baseline, one process driving every GPU. */
+@Tag("gpu")
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+class AllToAllGpuTest {
+    private static final long MAX_PER_PEER = 512L << 20; // 1 GiB per rank over 2 ranks
+    private final SplittableRandom random = new SplittableRandom();
+    private CommGroup group;
+    private List<Device> devs;
+    private List<Stream> streams;
+    private Arena arena;
+    private int n;
+
+    @BeforeAll void setUp() {
+        GpuRuntime rt = Gpus.runtimeWithDevices(2);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.requireKernels(rt, "a2a");
+        devs = rt.devices();
+        n = devs.size();
+        group = CommGroup.initAll(devs);
+        arena = Arena.ofShared();
+        streams = new ArrayList<>();
+        for (Device d : devs) streams.add(d.createStream());
+    }
+
+    @AfterAll void tearDown() {
+        if (streams != null) streams.forEach(Stream::close);
+        if (arena != null) arena.close();
+        if (group != null) group.close();
+    }
+
+    private byte[] randomBytes(long size) {
+        byte[] b = new byte[Math.toIntExact(size)];
+        for (int i = 0; i < b.length; i += 8) {
+            long v = random.nextLong();
+            for (int k = 0; k < 8 && i + k < b.length; k++) b[i + k] = (byte) (v >>> (8 * k));
+        }
+        return b;
+    }
+
+    private List<DeviceBuffer> upload(byte[][] data, int extra) {
+        List<DeviceBuffer> out = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            DeviceBuffer b = devs.get(i).allocate(data[i].length + extra, arena).slice(extra, data[i].length); // extra: misaligned start
+            b.copyFromHost(MemorySegment.ofArray(data[i]));
+            out.add(b);
+        }
+        return out;
+    }
+
+    private void poison(AllToAll a, long bytes) {
+        for (int i = 0; i < n; i++) a.output(i).slice(0, bytes).fill((byte) 0xab, streams.get(i));
+    }
+
+    /** Checks rank i's output against the oracle: block from s is data[s][i*b, (i+1)*b). */
+    private void checkUniform(AllToAll a, byte[][] data, long b, String what) {
+        for (int i = 0; i < n; i++) {
+            byte[] got = a.result(i).toByteArray();
+            for (int s = 0; s < n; s++) {
+                int from = Math.toIntExact(i * b), to = Math.toIntExact((i + 1) * b);
+                if (!Arrays.equals(data[s], from, to, got, Math.toIntExact(s * b), Math.toIntExact((s + 1) * b))) {
+                    fail(what + ": rank " + i + " block from " + s + " differs (" + b + " bytes per peer)");
+                }
+            }
+        }
+    }
+
+    @Test void uniformEverySizeBothProtocolsMatchesOracleAndHost() {
+        try (AllToAll ginA = AllToAll.create(group, MAX_PER_PEER, Backend.GIN); AllToAll host = AllToAll.create(group, MAX_PER_PEER, Backend.HOST)) {
+            long[] perPeer = {0, 1, 3, 17, 2047, 2048, 4095, 32768 + 5, 131072, 524288 + 3, 8L << 20, (128L << 20) + 9, MAX_PER_PEER};
+            for (long b : perPeer) {
+                byte[][] data = new byte[n][];
+                for (int i = 0; i < n; i++) data[i] = randomBytes(b * n);
+                List<DeviceBuffer> in = upload(data, (int) (b % 7));
+                List<Protocol> protocols = b <= Plan.LL_MAX_BYTES_PER_PEER ? List.of(Protocol.AUTO, Protocol.LL, Protocol.DIRECT) : List.of(Protocol.AUTO);
+                for (Protocol p : protocols) {
+                    poison(ginA, b * n);
+                    ginA.protocol(p).run(in, b, streams);
+                    ginA.checkErrors(streams);
+                    checkUniform(ginA, data, b, "GIN " + p);
+                }
+                poison(host, b * n);
+                host.run(in, b, streams);
+                host.checkErrors(streams);
+                checkUniform(host, data, b, "HOST");
+            }
+            ginA.protocol(Protocol.AUTO);
+        }
+    }
+
+    @Test void elementTypesAndBadInputs() {
+        try (AllToAll a = AllToAll.create(group, 1 << 20, Backend.GIN)) {
+            for (DType t : new DType[] {DType.BF16, DType.FP32, DType.INT8}) {
+                long count = 1000 + random.nextInt(5000);
+                long b = count * t.bytes();
+                byte[][] data = new byte[n][];
+                for (int i = 0; i < n; i++) data[i] = randomBytes(b * n);
+                List<DeviceBuffer> in = upload(data, 0);
+                poison(a, b * n);
+                a.run(in, count, t, streams);
+                a.checkErrors(streams);
+                checkUniform(a, data, b, "GIN " + t);
+            }
+            List<DeviceBuffer> small = new ArrayList<>();
+            for (Device d : devs) small.add(d.allocate(16, arena));
+            IllegalArgumentException tooBig = assertThrows(IllegalArgumentException.class, () -> a.run(small, 2L << 20, streams));
+            assertTrue(tooBig.getMessage().contains("created for"), tooBig.getMessage());
+            IllegalArgumentException shortIn = assertThrows(IllegalArgumentException.class, () -> a.run(small, 1024, streams));
+            assertTrue(shortIn.getMessage().contains("needed"), shortIn.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> a.run(small, -1, DType.FP32, streams));
+            List<DeviceBuffer> swapped = List.of(small.get(1), small.get(0));
+            IllegalArgumentException wrongDev = assertThrows(IllegalArgumentException.class, () -> a.run(swapped, 1, streams));
+            assertTrue(wrongDev.getMessage().contains("is on"), wrongDev.getMessage());
+        }
+    }
+
+    @Test void backToBackAndGraphReplaysStayCorrect() {
+        long b = 40_000;
+        try (AllToAll a = AllToAll.create(group, 1 << 20, Backend.GIN)) {
+            for (Protocol p : List.of(Protocol.LL, Protocol.DIRECT)) {
+                a.protocol(p);
+                byte[][] d0 = new byte[n][], d1 = new byte[n][];
+                for (int i = 0; i < n; i++) { d0[i] = randomBytes(b * n); d1[i] = randomBytes(b * n); }
+                List<DeviceBuffer> in0 = upload(d0, 0), in1 = upload(d1, 0);
+                for (int call = 0; call < 1000; call++) a.run(call % 2 == 0 ? in0 : in1, b, streams);
+                a.checkErrors(streams);
+                checkUniform(a, d1, b, "1000 back-to-back " + p);
+                // graph: capture one call per rank, replay 1000 times alternating inputs through two graphs
+                List<Graph> g0 = new ArrayList<>(), g1 = new ArrayList<>();
+                try {
+                    for (int i = 0; i < n; i++) {
+                        streams.get(i).beginCapture();
+                        a.run(i, in0.get(i), b, streams.get(i));
+                        g0.add(streams.get(i).endCapture());
+                        streams.get(i).beginCapture();
+                        a.run(i, in1.get(i), b, streams.get(i));
+                        g1.add(streams.get(i).endCapture());
+                    }
+                    for (int rep = 0; rep < 1000; rep++) {
+                        for (int i = 0; i < n; i++) (rep % 2 == 0 ? g0 : g1).get(i).launch(streams.get(i));
+                    }
+                    a.checkErrors(streams);
+                    checkUniform(a, d1, b, "1000 graph replays " + p);
+                } finally {
+                    g0.forEach(Graph::close);
+                    g1.forEach(Graph::close);
+                }
+            }
+            a.protocol(Protocol.AUTO);
+        }
+    }
+
+    @Test void allToAllVRandomSkewedAndOverCapacity() {
+        long cap = 300_000;
+        try (AllToAllV gv = AllToAllV.create(group, cap, Backend.GIN); AllToAllV hv = AllToAllV.create(group, cap, Backend.HOST)) {
+            for (int round = 0; round < 8; round++) {
+                long[][] cnt = new long[n][n];
+                for (int i = 0; i < n; i++) for (int p = 0; p < n; p++) {
+                    cnt[i][p] = switch (round) {
+                        case 0 -> 0;
+                        case 1 -> p == 0 ? cap : 0;               // one peer takes everything
+                        case 2 -> random.nextInt(64);             // tiny
+                        default -> random.nextInt(4) == 0 ? 0 : random.nextLong(cap + 1);
+                    };
+                }
+                check(gv, cnt, cap, round, false);
+                check(hv, cnt, cap, round, false);
+            }
+            long[][] over = new long[n][n];
+            for (long[] row : over) Arrays.fill(row, 1000);
+            over[0][1] = cap + 4096;
+            check(gv, over, cap, 99, true);
+        }
+    }
+
+    private void check(AllToAllV v, long[][] cnt, long cap, int round, boolean expectClamp) {
+        byte[][] data = new byte[n][];
+        long[][] off = new long[n][n];
+        List<DeviceBuffer> in = new ArrayList<>(), counts = new ArrayList<>(), offs = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            long total = 0;
+            for (int p = 0; p < n; p++) { off[i][p] = total; total += cnt[i][p]; }
+            data[i] = randomBytes(total + 1);
+            DeviceBuffer d = devs.get(i).allocate(data[i].length, arena);
+            d.copyFromHost(MemorySegment.ofArray(data[i]));
+            in.add(expectClamp ? d.slice(0, data[i].length) : d);
+            DeviceBuffer c = devs.get(i).allocate(8L * n, arena), o = devs.get(i).allocate(8L * n, arena);
+            c.copyFromHost(MemorySegment.ofArray(cnt[i].clone()));
+            o.copyFromHost(MemorySegment.ofArray(off[i].clone()));
+            counts.add(c); offs.add(o);
+            v.output(i).fill((byte) 0xcd, streams.get(i));
+            v.receivedCounts(i).fill((byte) 0xee, streams.get(i));
+        }
+        if (expectClamp && v.backend() == Backend.GIN) {
+            v.run(in, counts, offs, streams);
+            CommException e = assertThrows(CommException.class, () -> v.checkErrors(streams));
+            assertTrue(e.getMessage().contains("clamped"), e.getMessage());
+            return;
+        }
+        v.run(in, counts, offs, streams);
+        v.checkErrors(streams);
+        for (int i = 0; i < n; i++) {
+            byte[] got = v.output(i).toByteArray();
+            long[] rc = MemorySegment.ofArray(v.receivedCounts(i).toByteArray()).toArray(ValueLayout.JAVA_LONG);
+            for (int s = 0; s < n; s++) {
+                assertEquals(cnt[s][i], rc[s], v.backend() + " round " + round + ": count at rank " + i + " from " + s);
+                int from = Math.toIntExact(off[s][i]);
+                assertTrue(Arrays.equals(data[s], from, from + (int) cnt[s][i], got, (int) (s * cap), (int) (s * cap + cnt[s][i])),
+                        v.backend() + " round " + round + ": bytes at rank " + i + " from " + s);
+            }
+        }
+    }
+}
