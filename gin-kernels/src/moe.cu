@@ -217,6 +217,15 @@ GIN_DEVICE_INLINE const uint8_t* shfl_ptr(const uint8_t* p, int src) {
   return (const uint8_t*)(uintptr_t)(((uint64_t)hi << 32) | lo);
 }
 
+// Lanes of the warp/wavefront where p holds (bit = lane).
+GIN_DEVICE_INLINE uint64_t ballot(bool p) {
+#if GIN_HIP
+  return (uint64_t)__ballot(p);
+#else
+  return (uint64_t)__ballot_sync(0xffffffffu, p);
+#endif
+}
+
 // Execution + memory barrier of one warp/wavefront.
 GIN_DEVICE_INLINE void syncwarp() {
 #if GIN_HIP
@@ -422,32 +431,50 @@ GIN_DEVICE_INLINE void warp_reduce_row(const uint8_t* rowsBase, uint64_t rowByte
   const int lane = (int)gin_lane_id();
   if (fast) {
     const uint64_t nvec = rowBytes >> 4;
+    // Only lanes with a row / partial take part; rows go in pairs so that 2 * kReduceUnroll
+    // independent 16-byte loads are in flight per lane. Summation order = lane order (fixed).
+    const uint64_t rowMask = ballot(lane < nk && myRow >= 0);
+    const uint64_t extraMask = ballot(lane < nExtra && myExtra != nullptr);
     for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kReduceUnroll) {
       float acc[kReduceUnroll][8];
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
-      for (int k = 0; k < nk; ++k) {
-        const int row = shfl_i(myRow, k);
-        const float w = shfl_f(myW, k);
-        if (row < 0) continue;
-        const uint8_t* src = rowsBase + (uint64_t)row * rowBytes;
-        gin_u128 r[kReduceUnroll];
+      uint64_t m = rowMask;
+      while (m) {
+        const int k0 = __ffsll((long long)m) - 1;
+        m &= m - 1;
+        const bool two = m != 0;
+        const int k1 = two ? __ffsll((long long)m) - 1 : k0;
+        if (two) m &= m - 1;
+        const int row0 = shfl_i(myRow, k0), row1 = shfl_i(myRow, k1);
+        const float w0 = shfl_f(myW, k0), w1 = shfl_f(myW, k1);
+        const uint8_t* src0 = rowsBase + (uint64_t)row0 * rowBytes;
+        const uint8_t* src1 = rowsBase + (uint64_t)row1 * rowBytes;
+        gin_u128 r0[kReduceUnroll], r1[kReduceUnroll];
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) r[u] = gin_ld16_stream(src + (v << 4));
+          if (v < nvec) {
+            r0[u] = gin_ld16_stream(src0 + (v << 4));
+            if (two) r1[u] = gin_ld16_stream(src1 + (v << 4));
+          }
         }
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) acc_bf16x8(acc[u], r[u], w);
+          if (v < nvec) {
+            acc_bf16x8(acc[u], r0[u], w0);
+            if (two) acc_bf16x8(acc[u], r1[u], w1);
+          }
         }
       }
-      for (int j = 0; j < nExtra; ++j) {
+      m = extraMask;
+      while (m) {
+        const int j = __ffsll((long long)m) - 1;
+        m &= m - 1;
         const uint8_t* src = shfl_ptr(myExtra, j);
-        if (src == nullptr) continue;
         gin_u128 r[kReduceUnroll];
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
@@ -582,16 +609,17 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
   for (int b = tid; b < c; b += B) ok &= gin_wait_geq(histReady + b, seq, errorFlags);
   if (!ok) s.ok = 0;
   __syncthreads();  // acquire by thread b, then the barrier: every thread may read block b's rows
+  // Latency-bound at small T (every block reads up to C*E ints): 16 independent loads in flight.
   const uint64_t nE = (uint64_t)c * (uint64_t)d.E;
-  for (uint64_t i0 = (uint64_t)tid; i0 < nE; i0 += 8ull * (uint64_t)B) {
-    int v[8];
+  for (uint64_t i0 = (uint64_t)tid; i0 < nE; i0 += 16ull * (uint64_t)B) {
+    int v[16];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < 16; ++u) {
       const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
       v[u] = i < nE ? ld_fresh_i32(histE + i) : 0;
     }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
+    for (int u = 0; u < 16; ++u) {
       const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
       if (i < nE && v[u] != 0) atomicAdd(&s.runE[(int)(i % (uint64_t)d.E)], v[u]);
     }
