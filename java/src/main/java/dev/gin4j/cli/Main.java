@@ -17,14 +17,15 @@ public final class Main {
         try {
             return switch (cmd) {
                 case "info" -> Info.run(out);
+                case "bench" -> Bench.run(rest, out, err);
                 case "help", "-h", "--help" -> { help(out); yield 0; }
                 default -> { err.println("gin4j: unknown command '" + cmd + "'"); help(err); yield 2; }
             };
         } catch (IllegalArgumentException e) {
             err.println("gin4j " + cmd + ": " + e.getMessage());
             return 2;
-        } catch (IllegalCallerException e) {
-            err.println("gin4j: " + e.getMessage());
+        } catch (java.io.IOException | RuntimeException e) {
+            err.println("gin4j " + cmd + ": " + e.getMessage());
             return 1;
         }
     }

@@ -1,0 +1,79 @@
+package dev.gin4j.cli;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.Protocol;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.gpu.GpuRuntime;
+
+import java.io.IOException;
+import java.io.PrintStream;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Locale;
+
+/** {@code gin4j bench a2a|moe}: sweeps with GIN and HOST side by side; writes JSON (and a PNG chart for a2a). */
+final class Bench {
+    private Bench() {}
+
+    static int run(String[] args, PrintStream out, PrintStream err) throws IOException {
+        if (args.length == 0 || args[0].equals("--help")) {
+            out.println("""
+                    usage: gin4j bench a2a [--min 4K] [--max 1G] [--factor 4] [--iters 20] [--warmup 5]
+                                           [--backends GIN,HOST] [--protocol auto|ll|direct] [--out a2a.json]
+                           gin4j bench moe [--tokens 128,4096] [--shapes deepseek-v3,qwen3-30b-a3b,mixtral] [--iters 20] [--out moe.json]
+                    One process drives every local GPU. Sizes are bytes each rank sends in total.""");
+            return 0;
+        }
+        return switch (args[0]) {
+            case "a2a" -> a2a(args, out);
+            default -> throw new IllegalArgumentException("unknown benchmark '" + args[0] + "': expected a2a or moe");
+        };
+    }
+
+    static String option(String[] args, String name, String dflt) {
+        for (int i = 1; i < args.length - 1; i++) if (args[i].equals(name)) return args[i + 1];
+        return dflt;
+    }
+
+    static long parseSize(String s) {
+        String t = s.trim().toUpperCase(Locale.ROOT);
+        long mul = 1;
+        if (t.endsWith("K")) { mul = 1L << 10; t = t.substring(0, t.length() - 1); }
+        else if (t.endsWith("M")) { mul = 1L << 20; t = t.substring(0, t.length() - 1); }
+        else if (t.endsWith("G")) { mul = 1L << 30; t = t.substring(0, t.length() - 1); }
+        try {
+            return Long.parseLong(t) * mul;
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("'" + s + "' is not a size (examples: 4096, 64K, 16M, 1G)");
+        }
+    }
+
+    private static int a2a(String[] args, PrintStream out) throws IOException {
+        long min = parseSize(option(args, "--min", "4K")), max = parseSize(option(args, "--max", "1G"));
+        int factor = Integer.parseInt(option(args, "--factor", "4"));
+        int iters = Integer.parseInt(option(args, "--iters", "20")), warmup = Integer.parseInt(option(args, "--warmup", "5"));
+        if (min < 1 || max < min || factor < 2 || iters < 1 || warmup < 0)
+            throw new IllegalArgumentException("need 1 <= --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0");
+        List<Backend> backends = new ArrayList<>();
+        for (String b : option(args, "--backends", "GIN,HOST").split(",")) backends.add(Backend.valueOf(b.trim().toUpperCase(Locale.ROOT)));
+        Protocol protocol = Protocol.valueOf(option(args, "--protocol", "auto").toUpperCase(Locale.ROOT));
+        Path json = Path.of(option(args, "--out", "a2a.json"));
+        GpuRuntime rt = GpuRuntime.get();
+        List<Long> sizes = new ArrayList<>();
+        for (long s = min; s <= max; s *= factor) sizes.add(s);
+        out.printf("gin4j bench a2a: %d GPUs (%s), sizes %d..%d bytes per rank, median of %d after %d warm-ups%n",
+                rt.devices().size(), rt.device(0).name(), min, max, iters, warmup);
+        List<A2aSweep.Row> rows;
+        try (CommGroup g = CommGroup.initAll(rt.devices())) {
+            rows = A2aSweep.run(g, sizes.stream().mapToLong(Long::longValue).toArray(), backends, protocol, warmup, iters, out);
+        }
+        Report.printA2aTable(rows, out);
+        Files.writeString(json, Report.a2aJson(rows, rt));
+        Path png = json.resolveSibling(json.getFileName().toString().replaceAll("\\.json$", "") + ".png");
+        Report.a2aChart(rows, png);
+        out.println("wrote " + json + " and " + png);
+        return 0;
+    }
+}
