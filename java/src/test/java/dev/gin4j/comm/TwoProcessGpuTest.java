@@ -30,7 +30,7 @@ class TwoProcessGpuTest {
         for (int r = 0; r < world; r++) {
             Path log = Files.createTempFile("gin4j-rank" + r, ".log");
             logs.add(log);
-            ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", System.getProperty("java.class.path"), mainClass, scenario);
+            ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), mainClass, scenario);
             pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "LOCAL_RANK", "" + r, "MASTER_ADDR", "127.0.0.1",
                     "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60"));
             pb.redirectErrorStream(true).redirectOutput(log.toFile());
@@ -48,6 +48,16 @@ class TwoProcessGpuTest {
             Files.deleteIfExists(logs.get(r));
         }
         return outputs;
+    }
+
+    /** Where the test, library and bindings classes came from (the JUnit console loads them outside java.class.path). */
+    static String classPath() throws Exception {
+        java.util.LinkedHashSet<String> parts = new java.util.LinkedHashSet<>();
+        for (Class<?> c : List.of(RankMain.class, CommGroup.class, dev.gin4j.bindings.NativeLibrary.class)) {
+            parts.add(Path.of(c.getProtectionDomain().getCodeSource().getLocation().toURI()).toString());
+        }
+        parts.add(System.getProperty("java.class.path"));
+        return String.join(java.io.File.pathSeparator, parts);
     }
 
     static void requireTwoGpus() throws IOException {
