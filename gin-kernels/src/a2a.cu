@@ -285,24 +285,47 @@ GIN_DEVICE_INLINE void ll_send(uint64_t* stagePairs, const uint8_t* src, uint64_
 }
 
 // Waits for LL pairs jlo..jhi-1 at stage, unpacks their payload (bytes < count) into dst and
-// clears each consumed pair (so no old flag can ever be mistaken for a new one).
+// clears each consumed pair (so no old flag can ever be mistaken for a new one). Each thread keeps
+// kLlUnroll pairs in flight and re-polls all still-missing pairs of its batch together, so a late
+// batch costs one memory round trip per poll, not one per pair.
 GIN_DEVICE_INLINE bool ll_recv(uint64_t* stagePairs, uint8_t* dst, uint64_t count, uint64_t jlo, uint64_t jhi,
                                uint32_t flag, uint32_t tid, uint32_t nthreads, uint32_t* errorFlags) {
   for (uint64_t base = jlo + tid; base < jhi; base += (uint64_t)nthreads * kLlUnroll) {
     uint64_t w0[kLlUnroll], w1[kLlUnroll];
-#pragma unroll
-    for (int u = 0; u < kLlUnroll; ++u) {
-      uint64_t j = base + (uint64_t)u * nthreads;
-      if (j < jhi) gin_ll_load_pair(stagePairs + 2 * j, w0[u], w1[u]);
-    }
+    uint32_t pending = 0;
 #pragma unroll
     for (int u = 0; u < kLlUnroll; ++u) {
       uint64_t j = base + (uint64_t)u * nthreads;
       if (j < jhi) {
-        if (!ll_wait_pair(stagePairs + 2 * j, flag, w0[u], w1[u], errorFlags)) return false;
-        store_payload8(dst + 8 * j, (w0[u] & 0xffffffffull) | (w1[u] << 32), count - 8 * j);
-        gin_st16((void*)(stagePairs + 2 * j), gin_u128{0, 0});
+        gin_ll_load_pair(stagePairs + 2 * j, w0[u], w1[u]);
+        pending |= 1u << u;
       }
+    }
+    uint64_t start = 0;
+    for (uint32_t spins = 0;; ++spins) {
+#pragma unroll
+      for (int u = 0; u < kLlUnroll; ++u) {
+        if ((pending >> u) & 1u) {
+          if (ll_pair_ready(w0[u], w1[u], flag)) {
+            uint64_t j = base + (uint64_t)u * nthreads;
+            store_payload8(dst + 8 * j, (w0[u] & 0xffffffffull) | (w1[u] << 32), count - 8 * j);
+            gin_st16((void*)(stagePairs + 2 * j), gin_u128{0, 0});
+            pending &= ~(1u << u);
+          }
+        }
+      }
+      if (pending == 0) break;
+      if ((spins & 255u) == 0) {
+        uint64_t now = gin_clock_ns();
+        if (spins == 0) start = now;
+        else if (now - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
+          gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
+          return false;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kLlUnroll; ++u)
+        if ((pending >> u) & 1u) gin_ll_load_pair(stagePairs + 2 * (base + (uint64_t)u * nthreads), w0[u], w1[u]);
     }
   }
   return true;
