@@ -149,6 +149,9 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
   // stay equal. (a2av cannot skip: the receiver does not know the sender's count.)
   if (!kVarCounts && hi == lo) return;
 
+  // Thread 0 loads its counter together with the peer address (independent loads).
+  uint64_t* seq = seqState + (uint64_t)p * maxChunks + c;
+  const uint64_t seqBefore = tid == 0 ? *seq : 0;
   uint8_t* peerWin = (uint8_t*)peerBases[p];
   if (peerWin == nullptr) {
     // GIN PATH HOOK: a peer outside this rank's load/store team has no mapping here. Its
@@ -163,8 +166,7 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
   const uint64_t mine = (uint64_t)rank * maxChunks + c, theirs = (uint64_t)p * maxChunks + c;
 
   if (tid == 0) {
-    uint64_t* seq = seqState + (uint64_t)p * maxChunks + c;
-    uint64_t s = *seq + 1;
+    const uint64_t s = seqBefore + 1;
     *seq = s;
     gin_st_release_sys(peerSig + readyBase + mine, s);
     sharedOk = gin_wait_geq(ownSig + readyBase + theirs, s, errorFlags);
@@ -267,8 +269,10 @@ GIN_DEVICE_INLINE bool ll_wait_pair(const uint64_t* pair, uint32_t flag, uint64_
 }
 
 // Packs payload bytes [8*jlo, min(count, 8*jhi)) of src into LL pairs jlo..jhi-1 at stage.
+// Loads come first and do not depend on the flag or the peer address, so the first batch overlaps
+// the loads of the sequence number and of peerBases (stores happen only when `store`).
 GIN_DEVICE_INLINE void ll_send(uint64_t* stagePairs, const uint8_t* src, uint64_t count, uint64_t jlo, uint64_t jhi,
-                               uint32_t flag, uint32_t tid, uint32_t nthreads) {
+                               uint32_t flag, uint32_t tid, uint32_t nthreads, bool store) {
   for (uint64_t base = jlo + tid; base < jhi; base += (uint64_t)nthreads * kLlUnroll) {
     uint64_t v[kLlUnroll];
 #pragma unroll
@@ -279,7 +283,8 @@ GIN_DEVICE_INLINE void ll_send(uint64_t* stagePairs, const uint8_t* src, uint64_
 #pragma unroll
     for (int u = 0; u < kLlUnroll; ++u) {
       uint64_t j = base + (uint64_t)u * nthreads;
-      if (j < jhi) gin_ll_store_pair(stagePairs + 2 * j, ll_word(flag, (uint32_t)v[u]), ll_word(flag, (uint32_t)(v[u] >> 32)));
+      if (j < jhi && store)
+        gin_ll_store_pair(stagePairs + 2 * j, ll_word(flag, (uint32_t)v[u]), ll_word(flag, (uint32_t)(v[u] >> 32)));
     }
   }
 }
@@ -337,7 +342,6 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
                               uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset, uint64_t llOffset,
                               uint64_t llCapacity, uint64_t* seqState, int rank, int nranks, int chunks,
                               int maxChunks, uint32_t* errorFlags) {
-  __shared__ uint64_t sharedSeq;
   __shared__ uint64_t sharedCount;
   __shared__ int sharedOk;
   if (!args_ok(peerBases, seqState, rank, nranks, chunks, maxChunks, errorFlags)) return;
@@ -365,8 +369,8 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
     }
   }
 
-  uint8_t* ownWin = (uint8_t*)peerBases[rank];
   if (p == rank) {
+    uint8_t* ownWin = (uint8_t*)peerBases[rank];
     uint64_t lo, hi;
     chunk_range(count, chunks, c, kDirectGranule, lo, hi);
     gin_copy_bytes(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
@@ -374,37 +378,36 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
     if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
     return;
   }
+  // Critical path of a small call: the sequence number, the peer's address and the first payload
+  // batch are independent loads, issued together; the first stores need all three. Every thread
+  // reads the sequence word itself (no barrier to broadcast it); thread 0 writes it back after the
+  // block's final barrier, when no thread of this block can still be reading it.
+  uint64_t* seq = seqState + (uint64_t)p * maxChunks;
+  const uint64_t s = seq[c] + 1;
   uint8_t* peerWin = (uint8_t*)peerBases[p];
-  if (peerWin == nullptr) {
-    // GIN PATH HOOK: see a2a_direct; peers outside the load/store team go over the network path.
-    if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
-    return;
-  }
-
-  if (tid == 0) {
-    uint64_t* seq = seqState + (uint64_t)p * maxChunks;
-    uint64_t s = seq[c] + 1;
-    for (int e = c; e < maxChunks; e += chunks) seq[e] = s;
-    sharedSeq = s;
-  }
-  __syncthreads();
-  const uint64_t s = sharedSeq;
+  const bool reachable = peerWin != nullptr;
   const uint32_t flag = ll_flag(s);
   const uint64_t stride = gin_a2a_ll_slot_stride(llCapacity);
   const uint64_t half = (s & 1ull) * (uint64_t)nranks;
   uint64_t* sendStage = (uint64_t*)(peerWin + llOffset + (half + (uint64_t)rank) * stride);
-  uint64_t* recvStage = (uint64_t*)(ownWin + llOffset + (half + (uint64_t)p) * stride);
 
-  // Send side: chunk c of my bytes for p, plus the count header from chunk 0 (written by uniform
+  // Send side: chunk c of my bytes for p, then the count header from chunk 0 (written by uniform
   // calls too, so the header never holds a stale flag; see above).
   {
-    uint64_t lo, hi;
+    uint64_t lo, hi, jlo, jhi;
     chunk_range(count, chunks, c, kLlGranule, lo, hi);
-    if (c == 0 && tid == 0) gin_ll_store_pair(sendStage, ll_word(flag, (uint32_t)count), ll_word(flag, 0));
-    uint64_t jlo, jhi;
     ll_pairs(lo, hi, jlo, jhi);
-    ll_send(sendStage + 2, send + srcOffset, count, jlo, jhi, flag, tid, nthreads);
+    ll_send(sendStage + 2, send + srcOffset, count, jlo, jhi, flag, tid, nthreads, reachable);
+    if (reachable && c == 0 && tid == 0)
+      gin_ll_store_pair(sendStage, ll_word(flag, (uint32_t)count), ll_word(flag, 0));
   }
+  if (!reachable) {
+    // GIN PATH HOOK: see a2a_direct; peers outside the load/store team go over the network path.
+    if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+    return;
+  }
+  uint8_t* ownWin = (uint8_t*)peerBases[rank];
+  uint64_t* recvStage = (uint64_t*)(ownWin + llOffset + (half + (uint64_t)p) * stride);
 
   // Receive side: chunk c of p's bytes for me.
   uint64_t recvCount = bytesPerPeer;
@@ -434,6 +437,9 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
   ll_pairs(lo, hi, jlo, jhi);
   (void)ll_recv(recvStage + 2, ownWin + recvOffset + (uint64_t)p * slotBytes, recvCount, jlo, jhi, flag, tid, nthreads,
                 errorFlags);
+  __syncthreads();  // every thread of the block has read seq[c]
+  if (tid == 0)
+    for (int e = c; e < maxChunks; e += chunks) seq[e] = s;
 }
 
 }  // namespace gin_a2a_detail
