@@ -16,7 +16,9 @@
 // ------------------------------------------------------------------------------------------------
 // Limits and constants (mirrored in KERNELS.md).
 // ------------------------------------------------------------------------------------------------
+#ifndef MOE_THREADS
 #define MOE_THREADS 512                             // blockDim.x of dispatch, combine, host_layout
+#endif
 #define MOE_WARPS (MOE_THREADS / GIN_WARP_SIZE)     // 16 on NVIDIA, 8 on AMD (wave64)
 #define MOE_MAX_WARPS 16                            // sizes the per-warp flag arrays
 #define MOE_MAX_RANKS 16
