@@ -189,8 +189,9 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
 // ----------------------------------------------------------------------------------------------
 // LL protocol (gin_a2a_ll / gin_a2av_ll). Call seq s (one counter per peer, see below) writes
 // into staging half (s & 1) of the receiver's window; every 8-byte word carries 4 payload bytes
-// and the low 32 bits of s, so a matching flag proves its payload arrived (single-copy atomic
-// 64-bit stores). The receiver polls its own staging and unpacks into the fixed receive slot.
+// and the 32-bit flag(s) (below), so a matching flag proves its payload arrived (single-copy
+// atomic 64-bit stores). The receiver polls its own staging and unpacks into the fixed receive
+// slot.
 //
 // Why no ready handshake (write-after-read on staging half h = s & 1 in p's window, slot r):
 //   that memory was last written by r in call s-2 and read only by p's kernel of call s-2
