@@ -50,6 +50,16 @@ public final class A2aSweep {
                 ends.add(d.createEvent());
                 inputs.add(d.allocate(maxPerPeer * n, arena));
             }
+            // let the JIT compile the call path before anything is timed (a cold Java launch costs tens of us)
+            long small = Math.min(maxPerPeer, 4096);
+            for (Backend b : backends) {
+                AllToAll a = b == Backend.GIN ? gin : host;
+                for (int it = 0; it < 3000; it++) {
+                    a.run(inputs, small, streams);
+                    if (it % 100 == 99) streams.forEach(Stream::synchronize);
+                }
+                a.checkErrors(streams);
+            }
             for (long size : sizes) {
                 long perPeer = size / n;
                 // fresh random input: generated on the host once per size, 64 MiB at most, repeated

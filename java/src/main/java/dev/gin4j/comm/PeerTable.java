@@ -81,10 +81,9 @@ public final class PeerTable {
                     MemorySegment h = tmp.allocate(8L * g.worldSize());
                     t.copyToHost(h);
                     long[] bases = h.toArray(ValueLayout.JAVA_LONG);
-                    if (bases[g.rank(i).rank()] != window.buffer(i).address()) {
-                        throw new CommException("NCCL's device API maps " + g.rank(i) + "'s own window at 0x" + Long.toHexString(bases[g.rank(i).rank()])
-                                + " but it was allocated at 0x" + Long.toHexString(window.buffer(i).address()));
-                    }
+                    // NCCL maps the symmetric window into its own address range, so even the own
+                    // entry may be an alias of the allocation rather than its address: both work.
+                    if (bases[g.rank(i).rank()] == 0) throw new CommException("NCCL's device API gives no address for " + g.rank(i) + "'s own window");
                     tables.add(t);
                     host.add(bases);
                 }

@@ -227,7 +227,8 @@ class AllToAllGpuTest {
         v.checkErrors(streams);
         for (int i = 0; i < n; i++) {
             byte[] got = v.output(i).toByteArray();
-            long[] rc = MemorySegment.ofArray(v.receivedCounts(i).toByteArray()).toArray(ValueLayout.JAVA_LONG);
+            long[] rc = new long[n];
+            MemorySegment.copy(MemorySegment.ofArray(v.receivedCounts(i).toByteArray()), ValueLayout.JAVA_LONG_UNALIGNED, 0, rc, 0, n);
             for (int s = 0; s < n; s++) {
                 assertEquals(cnt[s][i], rc[s], v.backend() + " round " + round + ": count at rank " + i + " from " + s);
                 int from = Math.toIntExact(off[s][i]);
