@@ -247,6 +247,13 @@ GIN_DEVICE_INLINE int ld_fresh_i32(const int* p) {
   return __ldcg(p);
 #endif
 }
+GIN_DEVICE_INLINE int4 ld_fresh_i32x4(const int* p) {  // p 16-byte aligned
+#if GIN_HIP
+  return make_int4(ld_fresh_i32(p), ld_fresh_i32(p + 1), ld_fresh_i32(p + 2), ld_fresh_i32(p + 3));
+#else
+  return __ldcg((const int4*)p);
+#endif
+}
 GIN_DEVICE_INLINE uint16_t ld_fresh_u16(const uint16_t* p) {
 #if GIN_HIP
   return *(const volatile uint16_t*)p;
@@ -611,20 +618,35 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
   for (int b = tid; b < c; b += B) ok &= gin_wait_geq(histReady + b, seq, errorFlags);
   if (!ok) s.ok = 0;
   __syncthreads();  // acquire by thread b, then the barrier: every thread may read block b's rows
-  // Latency-bound at small T (every block reads up to C*E ints): 16 independent loads in flight.
+  // Latency-bound at small T (every block reads up to C*E ints): 16-byte loads of the flattened
+  // [c][E] rows (256-byte aligned base), 8 in flight per thread, zeros skipped.
   const uint64_t nE = (uint64_t)c * (uint64_t)d.E;
-  for (uint64_t i0 = (uint64_t)tid; i0 < nE; i0 += 16ull * (uint64_t)B) {
-    int v[16];
+  const uint64_t nV = nE >> 2;
+  for (uint64_t i0 = (uint64_t)tid; i0 < nV; i0 += 8ull * (uint64_t)B) {
+    int4 v[8];
 #pragma unroll
-    for (int u = 0; u < 16; ++u) {
+    for (int u = 0; u < 8; ++u) {
       const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
-      v[u] = i < nE ? ld_fresh_i32(histE + i) : 0;
+      v[u] = i < nV ? ld_fresh_i32x4(histE + 4 * i) : make_int4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < 16; ++u) {
+    for (int u = 0; u < 8; ++u) {
       const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
-      if (i < nE && v[u] != 0) atomicAdd(&s.runE[(int)(i % (uint64_t)d.E)], v[u]);
+      if (i >= nV) continue;
+      const int e0 = (int)((4 * i) % (uint64_t)d.E);
+      const int vals[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        if (vals[q] == 0) continue;
+        int e = e0 + q;
+        if (e >= d.E) e -= d.E;
+        atomicAdd(&s.runE[e], vals[q]);
+      }
     }
+  }
+  for (uint64_t i = 4 * nV + (uint64_t)tid; i < nE; i += (uint64_t)B) {
+    const int v = ld_fresh_i32(histE + i);
+    if (v != 0) atomicAdd(&s.runE[(int)(i % (uint64_t)d.E)], v);
   }
   const int nD = c * d.R;
   for (int i = tid; i < nD; i += B) {
