@@ -8,5 +8,6 @@ module dev.gin4j {
     exports dev.gin4j.gpu;
     exports dev.gin4j.comm;
     exports dev.gin4j.a2a;
+    exports dev.gin4j.moe;
     exports dev.gin4j.cli;
 }

@@ -16,15 +16,17 @@ import java.util.List;
  * bits in; {@link #check} reads the word after the stream is synchronized and throws.
  */
 public final class KernelErrors {
-    private static final String[] BITS = {
-            "a wait for a peer timed out (a peer did not take part, or its kernel failed)",
-            "a count exceeded its receive capacity and was clamped",
-            "a send range went past the end of the send buffer and was clamped",
-            "kernel arguments were inconsistent (grid or sizes); nothing was moved",
-            "a peer is not load/store reachable from this GPU (no LSA path)",
-            "an expert id was out of range and was treated as masked",
-            "more rows arrived than the receive capacity; the excess was dropped",
-    };
+    // bit -> meaning, as gin-kernels/src/gin_sync.cuh and moe.cu define them
+    private static final java.util.Map<Integer, String> BITS = java.util.Map.of(
+            0, "a wait for a peer timed out (a peer did not take part, or its kernel failed)",
+            1, "a count exceeded its receive capacity and was clamped",
+            2, "a send range went past the end of the send buffer and was clamped",
+            3, "kernel arguments were inconsistent (grid or sizes); nothing was moved",
+            4, "a peer is not load/store reachable from this GPU (no LSA path)",
+            8, "an expert id was out of range (< -1 or >= experts) or repeated within a token; it was treated as masked",
+            9, "the token count was negative or above the configured maximum and was clamped",
+            10, "the MoE configuration or launch shape is outside the kernels' limits; nothing was done",
+            11, "received counts or row indices were inconsistent; rows were dropped");
 
     private final DeviceBuffer word;
 
@@ -58,7 +60,7 @@ public final class KernelErrors {
     public static List<String> describe(int bits) {
         List<String> out = new ArrayList<>();
         for (int i = 0; i < 32; i++) {
-            if ((bits & (1 << i)) != 0) out.add(i < BITS.length ? BITS[i] : "error bit " + i);
+            if ((bits & (1 << i)) != 0) out.add(BITS.getOrDefault(i, "error bit " + i));
         }
         return out;
     }

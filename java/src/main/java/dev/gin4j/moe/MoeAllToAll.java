@@ -1,0 +1,380 @@
+package dev.gin4j.moe;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.KernelErrors;
+import dev.gin4j.comm.PeerTable;
+import dev.gin4j.comm.SymmetricWindow;
+import dev.gin4j.comm.WindowLayout;
+import dev.gin4j.gpu.CodeObject;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Kernel;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.Stream;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.List;
+
+import static dev.gin4j.gpu.KernelArgs.Type.I32;
+import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
+
+/**
+ * MoE dispatch and combine over the ranks of a {@link CommGroup}: experts split evenly, top-k
+ * routing, bf16 rows. {@code dispatch(x[T][H], topkIdx[T][K] int32, topkWeights[T][K] f32)} sends
+ * each token once to every rank holding one of its experts and lays the rows out expert-major
+ * there; {@code combine(expertOut)} returns {@code y[t] = sum_k w[t][k] * out(t, expert_k)}
+ * (fp32 accumulation) to the token's own rank.
+ * <p>{@link Backend#GIN}: one kernel each way; counts are computed and exchanged on the device,
+ * rows are stored into the peers' symmetric windows, no host synchronization, capturable in a
+ * graph. {@link Backend#HOST}: the TorchTitan-style baseline (count all-to-all, counts to the host,
+ * grouped ncclSend/ncclRecv of one row per (token, expert), permute), with identical layouts.
+ * Kernels and layouts: gin-kernels/src/moe.cu and gin-kernels/KERNELS.md.
+ */
+public final class MoeAllToAll implements AutoCloseable {
+    private static final int Q_WINDOW_BYTES = 0, Q_FLAGS_OFFSET = 1, Q_FLAGS_BYTES = 2, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
+            Q_WS_EXPERT_COUNT = 7, Q_WS_EXPERT_OFFSET = 8, Q_WS_ROWS_TO = 9, Q_VERSION = 14;
+    private static final int THREADS = 512;
+
+    private final CommGroup group;
+    private final MoeConfig cfg;
+    private final int nRanks, localExperts, channels;
+    private final long[] query;
+    private final Arena arena = Arena.ofShared();
+    private final SymmetricWindow window;       // GIN only
+    private final PeerTable peers;              // GIN only
+    private final List<RankState> ranks = new ArrayList<>();
+    private long sequence;
+
+    /** Per local rank: kernels, argument lists, buffers. */
+    private final class RankState {
+        final Communicator comm;
+        final Device device;
+        final CodeObject code;
+        final DeviceBuffer workspace, recvX, recvWeights, recvCounts, y;
+        final KernelErrors errors;
+        final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine;
+        final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs;
+        // HOST backend buffers
+        DeviceBuffer sendRows, sendWeights, recvBuf, recvBufWeights, countMatrix, backBuf, returned;
+        int lastTokens = -1;
+        long lastTopkIdx, lastTopkWeights;  // HOST: the combine re-reads the routing of the last dispatch
+        long lastSequence = -1;
+        long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
+
+        RankState(Communicator comm, Stream setup) {
+            this.comm = comm;
+            this.device = comm.device();
+            this.code = device.loadKernels("moe");
+            long capRows = query[Q_RECV_ROWS], rowBytes = cfg.rowBytes();
+            workspace = device.allocate(query[Q_WORKSPACE_BYTES], arena);
+            workspace.fill((byte) 0, setup);
+            recvX = device.allocate(capRows * rowBytes, arena);
+            recvWeights = device.allocate(capRows * 4, arena);
+            recvCounts = device.allocate(4L * localExperts, arena);
+            y = device.allocate((long) cfg.maxTokens() * rowBytes, arena);
+            errors = new KernelErrors(device, arena, setup);
+            dispatch = code.kernel("moe_gin_dispatch");
+            combine = code.kernel("moe_gin_combine");
+            layout = code.kernel("moe_host_layout");
+            pack = code.kernel("moe_host_pack");
+            permute = code.kernel("moe_host_permute");
+            unpermute = code.kernel("moe_host_unpermute");
+            hostCombine = code.kernel("moe_host_combine");
+            dispatchArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+            combineArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+            layoutArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, I32, I32, I32, I32, I32);
+            packArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+            permuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+            unpermuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+            hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+            if (cfg.backend() == Backend.HOST) {
+                long sendRowsCap = query[Q_SEND_ROWS];
+                sendRows = device.allocate(sendRowsCap * rowBytes, arena);
+                sendWeights = device.allocate(sendRowsCap * 4, arena);
+                recvBuf = device.allocate(capRows * rowBytes, arena);
+                recvBufWeights = device.allocate(capRows * 4, arena);
+                countMatrix = device.allocate(4L * nRanks * localExperts, arena);
+                backBuf = device.allocate(capRows * rowBytes, arena);
+                returned = device.allocate(sendRowsCap * rowBytes, arena);
+            }
+        }
+    }
+
+    private MoeAllToAll(CommGroup group, MoeConfig cfg) {
+        this.group = group;
+        this.cfg = cfg;
+        this.nRanks = group.worldSize();
+        if (cfg.experts() % nRanks != 0) {
+            throw new IllegalArgumentException(cfg.experts() + " experts do not split evenly over " + nRanks + " ranks");
+        }
+        this.localExperts = cfg.experts() / nRanks;
+        int sms = group.rank(0).device().multiprocessors();
+        this.channels = Math.max(1, Math.min(128, sms / 2));
+        this.query = queryLayout(group.rank(0).device());
+        if (query[Q_WINDOW_BYTES] == 0) {
+            throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
+                    + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32)");
+        }
+        try {
+            if (cfg.backend() == Backend.GIN) {
+                this.window = SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build());
+                this.peers = PeerTable.resolve(window, arena);
+                if (!peers.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
+            } else {
+                this.window = null;
+                this.peers = null;
+            }
+            for (Communicator c : group.ranks()) {
+                try (Stream s = c.device().createStream()) {
+                    ranks.add(new RankState(c, s));
+                    if (window != null) window.region(c.localIndex(), "moe").slice(query[Q_FLAGS_OFFSET], query[Q_FLAGS_BYTES]).fill((byte) 0, s);
+                    s.synchronize();
+                }
+            }
+            // every rank's flags are zero before any rank can signal into them
+            group.allGatherLongs(new long[group.localCount()]);
+        } catch (RuntimeException e) {
+            close();
+            throw e;
+        }
+    }
+
+    /** Collective: every rank creates it with the same configuration. */
+    public static MoeAllToAll create(CommGroup group, MoeConfig config) { return new MoeAllToAll(group, config); }
+
+    private long[] queryLayout(Device d) {
+        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("moe")) {
+            DeviceBuffer out = d.allocate(16 * 8, a);
+            KernelArgs args = KernelArgs.of(a, I32, I32, I32, I32, I32, POINTER);
+            args.setInt(0, nRanks).setInt(1, cfg.experts()).setInt(2, cfg.topK()).setInt(3, cfg.hidden()).setInt(4, cfg.maxTokens()).setPointer(5, out);
+            code.kernel("moe_query_layout").launch(s, LaunchConfig.of(1, 1), args);
+            s.synchronize();
+            MemorySegment h = a.allocate(16 * 8);
+            out.copyToHost(h);
+            long[] q = h.toArray(ValueLayout.JAVA_LONG);
+            if (q[Q_WINDOW_BYTES] != 0 && q[Q_VERSION] != 1) throw new IllegalStateException("moe kernels report layout version " + q[Q_VERSION] + ", this library knows 1");
+            return q;
+        }
+    }
+
+    public MoeConfig config() { return cfg; }
+    public int localExperts() { return localExperts; }
+    /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
+    public long capacityRows() { return query[Q_RECV_ROWS]; }
+
+    private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
+        if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException("T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
+        long needX = (long) tokens * cfg.rowBytes(), needK = 4L * tokens * cfg.topK();
+        if (x.byteSize() < needX) throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; [" + tokens + "][" + cfg.hidden() + "] bf16 needs " + needX);
+        if (idx.byteSize() < needK) throw new IllegalArgumentException("topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
+        if (w.byteSize() < needK) throw new IllegalArgumentException("topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
+        for (DeviceBuffer b : List.of(x, idx, w)) if (b.device() != r.device) throw new IllegalArgumentException("an input of " + r.comm + " is on " + b.device());
+        if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
+    }
+
+    /**
+     * GIN backend, one local rank: queues the dispatch on {@code stream} and returns where its
+     * results will be. Every rank must dispatch (a collective); T may differ per rank.
+     */
+    public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+        if (cfg.backend() != Backend.GIN) {
+            if (group.localCount() > 1) throw new IllegalStateException("HOST dispatch with several local ranks must be issued for all of them together: use the list form");
+            return dispatch(List.of(x), List.of(topkIdx), List.of(topkWeights), new int[] {tokens}, List.of(stream)).getFirst();
+        }
+        RankState r = ranks.get(localIndex);
+        checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
+        long seq = ++sequence;
+        KernelArgs a = r.dispatchArgs;
+        a.setPointer(0, x.address()).setPointer(1, topkIdx.address()).setPointer(2, topkWeights.address()).setInt(3, tokens)
+                .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
+                .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
+                .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
+        r.dispatch.launch(stream, LaunchConfig.of(2 * channels, THREADS), a);
+        r.lastTokens = tokens;
+        r.lastSequence = seq;
+        return new MoeDispatch(localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
+    }
+
+    /** Every local rank at once (the only form for HOST with several local ranks). */
+    public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<Stream> streams) {
+        int local = group.localCount();
+        if (x.size() != local || topkIdx.size() != local || topkWeights.size() != local || tokens.length != local || streams.size() != local)
+            throw new IllegalArgumentException("one x, topkIdx, topkWeights, token count and stream per local rank expected (" + local + ")");
+        List<MoeDispatch> out = new ArrayList<>();
+        if (cfg.backend() == Backend.GIN) {
+            for (int i = 0; i < local; i++) out.add(dispatch(i, x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
+            return out;
+        }
+        for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
+        long seq = ++sequence;
+        hostDispatch(x, topkIdx, topkWeights, tokens, streams);
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            r.lastTokens = tokens[i];
+            r.lastSequence = seq;
+            out.add(new MoeDispatch(i, tokens[i], seq, r.recvX, r.recvCounts, r.recvWeights));
+        }
+        return out;
+    }
+
+    private static int warpGrid(long warps) { return (int) Math.max(1, Math.min(4096, (warps + 7) / 8)); } // 8 warps per 256-thread block
+
+    private void hostDispatch(List<DeviceBuffer> x, List<DeviceBuffer> idx, List<DeviceBuffer> w, int[] tokens, List<Stream> streams) {
+        int local = group.localCount(), L = localExperts;
+        long rowBytes = cfg.rowBytes();
+        // 1. routing layout on every rank (same code as the GIN kernel: identical positions)
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            r.layoutArgs.setPointer(0, idx.get(i)).setInt(1, tokens[i]).setPointer(2, r.workspace).setPointer(3, r.errors.buffer())
+                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.maxTokens()).setInt(8, channels);
+            r.layout.launch(streams.get(i), LaunchConfig.of(channels, THREADS), r.layoutArgs);
+            r.packArgs.setPointer(0, x.get(i)).setPointer(1, idx.get(i)).setPointer(2, w.get(i)).setInt(3, tokens[i]).setPointer(4, r.workspace)
+                    .setPointer(5, r.sendRows).setPointer(6, r.sendWeights).setPointer(7, r.errors.buffer())
+                    .setInt(8, nRanks).setInt(9, cfg.experts()).setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens());
+            r.pack.launch(streams.get(i), LaunchConfig.of(warpGrid(tokens[i]), 256), r.packArgs);
+            r.lastTopkIdx = idx.get(i).address();
+            r.lastTopkWeights = w.get(i).address();
+        }
+        // 2. counts per (destination, local expert): all-to-all, then to the host
+        List<DeviceBuffer> countSend = new ArrayList<>(), countRecv = new ArrayList<>();
+        for (RankState r : ranks) {
+            countSend.add(r.workspace.slice(query[Q_WS_EXPERT_COUNT], 4L * cfg.experts()));
+            countRecv.add(r.countMatrix);
+        }
+        group.allToAll(countSend, countRecv, 4L * L, streams);
+        long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
+        long[][] scw = new long[local][], sow = new long[local][], rcw = new long[local][], row = new long[local][];
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            streams.get(i).synchronize();
+            int[] matrix = readInts(r.countMatrix, nRanks * L);
+            int[] expertOffset = readInts(r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)), cfg.experts() + 1);
+            int[] rowsTo = readInts(r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks), nRanks);
+            r.recvRowsFrom = new long[nRanks]; r.recvRowOffset = new long[nRanks]; r.sendRowsTo = new long[nRanks]; r.sendRowOffset = new long[nRanks];
+            long off = 0;
+            for (int s = 0; s < nRanks; s++) {
+                long rows = 0;
+                for (int e = 0; e < L; e++) rows += matrix[s * L + e];
+                r.recvRowsFrom[s] = rows;
+                r.recvRowOffset[s] = off;
+                off += rows;
+                r.sendRowsTo[s] = rowsTo[s];
+                r.sendRowOffset[s] = expertOffset[s * L];
+            }
+            if (off > capacityRows()) throw new CommException(r.comm + " would receive " + off + " rows, above the capacity of " + capacityRows());
+            sc[i] = scale(r.sendRowsTo, rowBytes); so[i] = scale(r.sendRowOffset, rowBytes);
+            rc[i] = scale(r.recvRowsFrom, rowBytes); ro[i] = scale(r.recvRowOffset, rowBytes);
+            scw[i] = scale(r.sendRowsTo, 4); sow[i] = scale(r.sendRowOffset, 4);
+            rcw[i] = scale(r.recvRowsFrom, 4); row[i] = scale(r.recvRowOffset, 4);
+        }
+        // 3. one row per (token, expert) to the expert's rank, with its weight
+        List<DeviceBuffer> sRows = new ArrayList<>(), rRows = new ArrayList<>(), sW = new ArrayList<>(), rW = new ArrayList<>();
+        for (RankState r : ranks) { sRows.add(r.sendRows); rRows.add(r.recvBuf); sW.add(r.sendWeights); rW.add(r.recvBufWeights); }
+        group.allToAllV(sRows, sc, so, rRows, rc, ro, streams);
+        group.allToAllV(sW, scw, sow, rW, rcw, row, streams);
+        // 4. source-major -> expert-major
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            r.permuteArgs.setPointer(0, r.recvBuf).setPointer(1, r.recvBufWeights).setPointer(2, r.countMatrix).setPointer(3, r.recvX)
+                    .setPointer(4, r.recvWeights).setPointer(5, r.recvCounts).setPointer(6, r.errors.buffer())
+                    .setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
+            r.permute.launch(streams.get(i), LaunchConfig.of(warpGrid(rows), 256), r.permuteArgs);
+        }
+    }
+
+    private static long[] scale(long[] v, long f) {
+        long[] o = new long[v.length];
+        for (int i = 0; i < v.length; i++) o[i] = v[i] * f;
+        return o;
+    }
+
+    private static int[] readInts(DeviceBuffer b, int n) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment h = a.allocate(4L * n);
+            b.slice(0, 4L * n).copyToHost(h);
+            return h.toArray(ValueLayout.JAVA_INT);
+        }
+    }
+
+    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        RankState r = ranks.get(handle.localIndex());
+        if (handle.sequence() != r.lastSequence) throw new IllegalStateException("combine needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        long need = capacityRows() * cfg.rowBytes();
+        if (expertOut.byteSize() < need) throw new IllegalArgumentException("expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
+        if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
+        if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
+        return r;
+    }
+
+    /** GIN backend, one local rank: y[T][H] bf16 for the tokens of that rank's last dispatch (this instance's buffer). */
+    public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        if (cfg.backend() != Backend.GIN) {
+            if (group.localCount() > 1) throw new IllegalStateException("HOST combine with several local ranks must be issued for all of them together: use the list form");
+            return combine(List.of(handle), List.of(expertOut), List.of(stream)).getFirst();
+        }
+        RankState r = checkHandle(handle, expertOut, stream);
+        KernelArgs a = r.combineArgs;
+        a.setPointer(0, expertOut).setPointer(1, r.recvWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
+                .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
+                .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
+        r.combine.launch(stream, LaunchConfig.of(2 * channels, THREADS), a);
+        return r.y.slice(0, (long) handle.numTokens() * cfg.rowBytes());
+    }
+
+    /** Every local rank at once (the only form for HOST with several local ranks). */
+    public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
+        int local = group.localCount();
+        if (handles.size() != local || expertOut.size() != local || streams.size() != local)
+            throw new IllegalArgumentException("one handle, expert output and stream per local rank expected (" + local + ")");
+        List<DeviceBuffer> ys = new ArrayList<>();
+        if (cfg.backend() == Backend.GIN) {
+            for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i)));
+            return ys;
+        }
+        long rowBytes = cfg.rowBytes();
+        long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
+        List<DeviceBuffer> back = new ArrayList<>(), ret = new ArrayList<>();
+        for (int i = 0; i < local; i++) {
+            RankState r = checkHandle(handles.get(i), expertOut.get(i), streams.get(i));
+            long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            r.unpermuteArgs.setPointer(0, expertOut.get(i)).setPointer(1, r.countMatrix).setPointer(2, r.backBuf).setPointer(3, r.errors.buffer())
+                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.hidden()).setInt(8, cfg.maxTokens());
+            r.unpermute.launch(streams.get(i), LaunchConfig.of(warpGrid(rows), 256), r.unpermuteArgs);
+            // rows go back the way they came: what this rank received from s returns to s
+            sc[i] = scale(r.recvRowsFrom, rowBytes); so[i] = scale(r.recvRowOffset, rowBytes);
+            rc[i] = scale(r.sendRowsTo, rowBytes); ro[i] = scale(r.sendRowOffset, rowBytes);
+            back.add(r.backBuf);
+            ret.add(r.returned);
+        }
+        group.allToAllV(back, sc, so, ret, rc, ro, streams);
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            MoeDispatch h = handles.get(i);
+            r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.lastTopkIdx).setPointer(2, r.lastTopkWeights).setInt(3, h.numTokens()).setPointer(4, r.workspace)
+                    .setPointer(5, r.y).setPointer(6, r.errors.buffer()).setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK())
+                    .setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
+            r.hostCombine.launch(streams.get(i), LaunchConfig.of(warpGrid(h.numTokens()), 256), r.hostCombineArgs);
+            ys.add(r.y.slice(0, (long) h.numTokens() * rowBytes));
+        }
+        return ys;
+    }
+
+    /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. */
+    public void checkErrors(List<Stream> streams) {
+        for (int i = 0; i < ranks.size(); i++) ranks.get(i).errors.check("MoE exchange", streams.get(i));
+    }
+
+    @Override public void close() {
+        for (RankState r : ranks) r.code.close();
+        if (window != null) window.close();
+        arena.close();
+    }
+}

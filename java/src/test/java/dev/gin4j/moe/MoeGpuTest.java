@@ -1,0 +1,259 @@
+package dev.gin4j.moe;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.Nccl;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.Stream;
+import dev.gin4j.testing.Gpus;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.TestInstance;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.SplittableRandom;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** MoE dispatch/combine, GIN and HOST, against a CPU reference; one process driving every GPU. */
+@Tag("gpu")
+@TestInstance(TestInstance.Lifecycle.PER_CLASS)
+class MoeGpuTest {
+    private final SplittableRandom random = new SplittableRandom();
+    private CommGroup group;
+    private List<Device> devs;
+    private List<Stream> streams;
+    private int n;
+
+    @BeforeAll void setUp() {
+        GpuRuntime rt = Gpus.runtimeWithDevices(2);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.requireKernels(rt, "moe");
+        devs = rt.devices();
+        n = devs.size();
+        group = CommGroup.initAll(devs);
+        streams = new ArrayList<>();
+        for (Device d : devs) streams.add(d.createStream());
+    }
+
+    @AfterAll void tearDown() {
+        if (streams != null) streams.forEach(Stream::close);
+        if (group != null) group.close();
+    }
+
+    static short bf16(float f) {
+        int bits = Float.floatToRawIntBits(f);
+        bits += 0x7fff + ((bits >>> 16) & 1);
+        return (short) (bits >>> 16);
+    }
+
+    static float f32(short b) { return Float.intBitsToFloat((b & 0xffff) << 16); }
+
+    /** One rank's inputs. Rows carry their source rank and token index in the first elements. */
+    record Input(int tokens, short[] x, int[] idx, float[] w) {}
+
+    enum Routing { UNIFORM, ONE_EXPERT, NOTHING_TO_LAST_RANK, ALL_MASKED, SOME_MASKED }
+
+    Input input(int rank, int tokens, int hidden, int experts, int k, Routing routing) {
+        short[] x = new short[tokens * hidden];
+        for (int t = 0; t < tokens; t++) {
+            for (int h = 0; h < hidden; h++) x[t * hidden + h] = bf16((float) (random.nextInt(64) - 32) / 8);
+            x[t * hidden] = bf16(rank);
+            if (hidden > 1) x[t * hidden + 1] = bf16(t % 256);
+            if (hidden > 2) x[t * hidden + 2] = bf16(t / 256);
+        }
+        int[] idx = new int[tokens * k];
+        float[] w = new float[tokens * k];
+        int perRank = experts / n;
+        for (int t = 0; t < tokens; t++) {
+            int[] pool = switch (routing) {
+                case NOTHING_TO_LAST_RANK -> java.util.stream.IntStream.range(0, experts - perRank).toArray();
+                default -> java.util.stream.IntStream.range(0, experts).toArray();
+            };
+            for (int i = pool.length - 1; i > 0; i--) { int j = random.nextInt(i + 1); int tmp = pool[i]; pool[i] = pool[j]; pool[j] = tmp; }
+            for (int s = 0; s < k; s++) {
+                int e = switch (routing) {
+                    case ONE_EXPERT -> s == 0 ? 3 % experts : -1;
+                    case ALL_MASKED -> -1;
+                    case SOME_MASKED -> random.nextInt(3) == 0 ? -1 : pool[s];
+                    default -> pool[s];
+                };
+                idx[t * k + s] = e;
+                w[t * k + s] = e < 0 ? 0f : random.nextFloat();
+            }
+        }
+        return new Input(tokens, x, idx, w);
+    }
+
+    /** Expected expert-major layout on rank d: rows, weights, per-expert counts. */
+    record Layout(List<short[]> rows, List<Float> weights, int[] counts, List<int[]> origin) {}
+
+    Layout expected(Input[] in, int d, int hidden, int experts, int k) {
+        int L = experts / n;
+        List<short[]> rows = new ArrayList<>();
+        List<Float> weights = new ArrayList<>();
+        List<int[]> origin = new ArrayList<>();
+        int[] counts = new int[L];
+        for (int e = 0; e < L; e++) {
+            int ge = d * L + e;
+            for (int s = 0; s < n; s++) {
+                for (int t = 0; t < in[s].tokens; t++) {
+                    for (int q = 0; q < k; q++) {
+                        if (in[s].idx[t * k + q] == ge) {
+                            rows.add(Arrays.copyOfRange(in[s].x, t * hidden, (t + 1) * hidden));
+                            weights.add(in[s].w[t * k + q]);
+                            origin.add(new int[] {s, t, ge});
+                            counts[e]++;
+                        }
+                    }
+                }
+            }
+        }
+        return new Layout(rows, weights, counts, origin);
+    }
+
+    private DeviceBuffer upload(Device d, Arena a, MemorySegment host) {
+        DeviceBuffer b = d.allocate(Math.max(host.byteSize(), 16), a);
+        if (host.byteSize() > 0) b.slice(0, host.byteSize()).copyFromHost(host);
+        return b;
+    }
+
+    /** Runs dispatch + fake experts + combine on one backend and checks everything; returns each rank's received bytes. */
+    private byte[][] roundTrip(MoeAllToAll moe, Input[] in, int hidden, int experts, int k, String what) {
+        MoeConfig cfg = moe.config();
+        long rowBytes = 2L * hidden;
+        try (Arena a = Arena.ofShared()) {
+            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
+            int[] tokens = new int[n];
+            for (int i = 0; i < n; i++) {
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].x)));
+                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].idx)));
+                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].w)));
+                tokens[i] = in[i].tokens;
+            }
+            List<MoeDispatch> handles = moe.dispatch(xs, ids, ws, tokens, streams);
+            moe.checkErrors(streams);
+            byte[][] received = new byte[n][];
+            List<DeviceBuffer> outs = new ArrayList<>();
+            for (int d = 0; d < n; d++) {
+                Layout exp = expected(in, d, hidden, experts, k);
+                MoeDispatch h = handles.get(d);
+                int[] counts = new int[moe.localExperts()];
+                MemorySegment.copy(MemorySegment.ofArray(h.counts().toByteArray()), ValueLayout.JAVA_INT_UNALIGNED, 0, counts, 0, counts.length);
+                assertArrayEquals(exp.counts(), counts, what + ": per-expert counts on rank " + d);
+                int rows = exp.rows().size();
+                byte[] got = h.rows().slice(0, rows * rowBytes).toByteArray();
+                received[d] = got;
+                MemorySegment g = MemorySegment.ofArray(got);
+                float[] gw = new float[rows];
+                MemorySegment.copy(MemorySegment.ofArray(h.weights().slice(0, 4L * rows).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, gw, 0, rows);
+                short[] expertOut = new short[(int) (moe.capacityRows() * hidden)];
+                for (int r = 0; r < rows; r++) {
+                    short[] want = exp.rows().get(r);
+                    for (int h2 = 0; h2 < hidden; h2++) {
+                        short v = g.getAtIndex(ValueLayout.JAVA_SHORT_UNALIGNED, (long) r * hidden + h2);
+                        if (v != want[h2]) fail(what + ": rank " + d + " row " + r + " (source " + exp.origin().get(r)[0] + " token " + exp.origin().get(r)[1]
+                                + " expert " + exp.origin().get(r)[2] + ") element " + h2 + ": expected " + f32(want[h2]) + " got " + f32(v));
+                        expertOut[r * hidden + h2] = bf16(f32(v) * (1 + exp.origin().get(r)[2]));
+                    }
+                    assertEquals(exp.weights().get(r), gw[r], what + ": weight of row " + r + " on rank " + d);
+                }
+                outs.add(upload(devs.get(d), a, MemorySegment.ofArray(expertOut)));
+            }
+            List<DeviceBuffer> ys = moe.combine(handles, outs, streams);
+            moe.checkErrors(streams);
+            for (int s = 0; s < n; s++) {
+                MemorySegment y = MemorySegment.ofArray(ys.get(s).toByteArray());
+                for (int t = 0; t < in[s].tokens; t++) {
+                    for (int h2 = 0; h2 < hidden; h2++) {
+                        double ref = 0, mag = 0;
+                        for (int q = 0; q < k; q++) {
+                            int e = in[s].idx[t * k + q];
+                            if (e < 0) continue;
+                            double term = in[s].w[t * k + q] * (double) f32(bf16(f32(in[s].x[t * hidden + h2]) * (1 + e)));
+                            ref += term;
+                            mag += Math.abs(term);
+                        }
+                        float v = f32(y.getAtIndex(ValueLayout.JAVA_SHORT_UNALIGNED, (long) t * hidden + h2));
+                        if (!(Math.abs(v - ref) <= 0.016 * mag + 1e-6)) {
+                            fail(what + ": y on rank " + s + " token " + t + " element " + h2 + ": expected " + ref + " got " + v);
+                        }
+                    }
+                }
+            }
+            // poison everything this call produced: the next call on the instance must overwrite it all
+            for (int i = 0; i < n; i++) {
+                handles.get(i).rows().fill((byte) 0xff, streams.get(i));
+                handles.get(i).weights().fill((byte) 0xff, streams.get(i));
+                handles.get(i).counts().fill((byte) 0xff, streams.get(i));
+                ys.get(i).fill((byte) 0xff, streams.get(i));
+                streams.get(i).synchronize();
+            }
+            return received;
+        }
+    }
+
+    private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing) {
+        Input[] in = new Input[n];
+        for (int i = 0; i < n; i++) in[i] = input(i, tokens[i], hidden, experts, k, routing);
+        String shape = "H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing;
+        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, k, maxTokens, Backend.GIN));
+             MoeAllToAll host = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, k, maxTokens, Backend.HOST))) {
+            byte[][] g = roundTrip(gin, in, hidden, experts, k, "GIN " + shape);
+            byte[][] h = roundTrip(host, in, hidden, experts, k, "HOST " + shape);
+            for (int d = 0; d < n; d++) assertArrayEquals(h[d], g[d], "GIN and HOST layouts differ on rank " + d + ", " + shape);
+            // a second round on the same instances with fresh routing: flags and workspaces reset correctly
+            for (int i = 0; i < n; i++) in[i] = input(i, tokens[i], hidden, experts, k, routing);
+            roundTrip(gin, in, hidden, experts, k, "GIN (second call) " + shape);
+            roundTrip(host, in, hidden, experts, k, "HOST (second call) " + shape);
+        }
+    }
+
+    @Test void deepSeekShapeSmall() { both(7168, 256, 8, 128, new int[] {128, 97}, Routing.UNIFORM); }
+    @Test void oddHiddenSizes() {
+        both(2050, 8, 2, 64, new int[] {64, 40}, Routing.UNIFORM);
+        both(7, 16, 4, 33, new int[] {33, 1}, Routing.SOME_MASKED);
+    }
+    @Test void edgeCases() {
+        both(256, 8, 2, 16, new int[] {0, 0}, Routing.UNIFORM);
+        both(256, 8, 2, 16, new int[] {1, 0}, Routing.UNIFORM);
+        both(256, 8, 2, 16, new int[] {16, 16}, Routing.ONE_EXPERT);
+        both(256, 8, 2, 16, new int[] {16, 5}, Routing.NOTHING_TO_LAST_RANK);
+        both(256, 8, 2, 16, new int[] {16, 16}, Routing.ALL_MASKED);
+        both(384, 8, 1, 32, new int[] {32, 31}, Routing.UNIFORM);
+    }
+
+    @Test void badInputsAreReported() {
+        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(128, 8, 2, 16, Backend.GIN))) {
+            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
+            for (int i = 0; i < n; i++) {
+                Input in = input(i, 16, 128, 8, 2, Routing.UNIFORM);
+                if (i == 0) in.idx()[5] = 99;  // out of range
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.x())));
+                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
+                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
+            }
+            IllegalArgumentException tooMany = assertThrows(IllegalArgumentException.class, () -> gin.dispatch(xs, ids, ws, new int[] {17, 16}, streams));
+            assertTrue(tooMany.getMessage().contains("maxTokens"), tooMany.getMessage());
+            IllegalArgumentException shortX = assertThrows(IllegalArgumentException.class, () -> gin.dispatch(List.of(ids.get(0), ids.get(1)), ids, ws, new int[] {16, 16}, streams));
+            assertTrue(shortX.getMessage().contains("x has"), shortX.getMessage());
+            gin.dispatch(xs, ids, ws, new int[] {16, 16}, streams);
+            CommException e = assertThrows(CommException.class, () -> gin.checkErrors(streams));
+            assertTrue(e.getMessage().contains("expert id"), e.getMessage());
+        }
+        IllegalArgumentException uneven = assertThrows(IllegalArgumentException.class, () -> MoeAllToAll.create(group, MoeConfig.bf16(128, 7, 2, 16, Backend.GIN)));
+        assertTrue(uneven.getMessage().contains("evenly"), uneven.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> MoeConfig.bf16(0, 8, 2, 16, Backend.GIN));
+        assertThrows(IllegalArgumentException.class, () -> MoeConfig.bf16(128, 8, 9, 16, Backend.GIN));
+    }
+}
