@@ -28,6 +28,7 @@ final class Bench {
         }
         return switch (args[0]) {
             case "a2a" -> a2a(args, out);
+            case "moe" -> MoeBench.run(args, out);
             default -> throw new IllegalArgumentException("unknown benchmark '" + args[0] + "': expected a2a or moe");
         };
     }

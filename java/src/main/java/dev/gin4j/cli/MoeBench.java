@@ -1,0 +1,153 @@
+package dev.gin4j.cli;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Event;
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.moe.MoeAllToAll;
+import dev.gin4j.moe.MoeConfig;
+import dev.gin4j.moe.MoeDispatch;
+import dev.gin4j.gpu.Stream;
+
+import java.io.IOException;
+import java.io.PrintStream;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Locale;
+import java.util.SplittableRandom;
+
+/**
+ * {@code gin4j bench moe}: dispatch and combine, GIN and HOST in one process on the same inputs,
+ * uniform random top-k routing, identity experts (expertOut = the received rows). Device events
+ * around each call on every rank (slowest rank, median); CPU time of the Java call itself is
+ * reported too. GB/s = (tokens x remote destination ranks they go to, each token counted once per
+ * rank) x 2H bytes / time: the bytes that must cross NVLink.
+ */
+final class MoeBench {
+    record Shape(String name, int hidden, int experts, int topK) {}
+    record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchCpuUs, double combineCpuUs, long crossingBytes) {}
+
+    static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8), new Shape("qwen3-30b-a3b", 2048, 128, 8), new Shape("mixtral", 4096, 8, 2));
+
+    private MoeBench() {}
+
+    static int run(String[] args, PrintStream out) throws IOException {
+        int iters = Integer.parseInt(Bench.option(args, "--iters", "20"));
+        int warmup = Integer.parseInt(Bench.option(args, "--warmup", "10"));
+        int[] tokenCounts = Arrays.stream(Bench.option(args, "--tokens", "128,4096").split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
+        List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral").split(","));
+        Path json = Path.of(Bench.option(args, "--out", "moe.json"));
+        GpuRuntime rt = GpuRuntime.get();
+        List<Row> rows = new ArrayList<>();
+        try (CommGroup g = CommGroup.initAll(rt.devices())) {
+            for (Shape shape : SHAPES) {
+                if (!names.contains(shape.name())) continue;
+                for (int tokens : tokenCounts) {
+                    for (Backend b : List.of(Backend.GIN, Backend.HOST)) {
+                        Row r = measure(g, shape, tokens, b, warmup, iters);
+                        rows.add(r);
+                        out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  (CPU per call %.1f / %.1f us)%n",
+                                shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchCpuUs(), r.combineCpuUs());
+                    }
+                }
+            }
+        }
+        out.println();
+        out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN CPU us/call");
+        for (int i = 0; i + 1 < rows.size(); i += 2) {
+            Row gr = rows.get(i), hr = rows.get(i + 1);
+            out.printf(Locale.ROOT, "%-14s %7d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %.1f / %.1f%n", gr.shape(), gr.tokens(),
+                    gr.dispatchUs(), gr.crossingBytes() / (gr.dispatchUs() * 1e3), gr.combineUs(), gr.crossingBytes() / (gr.combineUs() * 1e3),
+                    hr.dispatchUs(), hr.combineUs(), (hr.dispatchUs() + hr.combineUs()) / (gr.dispatchUs() + gr.combineUs()), gr.dispatchCpuUs(), gr.combineCpuUs());
+        }
+        out.println("(GB/s: tokens x remote ranks they go to x 2H bytes, per rank, over the call time; time = slowest rank, median of device events)");
+        StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size() + ",\n  \"rows\": [\n");
+        for (int i = 0; i < rows.size(); i++) {
+            Row r = rows.get(i);
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"crossing_bytes\": %d}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.crossingBytes(), i + 1 < rows.size() ? "," : ""));
+        }
+        Files.writeString(json, sb.append("  ]\n}\n").toString());
+        out.println("wrote " + json);
+        return 0;
+    }
+
+    static Row measure(CommGroup g, Shape shape, int tokens, Backend backend, int warmup, int iters) {
+        int n = g.worldSize(), local = g.localCount(), k = shape.topK(), h = shape.hidden();
+        SplittableRandom random = new SplittableRandom(42);
+        List<Stream> streams = new ArrayList<>();
+        List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>();
+        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(h, shape.experts(), k, tokens, backend))) {
+            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
+            long crossing = 0;
+            for (int i = 0; i < local; i++) {
+                Device d = g.rank(i).device();
+                streams.add(d.createStream());
+                e0.add(d.createEvent()); e1.add(d.createEvent()); e2.add(d.createEvent());
+                short[] x = new short[tokens * h];
+                for (int j = 0; j < x.length; j++) x[j] = (short) (0x3f00 | random.nextInt(0x80)); // bf16 in [0.5, 1)
+                int[] idx = new int[tokens * k];
+                float[] w = new float[tokens * k];
+                int[] pool = java.util.stream.IntStream.range(0, shape.experts()).toArray();
+                for (int t = 0; t < tokens; t++) {
+                    for (int s = 0; s < k; s++) { int j = s + random.nextInt(pool.length - s); int tmp = pool[s]; pool[s] = pool[j]; pool[j] = tmp; }
+                    boolean[] to = new boolean[n];
+                    for (int s = 0; s < k; s++) { idx[t * k + s] = pool[s]; w[t * k + s] = random.nextFloat(); to[pool[s] / (shape.experts() / n)] = true; }
+                    for (int d2 = 0; d2 < n; d2++) if (to[d2] && d2 != g.rank(i).rank()) crossing += 2L * h;
+                }
+                xs.add(upload(d, a, MemorySegment.ofArray(x)));
+                ids.add(upload(d, a, MemorySegment.ofArray(idx)));
+                ws.add(upload(d, a, MemorySegment.ofArray(w)));
+            }
+            int[] tk = new int[local];
+            Arrays.fill(tk, tokens);
+            double[] dUs = new double[iters], cUs = new double[iters], dCpu = new double[iters], cCpu = new double[iters];
+            for (int it = -warmup; it < iters; it++) {
+                for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
+                long t0 = System.nanoTime();
+                List<MoeDispatch> hs = moe.dispatch(xs, ids, ws, tk, streams);
+                long t1 = System.nanoTime();
+                for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
+                if (outs.isEmpty()) for (MoeDispatch hd : hs) outs.add(hd.rows()); // identity experts
+                long t2 = System.nanoTime();
+                moe.combine(hs, outs, streams);
+                long t3 = System.nanoTime();
+                for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                double dw = 0, cw = 0;
+                for (int i = 0; i < local; i++) {
+                    e2.get(i).synchronize();
+                    dw = Math.max(dw, e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3);
+                    cw = Math.max(cw, e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3);
+                }
+                if (it >= 0) {
+                    dUs[it] = dw; cUs[it] = cw;
+                    dCpu[it] = (t1 - t0) / 1e3 / local; cCpu[it] = (t3 - t2) / 1e3 / local;
+                }
+            }
+            moe.checkErrors(streams);
+            return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dCpu), median(cCpu), crossing / local);
+        } finally {
+            streams.forEach(Stream::close);
+            e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);
+        }
+    }
+
+    private static DeviceBuffer upload(Device d, Arena a, MemorySegment host) {
+        DeviceBuffer b = d.allocate(Math.max(16, host.byteSize()), a);
+        b.slice(0, host.byteSize()).copyFromHost(host);
+        return b;
+    }
+
+    private static double median(double[] v) {
+        double[] c = v.clone();
+        Arrays.sort(c);
+        return c[c.length / 2];
+    }
+}
