@@ -27,6 +27,7 @@ public final class RankMain {
             switch (scenario) {
                 case "exchange" -> exchange(g, rank, seed, arena);
                 case "mismatch" -> mismatch(g, rank);
+                case "alltoall" -> allToAll(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
@@ -85,6 +86,35 @@ public final class RankMain {
                 if (!Arrays.equals(Arrays.copyOfRange(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer)),
                         Arrays.copyOfRange(r, (int) (src * perPeer), (int) ((src + 1) * perPeer)))) {
                     throw new AssertionError("host all-to-all: rank " + rank + " got wrong bytes from " + src);
+                }
+            }
+        }
+    }
+
+    /** GIN and HOST uniform all-to-all across processes, several sizes, checked against every rank's data. */
+    private static void allToAll(CommGroup g, int rank, long seed, Arena arena) {
+        Device d = g.rank(0).device();
+        int world = g.worldSize();
+        try (Stream s = d.createStream();
+             dev.gin4j.a2a.AllToAll gin = dev.gin4j.a2a.AllToAll.create(g, 1 << 22, dev.gin4j.a2a.Backend.GIN);
+             dev.gin4j.a2a.AllToAll host = dev.gin4j.a2a.AllToAll.create(g, 1 << 22, dev.gin4j.a2a.Backend.HOST)) {
+            int call = 0;
+            for (long perPeer : new long[] {1, 4095, 65536, 1 << 22}) {
+                for (dev.gin4j.a2a.AllToAll a : List.of(gin, host)) {
+                    long tag = seed + 1000 * (++call);
+                    byte[] mine = dataOf(tag, rank, (int) (perPeer * world));
+                    DeviceBuffer in = d.allocate(mine.length, arena);
+                    in.copyFromHost(MemorySegment.ofArray(mine));
+                    a.output(0).slice(0, perPeer * world).fill((byte) 0x6b, s);
+                    a.run(0, in, perPeer, s);
+                    a.checkErrors(List.of(s));
+                    byte[] got = a.result(0).toByteArray();
+                    for (int src = 0; src < world; src++) {
+                        byte[] theirs = dataOf(tag, src, (int) (perPeer * world));
+                        if (!Arrays.equals(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer), got, (int) (src * perPeer), (int) ((src + 1) * perPeer))) {
+                            throw new AssertionError(a.backend() + " all-to-all of " + perPeer + " bytes per peer: rank " + rank + " got wrong bytes from " + src);
+                        }
+                    }
                 }
             }
         }

@@ -71,6 +71,11 @@ class TwoProcessGpuTest {
         runRanks(2, RankMain.class.getName(), "exchange");
     }
 
+    @Test void ginAndHostAllToAllAcrossProcesses() throws Exception {
+        requireTwoGpus();
+        runRanks(2, RankMain.class.getName(), "alltoall");
+    }
+
     @Test void mismatchedWindowSizesAreRefusedOnEveryRank() throws Exception {
         requireTwoGpus();
         List<String> out = runRanks(2, RankMain.class.getName(), "mismatch");
