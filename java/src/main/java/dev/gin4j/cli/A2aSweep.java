@@ -27,7 +27,7 @@ import java.util.SplittableRandom;
  */
 public final class A2aSweep {
     /** One measured row. */
-    public record Row(long sizeBytes, Backend backend, String plan, double medianUs, double minUs, double algBwGBs, double busBwGBs) {}
+    public record Row(long sizeBytes, Backend backend, String plan, double medianUs, double minUs, double algBwGBs, double busBwGBs, double cpuUsPerRank) {}
 
     private A2aSweep() {}
 
@@ -76,10 +76,12 @@ public final class A2aSweep {
                 }
                 for (Backend b : backends) {
                     AllToAll a = b == Backend.GIN ? gin : host;
-                    double[] us = new double[iters];
+                    double[] us = new double[iters], cpu = new double[iters];
                     for (int it = -warmup; it < iters; it++) {
                         for (int i = 0; i < local; i++) starts.get(i).record(streams.get(i));
+                        long c0 = System.nanoTime();
                         a.run(inputs, perPeer, streams);
+                        if (it >= 0) cpu[it] = (System.nanoTime() - c0) / 1e3 / local;
                         for (int i = 0; i < local; i++) ends.get(i).record(streams.get(i));
                         double worst = 0;
                         for (int i = 0; i < local; i++) {
@@ -93,9 +95,10 @@ public final class A2aSweep {
                     double med = us[iters / 2];
                     double alg = size / (med * 1e-6) / 1e9;
                     String plan = b == Backend.GIN ? describe(Plan.choose(perPeer, protocol)) : "ncclAlltoAll";
-                    Row r = new Row(size, b, plan, med, us[0], alg, alg * (n - 1) / n);
+                    Arrays.sort(cpu);
+                    Row r = new Row(size, b, plan, med, us[0], alg, alg * (n - 1) / n, cpu[iters / 2]);
                     rows.add(r);
-                    if (log != null) log.printf("%12d  %-4s  %-18s %10.2f us  algBw %8.2f GB/s  busBw %8.2f GB/s%n", size, b, plan, med, alg, r.busBwGBs());
+                    if (log != null) log.printf("%12d  %-4s  %-18s %10.2f us  algBw %8.2f GB/s  busBw %8.2f GB/s  (Java CPU %.2f us per rank)%n", size, b, plan, med, alg, r.busBwGBs(), r.cpuUsPerRank());
                 }
             }
         } finally {

@@ -41,8 +41,8 @@ final class Report {
 
     static String a2aJson(List<A2aSweep.Row> rows, GpuRuntime rt) {
         String items = rows.stream().map(r -> String.format(Locale.ROOT,
-                "    {\"size_bytes\": %d, \"backend\": \"%s\", \"plan\": \"%s\", \"median_us\": %.3f, \"min_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f}",
-                r.sizeBytes(), r.backend(), r.plan(), r.medianUs(), r.minUs(), r.algBwGBs(), r.busBwGBs())).collect(Collectors.joining(",\n"));
+                "    {\"size_bytes\": %d, \"backend\": \"%s\", \"plan\": \"%s\", \"median_us\": %.3f, \"min_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"java_cpu_us_per_rank\": %.3f}",
+                r.sizeBytes(), r.backend(), r.plan(), r.medianUs(), r.minUs(), r.algBwGBs(), r.busBwGBs(), r.cpuUsPerRank())).collect(Collectors.joining(",\n"));
         return "{\n  \"benchmark\": \"all-to-all\",\n  \"gpus\": " + rt.devices().size() + ",\n  \"device\": \"" + rt.device(0).name() + "\",\n"
                 + "  \"size_definition\": \"bytes each rank sends in total; algBw = size/time; busBw = algBw*(n-1)/n\",\n  \"rows\": [\n" + items + "\n  ]\n}\n";
     }
