@@ -56,13 +56,17 @@ public final class KernelLibrary {
             }
             return new KernelLibrary(f, p);
         }
-        try (InputStream in = KernelLibrary.class.getClassLoader() == null ? null
-                : KernelLibrary.class.getClassLoader().getResourceAsStream(ROOT + "manifest.properties")) {
+        try (InputStream in = resource(ROOT + "manifest.properties")) {
             if (in != null) p.load(in);
         } catch (IOException e) {
             throw new UncheckedIOException("cannot read the kernel manifest", e);
         }
         return new KernelLibrary(null, p);
+    }
+
+    // through the module: a named module's resources are not visible through its class loader
+    private static InputStream resource(String name) throws IOException {
+        return KernelLibrary.class.getModule().getResourceAsStream(name);
     }
 
     /** Where code objects are read from, for messages. */
@@ -112,7 +116,7 @@ public final class KernelLibrary {
         }
         try {
             if (folder != null) return Files.readAllBytes(folder.resolve(ROOT + rel));
-            try (InputStream in = KernelLibrary.class.getClassLoader().getResourceAsStream(ROOT + rel)) {
+            try (InputStream in = resource(ROOT + rel)) {
                 if (in == null) throw new GpuException("manifest names " + ROOT + rel + " but it is not on the class path");
                 return in.readAllBytes();
             }
