@@ -109,7 +109,8 @@ GIN_DEVICE_INLINE uint32_t resolve_count(const uint64_t* sendCounts, const uint6
 // Counters seqState[p][c] are touched by exactly one block per call; ranks run the same calls
 // with the same chunksPerPeer, so s is equal on both sides of a pair.
 // ----------------------------------------------------------------------------------------------
-template <bool kVarCounts>
+// kUnroll: 16-byte loads in flight per thread in the copies (the test times other values).
+template <bool kVarCounts, int kUnroll = GIN_COPY_UNROLL>
 GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint64_t bytesPerPeer,
                                   const uint64_t* sendCounts, const uint64_t* sendOffsets,
                                   const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes,
@@ -140,8 +141,8 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
   uint8_t* ownWin = (uint8_t*)peerBases[rank];
   if (p == rank) {
     // Self slot: a local copy, stream-ordered against this rank's own readers; no flags.
-    gin_copy_bytes(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
-                   nthreads);
+    gin_copy_bytes<kUnroll>(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo,
+                            tid, nthreads);
     if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
     return;
   }
@@ -169,20 +170,20 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
     const uint64_t s = seqBefore + 1;
     *seq = s;
     gin_st_release_sys(peerSig + readyBase + mine, s);
-    sharedOk = gin_wait_geq(ownSig + readyBase + theirs, s, errorFlags);
+    sharedOk = gin_wait_geq_acquire_polls(ownSig + readyBase + theirs, s, errorFlags);
     sharedSeq = s;
   }
   __syncthreads();
   if (!sharedOk) return;  // timed out: never write into a slot the peer may still be reading
   const uint64_t s = sharedSeq;
 
-  gin_copy_bytes(peerWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
-                 nthreads);
+  gin_copy_bytes<kUnroll>(peerWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
+                          nthreads);
   if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(peerWin + recvCountsOffset))[rank] = count;
   __syncthreads();
   if (tid == 0) {
     gin_st_release_sys(peerSig + doneBase + mine, s);
-    (void)gin_wait_geq(ownSig + doneBase + theirs, s, errorFlags);
+    (void)gin_wait_geq_acquire_polls(ownSig + doneBase + theirs, s, errorFlags);
   }
 }
 
@@ -252,20 +253,31 @@ GIN_DEVICE_INLINE bool ll_pair_ready(uint64_t w0, uint64_t w1, uint32_t flag) {
   return (uint32_t)(w0 >> 32) == flag && (uint32_t)(w1 >> 32) == flag;
 }
 
+// Timeout bookkeeping of the LL polls: the clock is first read after GIN_WAIT_FREE_SPINS polls
+// (no globaltimer read between the first polls of a short wait, which is on the critical path),
+// then every 256 polls. Returns true when the wait must give up (error bit set).
+GIN_DEVICE_INLINE bool ll_poll_timed_out(uint32_t spins, uint64_t& start, uint32_t* errorFlags) {
+  if (spins < GIN_WAIT_FREE_SPINS || ((spins - GIN_WAIT_FREE_SPINS) & 255u) != 0) return false;
+  const uint64_t now = gin_clock_ns();
+  if (spins == GIN_WAIT_FREE_SPINS) {
+    start = now;
+    return false;
+  }
+  if (now - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
+    gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
+    return true;
+  }
+  return false;
+}
+
 // Polls one pair until both flags match; false after the timeout (error bit set).
 GIN_DEVICE_INLINE bool ll_wait_pair(const uint64_t* pair, uint32_t flag, uint64_t& w0, uint64_t& w1,
                                     uint32_t* errorFlags) {
-  if (ll_pair_ready(w0, w1, flag)) return true;
-  uint64_t start = gin_clock_ns();
-  for (uint32_t spins = 1;; ++spins) {
-    gin_ll_load_pair(pair, w0, w1);
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; ++spins) {
     if (ll_pair_ready(w0, w1, flag)) return true;
-    if ((spins & 255u) == 0) {
-      if (gin_clock_ns() - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
-        gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
-        return false;
-      }
-    }
+    if (ll_poll_timed_out(spins, start, errorFlags)) return false;
+    gin_ll_load_pair(pair, w0, w1);
   }
 }
 
@@ -321,14 +333,7 @@ GIN_DEVICE_INLINE bool ll_recv(uint64_t* stagePairs, uint8_t* dst, uint64_t coun
         }
       }
       if (pending == 0) break;
-      if ((spins & 255u) == 0) {
-        uint64_t now = gin_clock_ns();
-        if (spins == 0) start = now;
-        else if (now - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
-          gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
-          return false;
-        }
-      }
+      if (ll_poll_timed_out(spins, start, errorFlags)) return false;
 #pragma unroll
       for (int u = 0; u < kLlUnroll; ++u)
         if ((pending >> u) & 1u) gin_ll_load_pair(stagePairs + 2 * (base + (uint64_t)u * nthreads), w0[u], w1[u]);
@@ -404,7 +409,11 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
   }
   if (!reachable) {
     // GIN PATH HOOK: see a2a_direct; peers outside the load/store team go over the network path.
+    // The counters still advance (the whole block takes this branch), so they stay equal.
     if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+    __syncthreads();
+    if (tid == 0)
+      for (int e = c; e < maxChunks; e += chunks) seq[e] = s;
     return;
   }
   uint8_t* ownWin = (uint8_t*)peerBases[rank];

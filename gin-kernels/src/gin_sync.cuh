@@ -98,24 +98,51 @@ GIN_DEVICE_INLINE bool gin_timeout_already_flagged(const uint32_t* errorFlags) {
 #endif
 }
 
-// Spin until *p >= v, then return true with acquire semantics. Polls with relaxed loads (cheap)
-// and confirms once with an acquire load (flags are monotonic, so the condition still holds).
-// Gives up after GIN_WAIT_TIMEOUT_NS, or early once another wait of this kernel's errorFlags has
-// timed out, sets GIN_ERR_TIMEOUT and returns false: a dead peer yields an error, never a hang.
+// Spin until *p >= v, then return true with acquire semantics. Polls with relaxed loads (cheap,
+// no L1 invalidation, so many polling lanes do not disturb the SM's cached data) and confirms once
+// with an acquire load (flags are monotonic, so the condition still holds). The timeout clock is
+// read only after GIN_WAIT_FREE_SPINS polls, so a short wait never pays for a globaltimer read
+// between two polls (the timeout starts that many polls late: microseconds against 10 s). Gives
+// up after GIN_WAIT_TIMEOUT_NS, or early once another wait of this kernel's errorFlags has timed
+// out, sets GIN_ERR_TIMEOUT and returns false: a dead peer yields an error, never a hang.
+#ifndef GIN_WAIT_FREE_SPINS
+#define GIN_WAIT_FREE_SPINS 1024u
+#endif
+GIN_DEVICE_INLINE bool gin_wait_timed_out(uint32_t spins, uint64_t& start, uint32_t* errorFlags) {
+  if (spins < GIN_WAIT_FREE_SPINS || ((spins - GIN_WAIT_FREE_SPINS) & 1023u) != 0) return false;
+  const uint64_t now = gin_clock_ns();
+  if (spins == GIN_WAIT_FREE_SPINS) {
+    start = now;
+    return false;
+  }
+  if (now - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
+    gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
+    return true;
+  }
+  return false;
+}
+
 GIN_DEVICE_INLINE bool gin_wait_geq(const uint64_t* p, uint64_t v, uint32_t* errorFlags) {
   if (gin_ld_acquire_sys(p) >= v) return true;
-  uint64_t start = gin_clock_ns();
-  for (uint32_t spins = 1;; ++spins) {
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; ++spins) {
     if (gin_ld_relaxed_sys(p) >= v) {
       (void)gin_ld_acquire_sys(p);
       return true;
     }
-    if ((spins & 1023u) == 0) {
-      if (gin_clock_ns() - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
-        gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
-        return false;
-      }
-    }
+    if (gin_wait_timed_out(spins, start, errorFlags)) return false;
+  }
+}
+
+// The same wait, every poll an acquire load: the poll that succeeds provides the ordering, so the
+// wait ends one memory round trip earlier than gin_wait_geq (no confirming load). For a single
+// polling thread (a2a: thread 0 while its block waits at a barrier); on NVIDIA each acquire poll
+// also invalidates the SM's L1, which is why many-lane waits use gin_wait_geq.
+GIN_DEVICE_INLINE bool gin_wait_geq_acquire_polls(const uint64_t* p, uint64_t v, uint32_t* errorFlags) {
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; ++spins) {
+    if (gin_ld_acquire_sys(p) >= v) return true;
+    if (gin_wait_timed_out(spins, start, errorFlags)) return false;
   }
 }
 

@@ -43,10 +43,23 @@ constexpr uint64_t kGuard = 256;                 // poisoned bytes checked after
 constexpr uint64_t kSendSlack = 64;              // room for misaligned send pointers
 constexpr uint64_t kGranule = 4096;
 
-enum Kind { A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3 };
+// A2A_U4 / A2A_U16: timing-only variants of gin_a2a with 4 / 16 loads in flight per thread
+// (the library kernel uses GIN_COPY_UNROLL = 8); measured to decide the unroll, not used by Java.
+enum Kind { A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5 };
 static const char* kind_name(int k) {
-  static const char* names[] = {"gin_a2a", "gin_a2av", "gin_a2a_ll", "gin_a2av_ll"};
+  static const char* names[] = {"gin_a2a", "gin_a2av", "gin_a2a_ll", "gin_a2av_ll", "test_a2a_u4", "test_a2a_u16"};
   return names[k];
+}
+static bool is_variant(int k) { return k == A2A_U4 || k == A2A_U16; }
+
+template <int kUnroll>
+__global__ void __launch_bounds__(512)
+test_a2a_unroll(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
+                uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
+                int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_direct<false, kUnroll>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes,
+                                             0, signalOffset, seqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
+                                             errorFlags);
 }
 __host__ __device__ inline bool is_ll(int k) { return k == A2A_LL || k == A2AV_LL; }
 __host__ __device__ inline bool is_v(int k) { return k == A2AV || k == A2AV_LL; }
@@ -385,6 +398,14 @@ static void launch(int r, const Call& c, cudaStream_t stream) {
                                               L.recvOffset, slot, L.recvCountsOffset, L.llOffset, kLlCapacity,
                                               R.seqLl, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
       break;
+    case A2A_U4:
+      test_a2a_unroll<4><<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset,
+                                                     R.seqDirect, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
+      break;
+    case A2A_U16:
+      test_a2a_unroll<16><<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset,
+                                                      R.seqDirect, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
+      break;
   }
   CK(cudaGetLastError());
 }
@@ -400,10 +421,12 @@ static std::string describe(const Call& c) {
 // Every block of a call must be resident at once (blocks wait for their peer's counterpart).
 static bool grid_fits(const Call& c) {
   int perSm = 0;
-  const void* fn = c.kind == A2A ? (const void*)gin_a2a
-                   : c.kind == A2AV ? (const void*)gin_a2av
-                   : c.kind == A2A_LL ? (const void*)gin_a2a_ll
-                                      : (const void*)gin_a2av_ll;
+  const void* fn = c.kind == A2A       ? (const void*)gin_a2a
+                   : c.kind == A2AV    ? (const void*)gin_a2av
+                   : c.kind == A2A_LL  ? (const void*)gin_a2a_ll
+                   : c.kind == A2AV_LL ? (const void*)gin_a2av_ll
+                   : c.kind == A2A_U4  ? (const void*)test_a2a_unroll<4>
+                                       : (const void*)test_a2a_unroll<16>;
   CK(cudaSetDevice(0));
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, c.threads, 0));
   return (uint64_t)perSm * g_ranks[0].numSms >= (uint64_t)g_n * c.chunks;
@@ -1074,7 +1097,8 @@ static void timing_table(bool quick) {
                              {A2A_LL, 8, 512},   {A2A_LL, 16, 512},  {A2A, 1, 256},      {A2A, 1, 512},
                              {A2A, 2, 1024},     {A2A, 4, 1024},     {A2A, 8, 1024},     {A2A, 16, 1024},
                              {A2A, 24, 1024},    {A2A, 32, 1024},    {A2A, 48, 1024},    {A2A, 64, 1024},
-                             {A2A, 32, 512},     {A2A, 64, 512},     {A2A, 96, 512},     {A2A, 128, 512}};
+                             {A2A, 32, 512},     {A2A, 64, 512},     {A2A, 96, 512},     {A2A, 128, 512},
+                             {A2A_U4, 32, 512},  {A2A_U4, 64, 512},  {A2A_U16, 16, 512}, {A2A_U16, 32, 512}};
   std::vector<std::string> detail;
   printf("%10s | %-22s %9s %9s %9s | %9s %9s | %9s | %9s %9s\n", "size", "best GIN config", "us", "algBw", "busBw",
          "LL us", "direct us", "pipe us", "memcpy us", "algBw");
@@ -1099,6 +1123,7 @@ static void timing_table(bool quick) {
       if (is_ll(c.kind) && bpp > kLlCapacity) continue;
       if (c.chunks > 1 && bpp / (uint64_t)c.chunks < (is_ll(c.kind) ? 2048u : 16384u)) continue;
       if (bpp / (uint64_t)c.chunks > (64ull << 20)) continue;  // too few blocks to matter; slow to time
+      if (is_variant(c.kind) && bpp < (8ull << 20)) continue;  // unroll variants: bandwidth sizes only
       if (!grid_fits(c)) continue;
       double us = time_call(c, 5, 20);
       bool ok = verify_timing_output(c, run);
@@ -1108,6 +1133,7 @@ static void timing_table(bool quick) {
                (unsigned long long)size, kind_name(c.kind), c.chunks, c.threads, us, moved / us / 1e3,
                ok ? "" : "  WRONG OUTPUT");
       detail.push_back(line);
+      if (is_variant(c.kind)) continue;  // listed, but not a library configuration
       if (is_ll(c.kind)) bestLl = std::min(bestLl, us);
       else bestDirect = std::min(bestDirect, us);
       if (us < best) {
