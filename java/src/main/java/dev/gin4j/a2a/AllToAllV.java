@@ -89,6 +89,7 @@ public final class AllToAllV implements AutoCloseable {
         Plan plan = Plan.choose(capacityPerPeer, protocol);
         if (plan.protocol() == Protocol.LL && capacityPerPeer > gin.llCapacity) plan = Plan.choose(capacityPerPeer, Protocol.DIRECT);
         for (int i = 0; i < local; i++) {
+            plan = gin.fit(plan, i);
             GinState.Rank r = gin.ranks.get(i);
             DeviceBuffer in = inputs.get(i);
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads());

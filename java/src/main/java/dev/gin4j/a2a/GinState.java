@@ -44,6 +44,7 @@ final class GinState implements AutoCloseable {
         final KernelArgs directArgs, llArgs, directVArgs, llVArgs;
         final DeviceBuffer seq, llSeq;
         final KernelErrors errors;
+        final java.util.Map<Long, Integer> residentBlocks = new java.util.concurrent.ConcurrentHashMap<>();
 
         Rank(Communicator comm, CodeObject code, Arena arena, Stream setup) {
             this.comm = comm;
@@ -109,6 +110,24 @@ final class GinState implements AutoCloseable {
     }
 
     long offset(String region) { return window.layout().region(region).offset(); }
+
+    /**
+     * The plan itself, or one with fewer chunks per peer, such that every block of the grid is
+     * resident at once (the kernels' blocks wait for each other; a grid larger than the GPU holds
+     * would end in a time-out). Same answer on every rank for the same GPU model.
+     */
+    Plan fit(Plan plan, int localIndex) {
+        Rank r = ranks.get(localIndex);
+        var kernel = plan.protocol() == Protocol.LL ? r.ll : r.direct;
+        long key = ((long) plan.protocol().ordinal() << 32) | plan.threads();
+        int resident = r.residentBlocks.computeIfAbsent(key, k -> kernel.occupancy(plan.threads(), 0) * r.comm.device().multiprocessors());
+        int chunks = plan.chunksPerPeer();
+        while (chunks > 1 && (long) chunks * nranks > resident) chunks /= 2;
+        if ((long) chunks * nranks > resident) {
+            throw new dev.gin4j.comm.CommException(nranks + " ranks need " + nranks + " resident blocks of " + plan.threads() + " threads, but " + r.comm.device() + " holds " + resident);
+        }
+        return chunks == plan.chunksPerPeer() ? plan : new Plan(plan.protocol(), chunks, plan.threads());
+    }
 
     @Override public void close() {
         for (Rank r : ranks) r.code.close();
