@@ -40,10 +40,36 @@
 #define MOE_STATE_SEQ_COMBINE 256     // [MOE_MAX_BLOCKS] per combine block
 #define MOE_STATE_SEQ_LAYOUT 512      // [MOE_MAX_CHANNELS] per host_layout block
 #define MOE_STATE_HIST_READY 640      // [MOE_MAX_CHANNELS] dispatch: block histogram published
-#define MOE_STATE_LAYOUT_DONE 768     // [MOE_MAX_CHANNELS] dispatch: block positions written
+#define MOE_STATE_LAYOUT_DONE 768     // [MOE_MAX_CHANNELS] dispatch: 2n + (sender c took its own tokens)
 #define MOE_STATE_HIST_READY_HOST 896 // [MOE_MAX_CHANNELS] host_layout: histogram published
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
 #define MOE_STATE_WORDS 1024
+
+// Optional phase timing (test builds only: moe_test.cu defines MOE_PROFILE before including this
+// file and points moe_profile_buf at a device buffer for one call; null = no stamps). Thread 0
+// of each block stores %globaltimer into [kernel 0 dispatch / 1 combine][block][slot].
+#define MOE_PROF_SLOTS 16
+#ifdef MOE_PROFILE
+__device__ uint64_t* moe_profile_buf = nullptr;
+#define MOE_PROF(kernel, slot)                                                                              \
+  do {                                                                                                      \
+    uint64_t* pb_ = moe_profile_buf;                                                                        \
+    if (pb_ != nullptr && threadIdx.x == 0)                                                                 \
+      pb_[((uint64_t)(kernel) * MOE_MAX_BLOCKS + blockIdx.x) * MOE_PROF_SLOTS + (slot)] = gin_clock_ns();   \
+  } while (0)
+// A block-wide barrier only while profiling (so that a stamp covers every warp's work).
+#define MOE_PROF_SYNC()                        \
+  do {                                         \
+    if (moe_profile_buf != nullptr) __syncthreads(); \
+  } while (0)
+#else
+#define MOE_PROF(kernel, slot) \
+  do {                         \
+  } while (0)
+#define MOE_PROF_SYNC() \
+  do {                  \
+  } while (0)
+#endif
 
 // moe_query_layout output words.
 #define MOE_Q_WINDOW_BYTES 0
@@ -388,25 +414,56 @@ GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Row movers (one warp per row). `fast`: rowBytes % 16 == 0 and all bases 16-byte aligned.
+// Row movers (one warp per row segment). `fast`: rowBytes % 16 == 0 and all bases 16-byte aligned.
+// A segment is the byte range [b0, b1) of a row (b0, b1 multiples of 16 on the fast path; even
+// otherwise), see row_split.
 // ------------------------------------------------------------------------------------------------
 constexpr int kExpandUnroll = 4;   // 16-byte vectors in flight per lane when copying
-constexpr int kReduceUnroll = 4;   // output vectors per lane per pass when reducing
+constexpr int kReduceUnroll = 2;   // output vectors per lane per pass when reducing (x kReduceGroup rows in flight)
+constexpr int kReduceGroup = 4;    // rows whose loads are in flight together when reducing
 
-// Copies one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none) of dstBase.
-// kFresh: the source was written during this kernel (window staging), so no non-coherent loads.
+// Work items: a list of n rows is cut into n * nseg items, item i = (row i / nseg, segment
+// i % nseg), so that a call with few rows per channel still keeps every warp of the block busy
+// with one load round trip each (small calls are latency-bound: a 14 KB row done by one warp is
+// 7 dependent round trips), while many rows give nseg = 1 (one flag per row, as before). Sender
+// and receiver derive the same split from (rowBytes, n) alone. Segments are whole warp passes
+// (multiples of 32 lanes x 16 bytes), every segment non-empty.
+struct RowSplit {
+  int nseg;
+  uint64_t segBytes;
+};
+GIN_DEVICE_INLINE RowSplit row_split(uint64_t rowBytes, int n) {
+  const uint64_t units = (rowBytes + 15) >> 4;  // 16-byte units (the last may be partial)
+  uint64_t want = n > 0 ? (uint64_t)((MOE_WARPS + n - 1) / n) : 1ull;
+  const uint64_t maxSeg = units / GIN_WARP_SIZE > 0 ? units / GIN_WARP_SIZE : 1ull;
+  if (want > maxSeg) want = maxSeg;
+  uint64_t segUnits = (units + want - 1) / want;
+  segUnits = (segUnits + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE * GIN_WARP_SIZE;
+  RowSplit r;
+  r.nseg = (int)((units + segUnits - 1) / segUnits);
+  r.segBytes = segUnits * 16ull;
+  return r;
+}
+GIN_DEVICE_INLINE void seg_range(const RowSplit& sp, int seg, uint64_t rowBytes, uint64_t& b0, uint64_t& b1) {
+  b0 = (uint64_t)seg * sp.segBytes;
+  b1 = b0 + sp.segBytes < rowBytes ? b0 + sp.segBytes : rowBytes;
+}
+
+// Copies bytes [b0, b1) of one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none)
+// of dstBase. kFresh: the source was written during this kernel (window staging), so no
+// non-coherent loads.
 template <bool kFresh>
-GIN_DEVICE_INLINE void warp_expand_row(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
-                                       int nTargets, bool fast) {
+GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
+                                       int nTargets, bool fast, uint64_t b0, uint64_t b1) {
   const int lane = (int)gin_lane_id();
   if (fast) {
-    const uint64_t nvec = rowBytes >> 4;
-    for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
+    const uint64_t vEnd = b1 >> 4;
+    for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
       gin_u128 r[kExpandUnroll];
 #pragma unroll
       for (int u = 0; u < kExpandUnroll; ++u) {
         const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-        if (v < nvec) r[u] = ld16<kFresh>(src + (v << 4));
+        if (v < vEnd) r[u] = ld16<kFresh>(src + (v << 4));
       }
       for (int k = 0; k < nTargets; ++k) {
         const int row = shfl_i(myRow, k);
@@ -415,36 +472,51 @@ GIN_DEVICE_INLINE void warp_expand_row(const uint8_t* src, uint8_t* dstBase, uin
 #pragma unroll
         for (int u = 0; u < kExpandUnroll; ++u) {
           const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) gin_st16(dst + (v << 4), r[u]);
+          if (v < vEnd) gin_st16(dst + (v << 4), r[u]);
         }
       }
     }
   } else {
     // Any hidden size / alignment: element by element (bf16 rows are always 2-byte aligned).
-    const uint64_t n = rowBytes >> 1;
+    const uint64_t e0 = b0 >> 1, e1 = b1 >> 1;
     const uint16_t* s16 = (const uint16_t*)src;
     for (int k = 0; k < nTargets; ++k) {
       const int row = shfl_i(myRow, k);
       if (row < 0) continue;
       uint16_t* dst = (uint16_t*)(dstBase + (uint64_t)row * rowBytes);
-      for (uint64_t i = (uint64_t)lane; i < n; i += GIN_WARP_SIZE) dst[i] = ld_u16<kFresh>(s16 + i);
+      for (uint64_t i = e0 + (uint64_t)lane; i < e1; i += GIN_WARP_SIZE) dst[i] = ld_u16<kFresh>(s16 + i);
     }
   }
 }
 
-// out = bf16( sum_{k < nk, row_k >= 0} w_k * rowsBase[row_k] + sum_{lanes j < nExtra, extra_j != 0} extra_j ),
-// accumulated in fp32. rowsBase rows are stable for the kernel; extra rows were written during it
-// (window partials, read after their flags). Lane k holds (myRow, myW), lane j holds myExtra.
-GIN_DEVICE_INLINE void warp_reduce_row(const uint8_t* rowsBase, uint64_t rowBytes, int myRow, float myW, int nk,
-                                       const uint8_t* myExtra, int nExtra, uint8_t* out, bool fast) {
+template <bool kFresh>
+GIN_DEVICE_INLINE void warp_expand_row(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
+                                       int nTargets, bool fast) {
+  warp_expand_seg<kFresh>(src, dstBase, rowBytes, myRow, nTargets, fast, 0, rowBytes);
+}
+
+struct NoWait {
+  GIN_DEVICE_INLINE void operator()() const {}
+};
+
+// Bytes [b0, b1) of out = bf16( sum_{k < nk, row_k >= 0} w_k * rowsBase[row_k]
+//                               + sum_{lanes j < nExtra, extra_j != 0} extra_j ), fp32 accumulation.
+// rowsBase rows are stable for the kernel; extra rows were written during it (window partials).
+// waitExtras() is called once by the whole warp after the first pass's own-row loads were issued
+// and before any extra row is read (it waits for the extras' flags and orders the warp), so the
+// own rows overlap the wait. Lane k holds (myRow, myW), lane j holds myExtra. Summation order =
+// lane order (fixed), own rows first.
+template <class WaitExtras>
+GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowBytes, int myRow, float myW, int nk,
+                                       const uint8_t* myExtra, int nExtra, uint8_t* out, bool fast, uint64_t b0,
+                                       uint64_t b1, const WaitExtras& waitExtras) {
   const int lane = (int)gin_lane_id();
+  bool waited = false;
   if (fast) {
-    const uint64_t nvec = rowBytes >> 4;
-    // Only lanes with a row / partial take part; rows go in pairs so that 2 * kReduceUnroll
-    // independent 16-byte loads are in flight per lane. Summation order = lane order (fixed).
+    const uint64_t vEnd = b1 >> 4;
     const uint64_t rowMask = ballot(lane < nk && myRow >= 0);
     const uint64_t extraMask = ballot(lane < nExtra && myExtra != nullptr);
-    for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kReduceUnroll) {
+    for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kReduceUnroll) {
       float acc[kReduceUnroll][8];
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u)
@@ -452,32 +524,40 @@ GIN_DEVICE_INLINE void warp_reduce_row(const uint8_t* rowsBase, uint64_t rowByte
         for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
       uint64_t m = rowMask;
       while (m) {
-        const int k0 = __ffsll((long long)m) - 1;
-        m &= m - 1;
-        const bool two = m != 0;
-        const int k1 = two ? __ffsll((long long)m) - 1 : k0;
-        if (two) m &= m - 1;
-        const int row0 = shfl_i(myRow, k0), row1 = shfl_i(myRow, k1);
-        const float w0 = shfl_f(myW, k0), w1 = shfl_f(myW, k1);
-        const uint8_t* src0 = rowsBase + (uint64_t)row0 * rowBytes;
-        const uint8_t* src1 = rowsBase + (uint64_t)row1 * rowBytes;
-        gin_u128 r0[kReduceUnroll], r1[kReduceUnroll];
+        // Up to kReduceGroup rows: all their loads in flight before the first use.
+        int kk[kReduceGroup];
+        bool has[kReduceGroup];
 #pragma unroll
-        for (int u = 0; u < kReduceUnroll; ++u) {
-          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) {
-            r0[u] = gin_ld16_stream(src0 + (v << 4));
-            if (two) r1[u] = gin_ld16_stream(src1 + (v << 4));
+        for (int g = 0; g < kReduceGroup; ++g) {
+          has[g] = m != 0;
+          kk[g] = has[g] ? __ffsll((long long)m) - 1 : 0;
+          if (has[g]) m &= m - 1;
+        }
+        gin_u128 r[kReduceGroup][kReduceUnroll];
+        float w[kReduceGroup];
+#pragma unroll
+        for (int g = 0; g < kReduceGroup; ++g) {
+          const int row = shfl_i(myRow, kk[g]);
+          w[g] = shfl_f(myW, kk[g]);
+          const uint8_t* src = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
+#pragma unroll
+          for (int u = 0; u < kReduceUnroll; ++u) {
+            const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+            if (has[g] && v < vEnd) r[g][u] = gin_ld16_stream(src + (v << 4));
           }
         }
 #pragma unroll
-        for (int u = 0; u < kReduceUnroll; ++u) {
-          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) {
-            acc_bf16x8(acc[u], r0[u], w0);
-            if (two) acc_bf16x8(acc[u], r1[u], w1);
+        for (int g = 0; g < kReduceGroup; ++g) {
+#pragma unroll
+          for (int u = 0; u < kReduceUnroll; ++u) {
+            const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+            if (has[g] && v < vEnd) acc_bf16x8(acc[u], r[g][u], w[g]);
           }
         }
+      }
+      if (!waited) {
+        waitExtras();
+        waited = true;
       }
       m = extraMask;
       while (m) {
@@ -488,40 +568,50 @@ GIN_DEVICE_INLINE void warp_reduce_row(const uint8_t* rowsBase, uint64_t rowByte
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) r[u] = ld16_fresh(src + (v << 4));
+          if (v < vEnd) r[u] = ld16_fresh(src + (v << 4));
         }
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < nvec) acc_bf16x8(acc[u], r[u], 1.f);
+          if (v < vEnd) acc_bf16x8(acc[u], r[u], 1.f);
         }
       }
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u) {
         const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-        if (v < nvec) gin_st16(out + (v << 4), pack_bf16x8(acc[u]));
+        if (v < vEnd) gin_st16(out + (v << 4), pack_bf16x8(acc[u]));
       }
     }
   } else {
-    const uint64_t n = rowBytes >> 1;
+    const uint64_t e0 = b0 >> 1, e1 = b1 >> 1;
     uint16_t* o16 = (uint16_t*)out;
-    for (uint64_t i0 = 0; i0 < n; i0 += GIN_WARP_SIZE) {
+    for (uint64_t i0 = e0; i0 < e1; i0 += GIN_WARP_SIZE) {
       const uint64_t i = i0 + (uint64_t)lane;
       float acc = 0.f;
       for (int k = 0; k < nk; ++k) {
         const int row = shfl_i(myRow, k);
         const float w = shfl_f(myW, k);
-        if (row < 0 || i >= n) continue;
+        if (row < 0 || i >= e1) continue;
         acc += w * bf16_to_f32(((const uint16_t*)(rowsBase + (uint64_t)row * rowBytes))[i]);
+      }
+      if (!waited) {
+        waitExtras();
+        waited = true;
       }
       for (int j = 0; j < nExtra; ++j) {
         const uint8_t* src = shfl_ptr(myExtra, j);
-        if (src == nullptr || i >= n) continue;
+        if (src == nullptr || i >= e1) continue;
         acc += bf16_to_f32(ld_fresh_u16((const uint16_t*)src + i));
       }
-      if (i < n) o16[i] = (uint16_t)f32_to_bf16(acc);
+      if (i < e1) o16[i] = (uint16_t)f32_to_bf16(acc);
     }
   }
+  if (!waited) waitExtras();  // empty range: the warp still keeps the wait protocol
+}
+
+GIN_DEVICE_INLINE void warp_reduce_row(const uint8_t* rowsBase, uint64_t rowBytes, int myRow, float myW, int nk,
+                                       uint8_t* out, bool fast) {
+  warp_reduce_seg(rowsBase, rowBytes, myRow, myW, nk, nullptr, 0, out, fast, 0, rowBytes, NoWait{});
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -563,6 +653,11 @@ struct RecvSmem {
   int slots[MOE_MAX_RANKS];      // slots source s sends us
   int lo[MOE_MAX_RANKS];         // this channel's slot range of source s
   int hi[MOE_MAX_RANKS];
+  int bad[MOE_MAX_RANKS];        // validation of source s's table
+  unsigned long long sum[MOE_MAX_RANKS];
+  int nseg[MOE_MAX_RANKS];       // receiver: row split of source s's channel (= its sender's)
+  unsigned long long segBytes[MOE_MAX_RANKS];
+  int itemEnd[MOE_MAX_RANKS];    // receiver: end of the q-th remote source's items, q = 1..R-1 ([0] = 0)
   int scanTmp[MOE_THREADS];
   int ok;
 };
@@ -754,6 +849,110 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
   }
 }
 
+// Count tables of every source (in this rank's window, after countFlags[s] >= seq): cnt, slots,
+// channel c's slot range per source, validation (a source whose numbers cannot be right
+// contributes nothing, never out of bounds) and rowBase[s][e] = expertStart[e] + sum_{s'<s}
+// cnt[s'][e]. recvCountsOut (optional) receives the per-expert totals. Whole block; ends with a
+// barrier.
+GIN_DEVICE_INLINE void recv_tables(RecvSmem& s, const Dims& d, int c, const uint8_t* ownWin, const MoeWindowLayout& wl,
+                                   uint64_t seq, int* recvCountsOut, uint32_t* errorFlags) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  for (int r = tid; r < d.R; r += B) (void)gin_wait_geq((const uint64_t*)(ownWin + wl.countFlags) + r, seq, errorFlags);
+  __syncthreads();  // acquire by thread r, then the barrier: every thread may read table r
+  for (int i = tid; i < d.R * d.L; i += B) {
+    const int src = i / d.L, e = i % d.L;
+    const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
+    s.cnt[i] = ld_fresh_i32(table + e);
+  }
+  for (int src = tid; src < d.R; src += B) {
+    const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
+    s.slots[src] = ld_fresh_i32(table + d.L);
+    s.lo[src] = ld_fresh_i32(table + d.L + 1 + c);
+    s.hi[src] = ld_fresh_i32(table + d.L + 2 + c);
+    s.bad[src] = 0;
+    s.sum[src] = 0ull;
+  }
+  __syncthreads();
+  for (int i = tid; i < d.R * d.L; i += B) {  // parallel check (a serial loop over L costs ~L smem round trips)
+    const int v = s.cnt[i], src = i / d.L;
+    if (v < 0 || v > d.M) atomicOr(&s.bad[src], 1);
+    else if (v != 0) atomicAdd(&s.sum[src], (unsigned long long)v);
+  }
+  __syncthreads();
+  const unsigned long long maxRowsPerSource = (unsigned long long)d.M * (unsigned long long)moe_min_i(d.K, d.L);
+  for (int src = tid; src < d.R; src += B) {
+    const bool bad = s.bad[src] != 0 || s.slots[src] < 0 || s.slots[src] > d.M || s.lo[src] < 0 ||
+                     s.lo[src] > s.hi[src] || s.hi[src] > s.slots[src] || s.sum[src] > maxRowsPerSource;
+    s.bad[src] = bad ? 1 : 0;
+    if (bad) {
+      gin_error_set(errorFlags, MOE_ERR_COUNTS);
+      s.slots[src] = 0;
+      s.lo[src] = s.hi[src] = 0;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < d.R * d.L; i += B)
+    if (s.bad[i / d.L]) s.cnt[i] = 0;
+  __syncthreads();
+  for (int e = tid; e < d.L; e += B) {
+    int tot = 0;
+    for (int src = 0; src < d.R; ++src) tot += s.cnt[src * d.L + e];
+    s.rowBase[e] = tot;
+    if (recvCountsOut != nullptr) recvCountsOut[e] = tot;
+  }
+  __syncthreads();
+  block_exclusive_scan(s.rowBase, d.L, s.scanTmp);
+  for (int e = tid; e < d.L; e += B) {
+    int run = s.rowBase[e];
+    for (int src = 0; src < d.R; ++src) {
+      s.rowBase[src * d.L + e] = run;
+      run += s.cnt[src * d.L + e];
+    }
+  }
+  __syncthreads();
+}
+
+// Own tokens of channel c (slots [lo, hi) of this rank's slots to itself) into recvX straight
+// from x, as (slot, segment) items over all warps; needs the block's tables (recv_tables).
+GIN_DEVICE_INLINE void own_items(const RecvSmem& rs, const Dims& d, int c, const uint16_t* x, const int32_t* topkIdx,
+                                 const float* topkWeights, const int* sendList, const int* slotInExpert, int* slotRows,
+                                 uint16_t* recvX, float* recvWeights, bool fast, uint32_t* errorFlags) {
+  const int lane = (int)gin_lane_id(), warp = (int)threadIdx.x / GIN_WARP_SIZE;
+  const int lo = rs.lo[d.rank], n = rs.hi[d.rank] - rs.lo[d.rank];
+  const RowSplit sp = row_split(d.rowBytes, n);
+  const int items = n * sp.nseg;
+  for (int i = warp; i < items; i += MOE_WARPS) {
+    const int j = i / sp.nseg, seg = i - j * sp.nseg;
+    uint64_t b0, b1;
+    seg_range(sp, seg, d.rowBytes, b0, b1);
+    const int slot = lo + j;
+    // sendList / slotInExpert were written by sender c during this kernel: coherent loads.
+    const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
+    int row = -1;
+    float wt = 0.f;
+    if (lane < d.K && t >= 0 && t < d.T) {
+      const int e = topkIdx[(uint64_t)t * d.K + lane];
+      const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
+      if (sl >= 0 && e / d.L == d.rank) {
+        const int le = e - d.rank * d.L;
+        if (sl < rs.cnt[d.rank * d.L + le]) {
+          row = rs.rowBase[d.rank * d.L + le] + sl;
+          wt = topkWeights[(uint64_t)t * d.K + lane];
+        } else if (seg == 0) {
+          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        }
+      }
+    }
+    if (seg == 0) {
+      if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
+      if (row >= 0) recvWeights[row] = wt;
+    }
+    if (t >= 0 && t < d.T)
+      warp_expand_seg<false>((const uint8_t*)x + (uint64_t)t * d.rowBytes, (uint8_t*)recvX, d.rowBytes, row, d.K,
+                             fast, b0, b1);
+  }
+}
+
 // Common launch checks; every block reaches the same verdict, block 0 reports it.
 GIN_DEVICE_INLINE bool launch_ok(const Dims& d, int blocksPerChannel, bool needRank, const void* must1,
                                  const void* must2, uint32_t* errorFlags) {
@@ -872,20 +1071,24 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     // ------------------------------------------------------------------ sender / layout block
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;
+    MOE_PROF(0, 0);
     int t0, t1;
     token_range(d, c, t0, t1);
     int* histE = (int*)(workspace + ws.histE);
     int* histD = (int*)(workspace + ws.histD);
     layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
     publish_local(state + MOE_STATE_HIST_READY + c, seq);
+    MOE_PROF(0, 1);
     layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY, seq, errorFlags);
+    MOE_PROF(0, 2);
 
     if (c == d.C - 1) {
       // Leader: totals, then the count tables every receiver needs before it can place any row.
       layout_lead_totals(s, d, histD, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
                          (int*)(workspace + ws.chanStartTo));
       if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
-      // WAR: d's receivers read our previous table until they raise dispConsumed (end of their call).
+      // WAR: d's receivers (and d's senders that took their own tokens; receiver c waits for
+      // sender c before it raises dispConsumed) read our previous table until then.
       for (int i = tid; i < d.R * d.C; i += B) {
         const int r = i / d.C, cc = i % d.C;
         if (r == d.rank) continue;
@@ -912,10 +1115,12 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           gin_st_release_sys((uint64_t*)((uint8_t*)peerBases[r] + wl.countFlags) + d.rank, seq);
       }
       __syncthreads();  // u.lead is reused by the tiles below
+      MOE_PROF(0, 3);
     }
 
     layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
-    publish_local(state + MOE_STATE_LAYOUT_DONE + c, seq);
+    __syncthreads();  // positions (this block's global writes) visible to every warp
+    MOE_PROF(0, 4);
 
     // Send this channel's slots to every remote rank (rotated so channels spread over peers).
     for (int q = 1; q < d.R; ++q) {
@@ -934,31 +1139,37 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       uint8_t* rowsBase = peerWin + wl.dispRows + sec * d.M * wl.rowStride;
       uint8_t* metaBase = peerWin + wl.dispMeta + sec * d.M * wl.metaStride;
       uint64_t* progress = (uint64_t*)(peerWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
+      // Items (slot j, segment): warp w sends items w, w+W, ...; its progress word counts them.
+      const RowSplit sp = row_split(d.rowBytes, cnt);
+      const int items = cnt * sp.nseg;
       int done = 0;
-      for (int j = warp; j < cnt; j += MOE_WARPS) {
+      for (int i = warp; i < items; i += MOE_WARPS) {
+        const int j = i / sp.nseg, seg = i - j * sp.nseg;
+        uint64_t b0, b1;
+        seg_range(sp, seg, d.rowBytes, b0, b1);
         const int slot = lo + j;
         const int t = ld_fresh_i32(sendList + (uint64_t)r * d.M + slot);
         const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
         uint8_t* dst = rowsBase + (uint64_t)slot * wl.rowStride;
         if (fast) {
-          const uint64_t nvec = d.rowBytes >> 4;
-          for (uint64_t v0 = 0; v0 < nvec; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
+          const uint64_t vEnd = b1 >> 4;
+          for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
             gin_u128 v[kExpandUnroll];
 #pragma unroll
             for (int u = 0; u < kExpandUnroll; ++u) {
               const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-              if (vi < nvec) v[u] = gin_ld16_stream(src + (vi << 4));
+              if (vi < vEnd) v[u] = gin_ld16_stream(src + (vi << 4));
             }
 #pragma unroll
             for (int u = 0; u < kExpandUnroll; ++u) {
               const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-              if (vi < nvec) gin_st16(dst + (vi << 4), v[u]);
+              if (vi < vEnd) gin_st16(dst + (vi << 4), v[u]);
             }
           }
         } else {
-          gin_copy_bytes(dst, src, d.rowBytes, (uint32_t)lane, GIN_WARP_SIZE);
+          gin_copy_bytes(dst + b0, src + b0, b1 - b0, (uint32_t)lane, GIN_WARP_SIZE);
         }
-        if (lane < d.K) {
+        if (seg == 0 && lane < d.K) {  // the slot's metadata travels with its segment 0
           const int e = topkIdx[(uint64_t)t * d.K + lane];
           const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
           const bool mine = sl >= 0 && e / d.L == r;  // sl >= 0 implies e is a validated id
@@ -968,70 +1179,46 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           ((float*)meta)[2 * d.K + lane] = mine ? topkWeights[(uint64_t)t * d.K + lane] : 0.f;
         }
         ++done;
-        gin_fence_acq_rel_sys();  // each lane's row/metadata stores before the warp's release
+        // bar.warp.sync orders every lane's stores before lane 0's release (cumulative), and the
+        // release's own system fence covers the warp's stores: no separate per-lane fence.
         syncwarp();
         if (lane == 0) gin_st_release_sys(progress, seqHi | (uint64_t)done);
       }
     }
+    MOE_PROF_SYNC();
+    MOE_PROF(0, 5);
+
+    // Own tokens of this channel: the sender block takes them straight from x when every
+    // source's count table is already here (at large T always: the receiver blocks then only
+    // expand remote rows, which balances the HBM traffic over the two halves of the grid);
+    // otherwise receiver c does them. A sender never waits for the leader (a higher block) or a
+    // peer's leader, so progress still needs only lower blocks. The decision (and, when taken,
+    // the end of the sender's table reads and own rows) is published in layoutDone[c] =
+    // 2n + took; receiver c waits for it before it raises dispConsumed (table WAR).
+    __syncthreads();  // every warp is done with sm.lay before sm.rcv (same storage) is written
+    RecvSmem& rs = sm.rcv;
+    if (tid == 0) rs.ok = 1;
+    __syncthreads();
+    for (int r = tid; r < d.R; r += B)
+      if (gin_ld_acquire_sys((const uint64_t*)(ownWin + wl.countFlags) + r) < seq) rs.ok = 0;
+    __syncthreads();
+    const bool takeOwn = rs.ok != 0;
+    if (takeOwn) {
+      recv_tables(rs, d, c, ownWin, wl, seq, nullptr, errorFlags);  // its waits pass at once
+      MOE_PROF(0, 6);
+      own_items(rs, d, c, x, topkIdx, topkWeights, sendList, slotInExpert, (int*)(workspace + ws.slotRows), recvX,
+                recvWeights, fast, errorFlags);
+    }
+    __syncthreads();
+    MOE_PROF(0, 7);
+    if (tid == 0) gin_st_release_sys(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq + (takeOwn ? 1 : 0));
   } else {
     // ------------------------------------------------------------------ receiver block
     RecvSmem& s = sm.rcv;
     const int c = (int)blockIdx.x - d.C;
-    if (tid == 0) s.ok = 1;
-    bool ok = true;
-    for (int r = tid; r < d.R; r += B)
-      ok &= gin_wait_geq((const uint64_t*)(ownWin + wl.countFlags) + r, seq, errorFlags);
-    if (!ok) s.ok = 0;
-    __syncthreads();
-    // Count tables (acquired above): counts, slots and this channel's slot range per source.
-    for (int i = tid; i < d.R * d.L; i += B) {
-      const int src = i / d.L, e = i % d.L;
-      const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
-      const int v = ld_fresh_i32(table + e);
-      s.cnt[i] = v;
-    }
-    for (int src = tid; src < d.R; src += B) {
-      const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
-      s.slots[src] = ld_fresh_i32(table + d.L);
-      s.lo[src] = ld_fresh_i32(table + d.L + 1 + c);
-      s.hi[src] = ld_fresh_i32(table + d.L + 2 + c);
-    }
-    __syncthreads();
-    // Validation: a source whose numbers cannot be right contributes nothing (never out of bounds).
-    const int maxRowsPerSource = d.M * moe_min_i(d.K, d.L);
-    for (int src = tid; src < d.R; src += B) {
-      int sum = 0;
-      bool bad = s.slots[src] < 0 || s.slots[src] > d.M || s.lo[src] < 0 || s.lo[src] > s.hi[src] ||
-                 s.hi[src] > s.slots[src];
-      for (int e = 0; e < d.L && !bad; ++e) {
-        const int v = s.cnt[src * d.L + e];
-        if (v < 0 || v > d.M) bad = true;
-        sum += v;
-      }
-      if (bad || sum > maxRowsPerSource) {
-        gin_error_set(errorFlags, MOE_ERR_COUNTS);
-        for (int e = 0; e < d.L; ++e) s.cnt[src * d.L + e] = 0;
-        s.slots[src] = 0;
-        s.lo[src] = s.hi[src] = 0;
-      }
-    }
-    __syncthreads();
-    // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e]; expertStart = scan of totals.
-    for (int e = tid; e < d.L; e += B) {
-      int tot = 0;
-      for (int src = 0; src < d.R; ++src) tot += s.cnt[src * d.L + e];
-      s.rowBase[e] = tot;
-      if (c == 0) recvCounts[e] = tot;
-    }
-    __syncthreads();
-    block_exclusive_scan(s.rowBase, d.L, s.scanTmp);
-    for (int e = tid; e < d.L; e += B) {
-      int run = s.rowBase[e];
-      for (int src = 0; src < d.R; ++src) {
-        s.rowBase[src * d.L + e] = run;
-        run += s.cnt[src * d.L + e];
-      }
-    }
+    MOE_PROF(0, 0);
+    recv_tables(s, d, c, ownWin, wl, seq, c == 0 ? recvCounts : nullptr, errorFlags);
+    MOE_PROF(0, 1);
     if (c == 0) {
       int* slotsFrom = (int*)(workspace + ws.slotsFrom);
       int* chanStartFrom = (int*)(workspace + ws.chanStartFrom);
@@ -1044,75 +1231,78 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + j] = v;
       }
     }
-    __syncthreads();
-
-    int* slotRows = (int*)(workspace + ws.slotRows);
-    uint8_t* recvBase = (uint8_t*)recvX;
-    // Own tokens: straight from x, once sender c has written their positions.
-    {
-      // Acquire by thread 0, then the barrier: sender c's positions are visible to the block.
-      if (tid == 0) (void)gin_wait_geq(state + MOE_STATE_LAYOUT_DONE + c, seq, errorFlags);
-      __syncthreads();
-      const int lo = s.lo[d.rank], hi = s.hi[d.rank];
-      for (int slot = lo + warp; slot < hi; slot += MOE_WARPS) {
-        // sendList / slotInExpert were written by sender c during this kernel: coherent loads.
-        const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
-        int row = -1;
-        float wt = 0.f;
-        if (lane < d.K && t >= 0 && t < d.T) {
-          const int e = topkIdx[(uint64_t)t * d.K + lane];
-          const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
-          if (sl >= 0 && e / d.L == d.rank) {
-            const int le = e - d.rank * d.L;
-            if (sl < s.cnt[d.rank * d.L + le]) {
-              row = s.rowBase[d.rank * d.L + le] + sl;
-              wt = topkWeights[(uint64_t)t * d.K + lane];
-            } else {
-              gin_error_set(errorFlags, MOE_ERR_COUNTS);
-            }
-          }
-        }
-        if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
-        if (row >= 0) recvWeights[row] = wt;
-        if (t >= 0 && t < d.T)
-          warp_expand_row<false>((const uint8_t*)x + (uint64_t)t * d.rowBytes, recvBase, d.rowBytes, row, d.K,
-                                 fast);
+    // Remote sources' items as one list (q = 1..R-1 in order), spread over all warps: item i of
+    // source src was sent by sender warp i % W as its (i / W + 1)-th item.
+    if (tid == 0) {
+      s.itemEnd[0] = 0;
+      for (int q = 1; q < d.R; ++q) {
+        const int src = (d.rank + q) % d.R;
+        const RowSplit sp = row_split(d.rowBytes, s.hi[src] - s.lo[src]);
+        s.nseg[src] = sp.nseg;
+        s.segBytes[src] = sp.segBytes;
+        s.itemEnd[q] = s.itemEnd[q - 1] + (s.hi[src] - s.lo[src]) * sp.nseg;
       }
     }
-    // Remote sources: warp w expands the slots that sender warp w sent, as they land.
-    for (int q = 1; q < d.R; ++q) {
+    __syncthreads();
+    int* slotRows = (int*)(workspace + ws.slotRows);
+    uint8_t* recvBase = (uint8_t*)recvX;
+    const int totalItems = d.R > 1 ? s.itemEnd[d.R - 1] : 0;
+    for (int g = warp; g < totalItems; g += MOE_WARPS) {
+      int q = 1;
+      while (g >= s.itemEnd[q]) ++q;
       const int src = (d.rank + q) % d.R;
-      const int lo = s.lo[src], hi = s.hi[src];
+      const int i = g - s.itemEnd[q - 1];
+      RowSplit sp;
+      sp.nseg = s.nseg[src];
+      sp.segBytes = s.segBytes[src];
+      const int j = i / sp.nseg, seg = i - j * sp.nseg;
+      uint64_t b0, b1;
+      seg_range(sp, seg, d.rowBytes, b0, b1);
+      const int slot = s.lo[src] + j;
       const uint64_t sec = (uint64_t)moe_peer_section(src, d.rank, d.R);
       const uint8_t* rowsBase = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
       const uint8_t* metaBase = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
-      const uint64_t* progress =
-          (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
-      int ordinal = 0;
-      for (int j = warp; lo + j < hi; j += MOE_WARPS) {
-        const int slot = lo + j;
-        ++ordinal;
-        (void)gin_wait_geq(progress, seqHi | (uint64_t)ordinal, errorFlags);  // every lane acquires
-        int row = -1;
-        float wt = 0.f;
-        if (lane < d.K) {
-          const int* meta = (const int*)(metaBase + (uint64_t)slot * wl.metaStride);
-          const int le = ld_fresh_i32(meta + lane);
-          const int sl = ld_fresh_i32(meta + d.K + lane);
-          if (le >= 0 && le < d.L && sl >= 0 && sl < s.cnt[src * d.L + le]) {
-            row = s.rowBase[src * d.L + le] + sl;
-            wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
-          } else if (le != -1) {
-            gin_error_set(errorFlags, MOE_ERR_COUNTS);
-          }
-          slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
+      const uint64_t* progress = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
+      // Lane 0 waits for this item, lane 1 for the slot's segment 0 (it carried the metadata);
+      // the warp barrier then orders every lane's reads after those acquires.
+      const int i0 = j * sp.nseg;
+      if (lane == 0) (void)gin_wait_geq(progress + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
+      else if (lane == 1 && seg != 0)
+        (void)gin_wait_geq(progress + i0 % MOE_WARPS, seqHi | (uint64_t)(i0 / MOE_WARPS + 1), errorFlags);
+      syncwarp();
+      if (g == warp) MOE_PROF(0, 2);  // thread 0: warp 0's first item landed
+      int row = -1;
+      float wt = 0.f;
+      if (lane < d.K) {
+        const int* meta = (const int*)(metaBase + (uint64_t)slot * wl.metaStride);
+        const int le = ld_fresh_i32(meta + lane);
+        const int sl = ld_fresh_i32(meta + d.K + lane);
+        if (le >= 0 && le < d.L && sl >= 0 && sl < s.cnt[src * d.L + le]) {
+          row = s.rowBase[src * d.L + le] + sl;
+          wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
+        } else if (le != -1) {
+          if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
         }
-        if (row >= 0) recvWeights[row] = wt;
-        warp_expand_row<true>(rowsBase + (uint64_t)slot * wl.rowStride, recvBase, d.rowBytes, row, d.K, fast);
+        if (seg == 0) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
       }
+      if (seg == 0 && row >= 0) recvWeights[row] = wt;
+      warp_expand_seg<true>(rowsBase + (uint64_t)slot * wl.rowStride, recvBase, d.rowBytes, row, d.K, fast, b0, b1);
     }
-    // WAR release: every read of the sources' staging and count tables is done.
     __syncthreads();
+    MOE_PROF(0, 3);
+    // Own tokens, unless sender c took them (lower block: waiting for it keeps progress).
+    if (tid == 0) {
+      (void)gin_wait_geq(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq, errorFlags);
+      s.ok = gin_ld_acquire_sys(state + MOE_STATE_LAYOUT_DONE + c) == 2 * seq ? 1 : 0;
+    }
+    __syncthreads();
+    if (s.ok)
+      own_items(s, d, c, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX, recvWeights, fast,
+                errorFlags);
+    // WAR release: every read of the sources' staging and count tables is done (ours, and
+    // sender c's: it published layoutDone after its last table read).
+    __syncthreads();
+    MOE_PROF(0, 4);
     if (tid < d.R && tid != d.rank) {
       uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
                     (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
@@ -1166,6 +1356,7 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);
   const uint64_t seq = load_seq(state + MOE_STATE_SEQ_COMBINE + blockIdx.x, &sharedSeq);
   const uint64_t seqHi = seq << 32;
+  MOE_PROF(1, 0);
 
   if ((int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ producer (expert side)
@@ -1192,27 +1383,34 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
       const uint64_t sec = (uint64_t)moe_peer_section(d.rank, src, d.R);
       uint8_t* partBase = peerWin + wl.combRows + sec * d.M * wl.rowStride;
       uint64_t* progress = (uint64_t*)(peerWin + wl.combProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
+      // Items (slot j, segment), the split derived from b - a (the consumer derives the same).
+      const RowSplit sp = row_split(d.rowBytes, b - a);
+      const int items = (b - a) * sp.nseg;
       int done = 0;
-      for (int j = warp; a + j < b; j += MOE_WARPS) {
+      for (int i = warp; i < items; i += MOE_WARPS) {
+        const int j = i / sp.nseg, seg = i - j * sp.nseg;
+        uint64_t b0, b1;
+        seg_range(sp, seg, d.rowBytes, b0, b1);
         const int slot = a + j;
         int row = -1;
         float wt = 0.f;
         if (lane < d.K) {
           row = slotRows[((uint64_t)src * d.M + slot) * d.K + lane];
           if (row >= capacity || row < -1) {
-            gin_error_set(errorFlags, MOE_ERR_COUNTS);
+            if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
             row = -1;
           }
           if (row >= 0) wt = recvWeights[row];
         }
-        warp_reduce_row((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, nullptr, 0,
-                        partBase + (uint64_t)slot * wl.rowStride, fast);
+        warp_reduce_seg((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, nullptr, 0,
+                        partBase + (uint64_t)slot * wl.rowStride, fast, b0, b1, NoWait{});
         ++done;
-        gin_fence_acq_rel_sys();
-        syncwarp();
+        syncwarp();  // every lane's partial stores before lane 0's release (cumulative)
         if (lane == 0) gin_st_release_sys(progress, seqHi | (uint64_t)done);
       }
     }
+    MOE_PROF_SYNC();
+    MOE_PROF(1, 1);
   } else {
     // ------------------------------------------------------------------ consumer (source side)
     const int c = (int)blockIdx.x - d.C;
@@ -1226,7 +1424,14 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
     int t0, t1;
     token_range(d, c, t0, t1);
     if (t1 > yRows) t1 = yRows;  // never write past the y the caller passed
-    for (int t = t0 + warp; t < t1; t += MOE_WARPS) {
+    // Items (token, segment) over all warps; each producer's split follows from its slot count.
+    const RowSplit sp = t1 > t0 ? row_split(d.rowBytes, t1 - t0) : RowSplit{1, 16};
+    const int items = t1 > t0 ? (t1 - t0) * sp.nseg : 0;
+    for (int i = warp; i < items; i += MOE_WARPS) {
+      const int jt = i / sp.nseg, seg = i - jt * sp.nseg;
+      uint64_t b0, b1;
+      seg_range(sp, seg, d.rowBytes, b0, b1);
+      const int t = t0 + jt;
       // Own experts: rows of this token's own slot, weights as dispatched.
       int row = -1;
       float wt = 0.f;
@@ -1234,33 +1439,48 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
       if (lane < d.K && selfPos >= 0 && selfPos < d.M) {
         row = slotRows[((uint64_t)d.rank * d.M + selfPos) * d.K + lane];
         if (row >= capacity || row < -1) {
-          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
           row = -1;
         }
         if (row >= 0) wt = recvWeights[row];
       }
-      // Remote partials: lane r waits for the producer warp that wrote this token's slot on r.
+      // Remote partials: lane r waits (after the own rows' loads are in flight) for the producer
+      // items of rank r that cover this segment: the producer split comes from hi[r] - lo[r].
       const uint8_t* extra = nullptr;
+      const uint64_t* progress = nullptr;
+      int pj = 0, sA = 0, sB = -1, pnseg = 1;
       if (lane < d.R && lane != d.rank) {
         const int pos = tokenPos[(uint64_t)t * d.R + lane];
         if (pos >= 0) {
           const int j = pos - lo[lane];
           if (j < 0 || pos >= hi[lane]) {
-            gin_error_set(errorFlags, MOE_ERR_COUNTS);
+            if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
           } else {
             const uint64_t sec = (uint64_t)moe_peer_section(lane, d.rank, d.R);
-            const uint64_t* progress = (const uint64_t*)(ownWin + wl.combProgress) +
-                                       (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + (j % MOE_WARPS);
-            (void)gin_wait_geq(progress, seqHi | (uint64_t)(j / MOE_WARPS + 1), errorFlags);
+            const RowSplit psp = row_split(d.rowBytes, hi[lane] - lo[lane]);
+            progress = (const uint64_t*)(ownWin + wl.combProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
+            pj = j;
+            pnseg = psp.nseg;
+            sA = (int)(b0 / psp.segBytes);
+            sB = (int)((b1 - 1) / psp.segBytes);
             extra = ownWin + wl.combRows + (sec * d.M + (uint64_t)pos) * wl.rowStride;
           }
         }
       }
-      syncwarp();  // lane r's acquire, then the barrier: every lane may read r's partial
-      warp_reduce_row((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, extra, d.R,
-                      (uint8_t*)y + (uint64_t)t * d.rowBytes, fast);
+      auto waitPartials = [&]() {
+        if (progress != nullptr) {
+          for (int ps = sA; ps <= sB; ++ps) {
+            const int pi = pj * pnseg + ps;
+            (void)gin_wait_geq(progress + pi % MOE_WARPS, seqHi | (uint64_t)(pi / MOE_WARPS + 1), errorFlags);
+          }
+        }
+        syncwarp();  // lane r's acquires, then the barrier: every lane may read r's partial
+      };
+      warp_reduce_seg((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, extra, d.R,
+                      (uint8_t*)y + (uint64_t)t * d.rowBytes, fast, b0, b1, waitPartials);
     }
     __syncthreads();
+    MOE_PROF(1, 2);
     if (tid < d.R && tid != d.rank) {
       uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.combConsumed) +
                     (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
@@ -1491,7 +1711,6 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
         }
       }
     }
-    warp_reduce_row((const uint8_t*)returned, d.rowBytes, pos, w, d.K, nullptr, 0, (uint8_t*)y + t * d.rowBytes,
-                    fast);
+    warp_reduce_row((const uint8_t*)returned, d.rowBytes, pos, w, d.K, (uint8_t*)y + t * d.rowBytes, fast);
   }
 }

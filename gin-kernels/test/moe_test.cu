@@ -12,7 +12,11 @@
 // and Mixtral shapes at 128 and 4096 tokens per rank.
 //
 //   nvcc -arch=sm_90 -O3 -std=c++17 -Igin-kernels/src -o /tmp/moe_test gin-kernels/test/moe_test.cu
-//   /tmp/moe_test [--seed N] [--no-bench] [--bench-only] [--channels C]
+//   /tmp/moe_test [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile]
+// --profile: after each timed shape, one more gated dispatch and combine with per-block phase
+// stamps (%globaltimer, see MOE_PROF in moe.cu), printed as median / max over blocks in us from the
+// kernel's first block start on that GPU.
+#define MOE_PROFILE 1
 #include "../src/moe.cu"
 
 #include <algorithm>
@@ -901,6 +905,79 @@ struct Shape {
   int H, E, K;
 };
 
+static bool gProfile = false;
+
+// Per-GPU profile buffers [2 kernels][MOE_MAX_BLOCKS][MOE_PROF_SLOTS] (zeroed before each use).
+static std::vector<uint64_t*> gProfBuf;
+static void profile_enable(Setup& s, bool on) {
+  if (gProfBuf.empty()) {
+    for (int r = 0; r < s.R; ++r) {
+      CUDA_CHECK(cudaSetDevice(r));
+      gProfBuf.push_back(dmalloc<uint64_t>(8ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS));
+    }
+  }
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    uint64_t* p = on ? gProfBuf[r] : nullptr;
+    if (on) CUDA_CHECK(cudaMemset(p, 0, 8ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS));
+    CUDA_CHECK(cudaMemcpyToSymbol(moe_profile_buf, &p, sizeof(p)));
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+}
+
+struct ProfRole {
+  const char* name;
+  int kernel, b0, b1;  // blocks [b0, b1)
+  std::vector<std::pair<int, const char*>> slots;
+};
+
+static void profile_print(Setup& s, const char* what, float gatedUs) {
+  const int C = s.C;
+  std::vector<ProfRole> roles = {
+      {"dispatch sender", 0, 0, C,
+       {{1, "histogram published"}, {2, "lower histograms summed"}, {3, "LEADER count tables released"},
+        {4, "positions written"}, {5, "remote slots sent"}, {6, "tables read (took own tokens)"},
+        {7, "own rows done / end"}}},
+      {"dispatch receiver", 0, C, 2 * C,
+       {{1, "count tables read"}, {2, "warp 0: first remote item landed"}, {3, "remote rows done"},
+        {4, "own rows done (if left to it) / end"}}},
+      {"combine producer", 1, 0, C, {{1, "partials sent"}}},
+      {"combine consumer", 1, C, 2 * C, {{2, "y done"}}},
+  };
+  printf("  profile %s (gated call %.1f us, slowest rank):\n", what, gatedUs);
+  for (int r = 0; r < s.R; ++r) {
+    std::vector<uint64_t> h(2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS);
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaMemcpy(h.data(), gProfBuf[r], h.size() * 8, cudaMemcpyDeviceToHost));
+    auto at = [&](int k, int b, int sl) { return h[((size_t)k * MOE_MAX_BLOCKS + b) * MOE_PROF_SLOTS + sl]; };
+    for (const ProfRole& role : roles) {
+      uint64_t ref = ~0ull, lastStart = 0;
+      for (int b = 0; b < 2 * C; ++b) {
+        const uint64_t v = at(role.kernel, b, 0);
+        if (v) ref = std::min(ref, v), lastStart = std::max(lastStart, v);
+      }
+      if (ref == ~0ull) continue;
+      std::vector<double> st;
+      for (int b = role.b0; b < role.b1; ++b)
+        if (at(role.kernel, b, 0)) st.push_back((at(role.kernel, b, 0) - ref) * 1e-3);
+      std::sort(st.begin(), st.end());
+      printf("    rank %d %-18s start           med %6.2f max %6.2f us (%zu blocks; last block of the grid starts at %.2f)\n",
+             r, role.name, st.empty() ? 0.0 : st[st.size() / 2], st.empty() ? 0.0 : st.back(), st.size(),
+             (lastStart - ref) * 1e-3);
+      for (auto& sl : role.slots) {
+        std::vector<double> v;
+        for (int b = role.b0; b < role.b1; ++b)
+          if (at(role.kernel, b, sl.first)) v.push_back((at(role.kernel, b, sl.first) - ref) * 1e-3);
+        if (v.empty()) continue;
+        std::sort(v.begin(), v.end());
+        printf("    rank %d %-18s %-36s med %6.2f max %6.2f us (%zu blocks)\n", r, role.name, sl.second,
+               v[v.size() / 2], v.back(), v.size());
+      }
+    }
+  }
+}
+
 static void run_bench(std::mt19937_64& rng, int channels) {
   const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8}, {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2}};
   const int tokens[] = {128, 4096};
@@ -962,6 +1039,22 @@ static void run_bench(std::mt19937_64& rng, int channels) {
           td.push_back(a);
           tc.push_back(b);
         }
+      }
+      if (gProfile) {
+        profile_enable(s, true);
+        const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+        });
+        profile_enable(s, false);
+        printf("%-14s %6d\n", sh.name, T);
+        profile_print(s, "dispatch", a);
+        for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+        profile_enable(s, true);
+        const float b = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
+        });
+        profile_enable(s, false);
+        profile_print(s, "combine", b);
       }
       std::vector<uint32_t> err = read_errors(s, false);
       bool errOk = true;
@@ -1028,8 +1121,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--no-bench")) bench = false;
     else if (!strcmp(argv[i], "--bench-only")) tests = false;
     else if (!strcmp(argv[i], "--channels") && i + 1 < argc) channels = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--profile")) gProfile = true;
     else {
-      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile]\n", argv[0]);
       return 2;
     }
   }
