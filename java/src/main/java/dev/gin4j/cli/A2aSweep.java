@@ -27,7 +27,7 @@ import java.util.SplittableRandom;
  */
 public final class A2aSweep {
     /** One measured row. */
-    public record Row(long sizeBytes, Backend backend, String plan, double medianUs, double minUs, double algBwGBs, double busBwGBs, double cpuUsPerRank) {}
+    public record Row(long sizeBytes, Backend backend, String plan, double medianUs, double minUs, double algBwGBs, double busBwGBs, double cpuUsPerRank, double pipelinedUs) {}
 
     private A2aSweep() {}
 
@@ -90,15 +90,24 @@ public final class A2aSweep {
                         }
                         if (it >= 0) us[it] = worst;
                     }
+                    // pipelined, as nccl-tests times: iters calls back to back between two events, per call
+                    for (int i = 0; i < local; i++) starts.get(i).record(streams.get(i));
+                    for (int it = 0; it < iters; it++) a.run(inputs, perPeer, streams);
+                    double pipe = 0;
+                    for (int i = 0; i < local; i++) {
+                        ends.get(i).record(streams.get(i));
+                        ends.get(i).synchronize();
+                        pipe = Math.max(pipe, ends.get(i).elapsedMillisSince(starts.get(i)) * 1000.0 / iters);
+                    }
                     a.checkErrors(streams);
                     Arrays.sort(us);
                     double med = us[iters / 2];
                     double alg = size / (med * 1e-6) / 1e9;
                     String plan = b == Backend.GIN ? describe(Plan.choose(perPeer, protocol)) : "ncclAlltoAll";
                     Arrays.sort(cpu);
-                    Row r = new Row(size, b, plan, med, us[0], alg, alg * (n - 1) / n, cpu[iters / 2]);
+                    Row r = new Row(size, b, plan, med, us[0], alg, alg * (n - 1) / n, cpu[iters / 2], pipe);
                     rows.add(r);
-                    if (log != null) log.printf("%12d  %-4s  %-18s %10.2f us  algBw %8.2f GB/s  busBw %8.2f GB/s  (Java CPU %.2f us per rank)%n", size, b, plan, med, alg, r.busBwGBs(), r.cpuUsPerRank());
+                    if (log != null) log.printf("%12d  %-4s  %-18s %10.2f us  algBw %8.2f GB/s  busBw %8.2f GB/s  (pipelined %.2f us; Java CPU %.2f us per rank)%n", size, b, plan, med, alg, r.busBwGBs(), pipe, r.cpuUsPerRank());
                 }
             }
         } finally {

@@ -28,21 +28,22 @@ final class Report {
         Map<Long, Map<Backend, A2aSweep.Row>> bySize = new TreeMap<>();
         for (A2aSweep.Row r : rows) bySize.computeIfAbsent(r.sizeBytes(), k -> new java.util.EnumMap<>(Backend.class)).put(r.backend(), r);
         out.println();
-        out.println("size per rank | GIN us (plan)                 algBw  busBw GB/s | HOST us  algBw  busBw GB/s | HOST/GIN");
+        out.println("size per rank | GIN us  pipelined (plan)              busBw | HOST us  pipelined  busBw | HOST/GIN per call, pipelined");
         for (var e : bySize.entrySet()) {
             A2aSweep.Row g = e.getValue().get(Backend.GIN), h = e.getValue().get(Backend.HOST);
             out.printf(Locale.ROOT, "%13s | %s | %s | %s%n", human(e.getKey()),
-                    g == null ? String.format("%-46s", "-") : String.format(Locale.ROOT, "%8.2f (%-16s) %7.1f %6.1f", g.medianUs(), g.plan(), g.algBwGBs(), g.busBwGBs()),
-                    h == null ? String.format("%-25s", "-") : String.format(Locale.ROOT, "%7.2f %6.1f %6.1f", h.medianUs(), h.algBwGBs(), h.busBwGBs()),
-                    g == null || h == null ? "-" : String.format(Locale.ROOT, "%.2fx", h.medianUs() / g.medianUs()));
+                    g == null ? String.format("%-45s", "-") : String.format(Locale.ROOT, "%7.2f %9.2f (%-16s) %7.1f", g.medianUs(), g.pipelinedUs(), g.plan(), g.busBwGBs()),
+                    h == null ? String.format("%-25s", "-") : String.format(Locale.ROOT, "%7.2f %10.2f %6.1f", h.medianUs(), h.pipelinedUs(), h.busBwGBs()),
+                    g == null || h == null ? "-" : String.format(Locale.ROOT, "%.2fx, %.2fx", h.medianUs() / g.medianUs(), h.pipelinedUs() / g.pipelinedUs()));
         }
-        out.println("(size = bytes each rank sends; algBw = size/time; busBw = algBw*(n-1)/n; median of device-event times, slowest rank)");
+        out.println("(size = bytes each rank sends; busBw = size/time*(n-1)/n from the per-call median; per call = device events around each call,"
+                + " slowest rank, median; pipelined = calls back to back / count, as nccl-tests times; one Java thread launches every local rank)");
     }
 
     static String a2aJson(List<A2aSweep.Row> rows, GpuRuntime rt) {
         String items = rows.stream().map(r -> String.format(Locale.ROOT,
-                "    {\"size_bytes\": %d, \"backend\": \"%s\", \"plan\": \"%s\", \"median_us\": %.3f, \"min_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"java_cpu_us_per_rank\": %.3f}",
-                r.sizeBytes(), r.backend(), r.plan(), r.medianUs(), r.minUs(), r.algBwGBs(), r.busBwGBs(), r.cpuUsPerRank())).collect(Collectors.joining(",\n"));
+                "    {\"size_bytes\": %d, \"backend\": \"%s\", \"plan\": \"%s\", \"median_us\": %.3f, \"min_us\": %.3f, \"algbw_gbs\": %.3f, \"busbw_gbs\": %.3f, \"java_cpu_us_per_rank\": %.3f, \"pipelined_us\": %.3f}",
+                r.sizeBytes(), r.backend(), r.plan(), r.medianUs(), r.minUs(), r.algBwGBs(), r.busBwGBs(), r.cpuUsPerRank(), r.pipelinedUs())).collect(Collectors.joining(",\n"));
         return "{\n  \"benchmark\": \"all-to-all\",\n  \"gpus\": " + rt.devices().size() + ",\n  \"device\": \"" + rt.device(0).name() + "\",\n"
                 + "  \"size_definition\": \"bytes each rank sends in total; algBw = size/time; busBw = algBw*(n-1)/n\",\n  \"rows\": [\n" + items + "\n  ]\n}\n";
     }
