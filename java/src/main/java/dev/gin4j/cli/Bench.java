@@ -33,6 +33,24 @@ final class Bench {
         };
     }
 
+    /**
+     * One process driving every local GPU, or, when launched the torchrun way (RANK, WORLD_SIZE,
+     * LOCAL_RANK, MASTER_ADDR, MASTER_PORT set), one rank per process.
+     */
+    static CommGroup openGroup(GpuRuntime rt) {
+        return System.getenv("WORLD_SIZE") != null ? CommGroup.fromEnvironment() : CommGroup.initAll(rt.devices());
+    }
+
+    /** The slowest rank's value of a per-rank measurement (a no-op with one process). */
+    static double slowest(CommGroup g, double mine) {
+        if (g.isSingleProcess()) return mine;
+        long[] all = g.allGatherLongs(new long[] {Double.doubleToRawLongBits(mine)})[0];
+        return java.util.Arrays.stream(all).mapToDouble(Double::longBitsToDouble).max().orElse(mine);
+    }
+
+    /** Whether this process prints the report (rank 0, or the only process). */
+    static boolean reports(CommGroup g) { return g.rank(0).rank() == 0; }
+
     static String option(String[] args, String name, String dflt) {
         for (int i = 1; i < args.length - 1; i++) if (args[i].equals(name)) return args[i + 1];
         return dflt;
@@ -67,8 +85,16 @@ final class Bench {
         out.printf("gin4j bench a2a: %d GPUs (%s), sizes %d..%d bytes per rank, median of %d after %d warm-ups%n",
                 rt.devices().size(), rt.device(0).name(), min, max, iters, warmup);
         List<A2aSweep.Row> rows;
-        try (CommGroup g = CommGroup.initAll(rt.devices())) {
-            rows = A2aSweep.run(g, sizes.stream().mapToLong(Long::longValue).toArray(), backends, protocol, warmup, iters, out);
+        try (CommGroup g = openGroup(rt)) {
+            rows = A2aSweep.run(g, sizes.stream().mapToLong(Long::longValue).toArray(), backends, protocol, warmup, iters, reports(g) ? out : null);
+            List<A2aSweep.Row> merged = new ArrayList<>();
+            for (A2aSweep.Row r : rows) {
+                double med = slowest(g, r.medianUs()), pipe = slowest(g, r.pipelinedUs()), alg = r.sizeBytes() / (med * 1e-6) / 1e9;
+                merged.add(new A2aSweep.Row(r.sizeBytes(), r.backend(), r.plan(), med, r.minUs(), alg, alg * (g.worldSize() - 1) / g.worldSize(), r.cpuUsPerRank(), pipe));
+            }
+            rows = merged;
+            if (!reports(g)) return 0;
+            out.println(g.isSingleProcess() ? "(one process drives all " + g.worldSize() + " GPUs)" : "(one process per GPU, " + g.worldSize() + " ranks; times are the slowest rank's)");
         }
         Report.printA2aTable(rows, out);
         Files.writeString(json, Report.a2aJson(rows, rt));
