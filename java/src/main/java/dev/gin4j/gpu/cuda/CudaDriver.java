@@ -60,12 +60,35 @@ public final class CudaDriver implements Driver {
         return p.equals(MemorySegment.NULL) ? "(null)" : p.reinterpret(4096).getString(0);
     }
 
-    private int attribute(int dev, int attr) {
+    /** A driver call that writes one value through its first pointer argument. */
+    private interface OutCall { int invoke(MemorySegment out); }
+
+    private static int outInt(String call, OutCall c) {
         try (Arena a = Arena.ofConfined()) {
             MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            check("cuDeviceGetAttribute", cuDeviceGetAttribute(out, attr, dev));
+            check(call, c.invoke(out));
             return out.get(ValueLayout.JAVA_INT, 0);
         }
+    }
+
+    private static long outLong(String call, OutCall c) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
+            check(call, c.invoke(out));
+            return out.get(ValueLayout.JAVA_LONG, 0);
+        }
+    }
+
+    private static long outAddress(String call, OutCall c) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
+            check(call, c.invoke(out));
+            return out.get(ValueLayout.ADDRESS, 0).address();
+        }
+    }
+
+    private int attribute(int dev, int attr) {
+        return outInt("cuDeviceGetAttribute", out -> cuDeviceGetAttribute(out, attr, dev));
     }
 
     @Override public String name() { return "CUDA driver"; }
@@ -88,11 +111,7 @@ public final class CudaDriver implements Driver {
     }
 
     @Override public long totalMemory(int dev) {
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
-            check("cuDeviceTotalMem_v2", cuDeviceTotalMem_v2(out, dev));
-            return out.get(ValueLayout.JAVA_LONG, 0);
-        }
+        return outLong("cuDeviceTotalMem_v2", out -> cuDeviceTotalMem_v2(out, dev));
     }
 
     @Override public int multiprocessors(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT()); }
@@ -106,19 +125,11 @@ public final class CudaDriver implements Driver {
     }
 
     @Override public boolean canAccessPeer(int dev, int peer) {
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            check("cuDeviceCanAccessPeer", cuDeviceCanAccessPeer(out, dev, peer));
-            return out.get(ValueLayout.JAVA_INT, 0) != 0;
-        }
+        return outInt("cuDeviceCanAccessPeer", out -> cuDeviceCanAccessPeer(out, dev, peer)) != 0;
     }
 
     private int p2pAttribute(int attr, int dev, int peer) {
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            check("cuDeviceGetP2PAttribute", cuDeviceGetP2PAttribute(out, attr, dev, peer));
-            return out.get(ValueLayout.JAVA_INT, 0);
-        }
+        return outInt("cuDeviceGetP2PAttribute", out -> cuDeviceGetP2PAttribute(out, attr, dev, peer));
     }
 
     @Override public String linkKind(int dev, int peer) {
@@ -170,33 +181,21 @@ public final class CudaDriver implements Driver {
 
     @Override public long malloc(int dev, long bytes) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
-            check("cuMemAlloc_v2(" + bytes + " bytes)", cuMemAlloc_v2(out, bytes));
-            return out.get(ValueLayout.JAVA_LONG, 0);
-        }
+        return outLong("cuMemAlloc_v2(" + bytes + " bytes)", out -> cuMemAlloc_v2(out, bytes));
     }
 
     @Override public void free(int dev, long ptr) { makeCurrent(dev); check("cuMemFree_v2", cuMemFree_v2(ptr)); }
 
     @Override public long hostAlloc(int dev, long bytes) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
-            check("cuMemHostAlloc(" + bytes + " bytes)", cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE() | CU_MEMHOSTALLOC_DEVICEMAP()));
-            return out.get(ValueLayout.ADDRESS, 0).address();
-        }
+        return outAddress("cuMemHostAlloc(" + bytes + " bytes)", out -> cuMemHostAlloc(out, bytes, CU_MEMHOSTALLOC_PORTABLE() | CU_MEMHOSTALLOC_DEVICEMAP()));
     }
 
     @Override public void hostFree(int dev, long ptr) { makeCurrent(dev); check("cuMemFreeHost", cuMemFreeHost(MemorySegment.ofAddress(ptr))); }
 
     @Override public long hostDevicePointer(int dev, long hostPtr) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_LONG);
-            check("cuMemHostGetDevicePointer_v2", cuMemHostGetDevicePointer_v2(out, MemorySegment.ofAddress(hostPtr), 0));
-            return out.get(ValueLayout.JAVA_LONG, 0);
-        }
+        return outLong("cuMemHostGetDevicePointer_v2", out -> cuMemHostGetDevicePointer_v2(out, MemorySegment.ofAddress(hostPtr), 0));
     }
 
     @Override public void copy(int dev, long dst, long src, long bytes, CopyKind kind, long stream, boolean async) {
@@ -238,11 +237,7 @@ public final class CudaDriver implements Driver {
 
     @Override public long streamCreate(int dev) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
-            check("cuStreamCreate", cuStreamCreate(out, CU_STREAM_NON_BLOCKING()));
-            return out.get(ValueLayout.ADDRESS, 0).address();
-        }
+        return outAddress("cuStreamCreate", out -> cuStreamCreate(out, CU_STREAM_NON_BLOCKING()));
     }
 
     @Override public void streamDestroy(int dev, long stream) { makeCurrent(dev); check("cuStreamDestroy_v2", cuStreamDestroy_v2(MemorySegment.ofAddress(stream))); }
@@ -263,11 +258,7 @@ public final class CudaDriver implements Driver {
 
     @Override public long eventCreate(int dev, boolean timing) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
-            check("cuEventCreate", cuEventCreate(out, timing ? CU_EVENT_DEFAULT() : CU_EVENT_DISABLE_TIMING()));
-            return out.get(ValueLayout.ADDRESS, 0).address();
-        }
+        return outAddress("cuEventCreate", out -> cuEventCreate(out, timing ? CU_EVENT_DEFAULT() : CU_EVENT_DISABLE_TIMING()));
     }
 
     @Override public void eventDestroy(int dev, long event) { makeCurrent(dev); check("cuEventDestroy_v2", cuEventDestroy_v2(MemorySegment.ofAddress(event))); }
@@ -293,11 +284,7 @@ public final class CudaDriver implements Driver {
 
     @Override public long moduleLoad(int dev, MemorySegment image) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
-            check("cuModuleLoadData", cuModuleLoadData(out, image));
-            return out.get(ValueLayout.ADDRESS, 0).address();
-        }
+        return outAddress("cuModuleLoadData", out -> cuModuleLoadData(out, image));
     }
 
     @Override public void moduleUnload(int dev, long module) { makeCurrent(dev); check("cuModuleUnload", cuModuleUnload(MemorySegment.ofAddress(module))); }
@@ -323,11 +310,7 @@ public final class CudaDriver implements Driver {
 
     @Override public int functionAttribute(int dev, long function, FunctionAttribute attribute) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            check("cuFuncGetAttribute", cuFuncGetAttribute(out, cuAttribute(attribute), MemorySegment.ofAddress(function)));
-            return out.get(ValueLayout.JAVA_INT, 0);
-        }
+        return outInt("cuFuncGetAttribute", out -> cuFuncGetAttribute(out, cuAttribute(attribute), MemorySegment.ofAddress(function)));
     }
 
     @Override public void setMaxDynamicSharedMemory(int dev, long function, int bytes) {
@@ -337,11 +320,8 @@ public final class CudaDriver implements Driver {
 
     @Override public int occupancyBlocksPerMultiprocessor(int dev, long function, int blockSize, int dynamicSharedBytes) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            check("cuOccupancyMaxActiveBlocksPerMultiprocessor", cuOccupancyMaxActiveBlocksPerMultiprocessor(out, MemorySegment.ofAddress(function), blockSize, dynamicSharedBytes));
-            return out.get(ValueLayout.JAVA_INT, 0);
-        }
+        return outInt("cuOccupancyMaxActiveBlocksPerMultiprocessor",
+                out -> cuOccupancyMaxActiveBlocksPerMultiprocessor(out, MemorySegment.ofAddress(function), blockSize, dynamicSharedBytes));
     }
 
     @Override public void launch(long function, int gx, int gy, int gz, int bx, int by, int bz, int sharedBytes,
@@ -359,20 +339,12 @@ public final class CudaDriver implements Driver {
 
     @Override public long endCapture(int dev, long stream) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
-            check("cuStreamEndCapture", cuStreamEndCapture(MemorySegment.ofAddress(stream), out));
-            return out.get(ValueLayout.ADDRESS, 0).address();
-        }
+        return outAddress("cuStreamEndCapture", out -> cuStreamEndCapture(MemorySegment.ofAddress(stream), out));
     }
 
     @Override public long graphInstantiate(int dev, long graph) {
         makeCurrent(dev);
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.ADDRESS);
-            check("cuGraphInstantiateWithFlags", cuGraphInstantiateWithFlags(out, MemorySegment.ofAddress(graph), 0L));
-            return out.get(ValueLayout.ADDRESS, 0).address();
-        }
+        return outAddress("cuGraphInstantiateWithFlags", out -> cuGraphInstantiateWithFlags(out, MemorySegment.ofAddress(graph), 0L));
     }
 
     @Override public void graphLaunch(int dev, long exec, long stream) {
