@@ -39,9 +39,11 @@
 #define MOE_STATE_SEQ_DISPATCH 0      // [MOE_MAX_BLOCKS] call counter per dispatch block
 #define MOE_STATE_SEQ_COMBINE 256     // [MOE_MAX_BLOCKS] per combine block
 #define MOE_STATE_SEQ_LAYOUT 512      // [MOE_MAX_CHANNELS] per host_layout block
-#define MOE_STATE_HIST_READY 640      // [MOE_MAX_CHANNELS] dispatch: block histogram published
-#define MOE_STATE_LAYOUT_DONE 768     // [MOE_MAX_CHANNELS] dispatch: 2n + (sender c took its own tokens)
-#define MOE_STATE_HIST_READY_HOST 896 // [MOE_MAX_CHANNELS] host_layout: histogram published
+// Layout block c of call n (dispatch sender c, or host_layout block c): (n << 32) - 1 = histogram
+// published (two-level layout only), n << 32 = positions published; the dispatch then adds one per
+// claimed own-token item (the low 32 bits are the claim counter of call n, reset by that store).
+#define MOE_STATE_HIST_READY 640      // [MOE_MAX_CHANNELS]
+#define MOE_STATE_LAYOUT_DONE 768     // [MOE_MAX_CHANNELS] dispatch: 2n + (sender c read the count tables)
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
 #define MOE_STATE_WORDS 1024
 
@@ -237,6 +239,13 @@ GIN_DEVICE_INLINE int shfl_i(int v, int src) {
   return __shfl_sync(0xffffffffu, v, src);
 #endif
 }
+GIN_DEVICE_INLINE int shfl_up_i(int v, int delta) {
+#if GIN_HIP
+  return __shfl_up(v, (unsigned)delta);
+#else
+  return __shfl_up_sync(0xffffffffu, v, (unsigned)delta);
+#endif
+}
 GIN_DEVICE_INLINE float shfl_f(float v, int src) { return __int_as_float(shfl_i(__float_as_int(v), src)); }
 GIN_DEVICE_INLINE const uint8_t* shfl_ptr(const uint8_t* p, int src) {
   uint64_t u = (uint64_t)(uintptr_t)p;
@@ -387,28 +396,41 @@ GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, i
 }
 
 // In-place exclusive scan of a[0..n) in shared memory by the whole block; returns the total.
-// tmp: blockDim.x ints of shared memory. Must be called by every thread of the block.
+// tmp: at least blockDim.x / warp size ints of shared memory. Must be called by every thread of the
+// block (block size a multiple of the warp size). Warp shuffles: 3 barriers instead of the
+// 2 * log2(blockDim) of a shared-memory ladder (~1-2 us at 512 threads).
 GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
   const int B = (int)blockDim.x, tid = (int)threadIdx.x;
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE, nw = B / GIN_WARP_SIZE;
   const int per = (n + B - 1) / B;
   const int begin = moe_min_i(n, tid * per), end = moe_min_i(n, begin + per);
   int sum = 0;
   for (int i = begin; i < end; ++i) sum += a[i];
-  tmp[tid] = sum;
-  __syncthreads();
-  for (int off = 1; off < B; off <<= 1) {
-    int v = tid >= off ? tmp[tid - off] : 0;
-    __syncthreads();
-    tmp[tid] += v;
-    __syncthreads();
+  int inc = sum;
+#pragma unroll
+  for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+    const int v = shfl_up_i(inc, off);
+    if (lane >= off) inc += v;
   }
-  int run = tmp[tid] - sum;
+  if (lane == GIN_WARP_SIZE - 1) tmp[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < nw ? tmp[lane] : 0;
+#pragma unroll
+    for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+      const int v = shfl_up_i(w, off);
+      if (lane >= off) w += v;
+    }
+    if (lane < nw) tmp[lane] = w;
+  }
+  __syncthreads();
+  int run = (warp > 0 ? tmp[warp - 1] : 0) + inc - sum;
   for (int i = begin; i < end; ++i) {
-    int x = a[i];
+    const int x = a[i];
     a[i] = run;
     run += x;
   }
-  const int total = tmp[B - 1];
+  const int total = tmp[nw - 1];
   __syncthreads();
   return total;
 }
@@ -420,7 +442,7 @@ GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
 // ------------------------------------------------------------------------------------------------
 constexpr int kExpandUnroll = 4;   // 16-byte vectors in flight per lane when copying
 constexpr int kReduceUnroll = 2;   // output vectors per lane per pass when reducing (x kReduceGroup rows in flight)
-constexpr int kReduceGroup = 4;    // rows whose loads are in flight together when reducing
+constexpr int kReduceGroup = 4;    // rows (own + partials) whose loads are in flight together when reducing
 
 // Work items: a list of n rows is cut into n * nseg items, item i = (row i / nseg, segment
 // i % nseg), so that a call with few rows per channel still keeps every warp of the block busy
@@ -522,59 +544,59 @@ GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowByte
       for (int u = 0; u < kReduceUnroll; ++u)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
-      uint64_t m = rowMask;
-      while (m) {
-        // Up to kReduceGroup rows: all their loads in flight before the first use.
-        int kk[kReduceGroup];
-        bool has[kReduceGroup];
+      // Entries (own rows in lane order, then extras in lane order: a fixed summation order) in
+      // groups of kReduceGroup with all their loads in flight. The first pass issues the own rows,
+      // then waits for the extras (the own loads overlap the wait); later passes load own rows and
+      // extras together (one round trip per pass where they fit one group).
+      uint64_t mOwn = rowMask, mExt = waited ? extraMask : 0ull;
+      bool waitNow = !waited;
+      for (;;) {
+        while (mOwn | mExt) {
+          const uint8_t* src[kReduceGroup];
+          float w[kReduceGroup];
+          bool has[kReduceGroup], fresh[kReduceGroup];
 #pragma unroll
-        for (int g = 0; g < kReduceGroup; ++g) {
-          has[g] = m != 0;
-          kk[g] = has[g] ? __ffsll((long long)m) - 1 : 0;
-          if (has[g]) m &= m - 1;
-        }
-        gin_u128 r[kReduceGroup][kReduceUnroll];
-        float w[kReduceGroup];
+          for (int g = 0; g < kReduceGroup; ++g) {
+            has[g] = (mOwn | mExt) != 0;
+            fresh[g] = mOwn == 0;
+            src[g] = rowsBase;
+            w[g] = 0.f;
+            if (mOwn) {
+              const int k = __ffsll((long long)mOwn) - 1;
+              mOwn &= mOwn - 1;
+              const int row = shfl_i(myRow, k);
+              w[g] = shfl_f(myW, k);
+              src[g] = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
+            } else if (mExt) {
+              const int j = __ffsll((long long)mExt) - 1;
+              mExt &= mExt - 1;
+              src[g] = shfl_ptr(myExtra, j);
+              w[g] = 1.f;
+            }
+          }
+          gin_u128 r[kReduceGroup][kReduceUnroll];
 #pragma unroll
-        for (int g = 0; g < kReduceGroup; ++g) {
-          const int row = shfl_i(myRow, kk[g]);
-          w[g] = shfl_f(myW, kk[g]);
-          const uint8_t* src = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
+          for (int g = 0; g < kReduceGroup; ++g) {
 #pragma unroll
-          for (int u = 0; u < kReduceUnroll; ++u) {
-            const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-            if (has[g] && v < vEnd) r[g][u] = gin_ld16_stream(src + (v << 4));
+            for (int u = 0; u < kReduceUnroll; ++u) {
+              const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+              if (has[g] && v < vEnd) r[g][u] = fresh[g] ? ld16_fresh(src[g] + (v << 4)) : gin_ld16_stream(src[g] + (v << 4));
+            }
+          }
+#pragma unroll
+          for (int g = 0; g < kReduceGroup; ++g) {
+#pragma unroll
+            for (int u = 0; u < kReduceUnroll; ++u) {
+              const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+              if (has[g] && v < vEnd) acc_bf16x8(acc[u], r[g][u], w[g]);
+            }
           }
         }
-#pragma unroll
-        for (int g = 0; g < kReduceGroup; ++g) {
-#pragma unroll
-          for (int u = 0; u < kReduceUnroll; ++u) {
-            const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-            if (has[g] && v < vEnd) acc_bf16x8(acc[u], r[g][u], w[g]);
-          }
-        }
-      }
-      if (!waited) {
+        if (!waitNow) break;
         waitExtras();
         waited = true;
-      }
-      m = extraMask;
-      while (m) {
-        const int j = __ffsll((long long)m) - 1;
-        m &= m - 1;
-        const uint8_t* src = shfl_ptr(myExtra, j);
-        gin_u128 r[kReduceUnroll];
-#pragma unroll
-        for (int u = 0; u < kReduceUnroll; ++u) {
-          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < vEnd) r[u] = ld16_fresh(src + (v << 4));
-        }
-#pragma unroll
-        for (int u = 0; u < kReduceUnroll; ++u) {
-          const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-          if (v < vEnd) acc_bf16x8(acc[u], r[u], 1.f);
-        }
+        waitNow = false;
+        mExt = extraMask;
       }
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u) {
@@ -694,6 +716,58 @@ GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const
   for (int r = tid; r < d.R; r += B) histDRow[r] = s.cntD[r];
 }
 
+// One-level layout (T*K <= kDirectLayoutIds, i.e. every call up to 8192 tokens at top-8): block c
+// counts the ids of tokens [0, t0) itself (runE / runD / prefD: its starting offsets) and its own
+// tokens [t0, t1) (cntE / cntD), straight from topkIdx: no histogram publication and no wait for
+// other blocks (at 128 tokens the two-level steps 1-2 cost ~11-13 us of flag and fence latency;
+// this reads at most T*K ids, 4 KB there). The leader (lead = last block, t1 = T) also counts
+// tokens per (channel, destination) into u.lead.histD for chanStart. Same numbers as steps 1-2.
+#ifndef MOE_DIRECT_LAYOUT_IDS
+#define MOE_DIRECT_LAYOUT_IDS 65536  // overridable only to test both layouts at small sizes
+#endif
+constexpr int64_t kDirectLayoutIds = MOE_DIRECT_LAYOUT_IDS;
+GIN_DEVICE_INLINE bool layout_is_direct(const Dims& d) { return (int64_t)d.T * (int64_t)d.K <= kDirectLayoutIds; }
+
+GIN_DEVICE_INLINE void layout_direct(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
+                                     uint32_t* errorFlags) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  for (int e = tid; e < d.E; e += B) {
+    s.cntE[e] = 0;
+    s.runE[e] = 0;
+  }
+  for (int r = tid; r < d.R; r += B) {
+    s.cntD[r] = 0;
+    s.runD[r] = 0;
+  }
+  if (lead)
+    for (int i = tid; i < d.C * d.R; i += B) s.u.lead.histD[i] = 0;
+  __syncthreads();
+  int ev[MOE_MAX_TOPK];
+  for (int t = tid; t < t1; t += B) {
+    const bool own = t >= t0;
+    token_experts(topkIdx, t, d, ev, own, errorFlags);  // each token reported by its own block only
+    int* ce = own ? s.cntE : s.runE;
+    int* cd = own ? s.cntD : s.runD;
+    uint32_t destMask = 0;
+    for (int k = 0; k < d.K; ++k) {
+      if (ev[k] < 0) continue;
+      atomicAdd(&ce[ev[k]], 1);
+      destMask |= 1u << (ev[k] / d.L);
+    }
+    // Channel of t: the largest j with j*T/C <= t (token_range's partition).
+    const int ch = lead ? (int)(((int64_t)(t + 1) * d.C - 1) / d.T) : 0;
+    while (destMask) {
+      const int r = __ffs((int)destMask) - 1;
+      destMask &= destMask - 1;
+      atomicAdd(&cd[r], 1);
+      if (lead) atomicAdd(&s.u.lead.histD[ch * d.R + r], 1);
+    }
+  }
+  __syncthreads();
+  for (int r = tid; r < d.R; r += B) s.prefD[r] = s.runD[r];
+  __syncthreads();
+}
+
 // Publishes this block's histogram rows (written by all threads) with one release.
 GIN_DEVICE_INLINE void publish_local(uint64_t* flag, uint64_t value) {
   __threadfence();
@@ -756,15 +830,19 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
 
 // Last block only: channel boundaries per destination, chanStart[r][j] = sum_{b<j} histD[b][r]
 // for j in [0, C], into smem (u.lead) and workspace chanStartTo; totals into expertCount/tokensTo.
+// histD: the published rows (two-level layout), or nullptr when layout_direct already filled
+// u.lead.histD.
 GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const int* histD, int* expertCount,
                                           int* tokensTo, int* chanStartTo) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int last = d.C - 1;
-  for (int i = tid; i < d.C * d.R; i += B) {
-    const int b = i / d.R;
-    s.u.lead.histD[i] = b < last ? ld_fresh_i32(histD + i) : s.cntD[i % d.R];
+  if (histD != nullptr) {
+    for (int i = tid; i < d.C * d.R; i += B) {
+      const int b = i / d.R;
+      s.u.lead.histD[i] = b < last ? ld_fresh_i32(histD + i) : s.cntD[i % d.R];
+    }
+    __syncthreads();
   }
-  __syncthreads();
   for (int i = tid; i < d.R * (d.C + 1); i += B) {
     const int r = i / (d.C + 1), j = i % (d.C + 1);
     int acc = 0;
@@ -912,45 +990,63 @@ GIN_DEVICE_INLINE void recv_tables(RecvSmem& s, const Dims& d, int c, const uint
   __syncthreads();
 }
 
-// Own tokens of channel c (slots [lo, hi) of this rank's slots to itself) into recvX straight
-// from x, as (slot, segment) items over all warps; needs the block's tables (recv_tables).
-GIN_DEVICE_INLINE void own_items(const RecvSmem& rs, const Dims& d, int c, const uint16_t* x, const int32_t* topkIdx,
-                                 const float* topkWeights, const int* sendList, const int* slotInExpert, int* slotRows,
-                                 uint16_t* recvX, float* recvWeights, bool fast, uint32_t* errorFlags) {
-  const int lane = (int)gin_lane_id(), warp = (int)threadIdx.x / GIN_WARP_SIZE;
-  const int lo = rs.lo[d.rank], n = rs.hi[d.rank] - rs.lo[d.rank];
-  const RowSplit sp = row_split(d.rowBytes, n);
-  const int items = n * sp.nseg;
-  for (int i = warp; i < items; i += MOE_WARPS) {
-    const int j = i / sp.nseg, seg = i - j * sp.nseg;
-    uint64_t b0, b1;
-    seg_range(sp, seg, d.rowBytes, b0, b1);
-    const int slot = lo + j;
-    // sendList / slotInExpert were written by sender c during this kernel: coherent loads.
-    const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
-    int row = -1;
-    float wt = 0.f;
-    if (lane < d.K && t >= 0 && t < d.T) {
-      const int e = topkIdx[(uint64_t)t * d.K + lane];
-      const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
-      if (sl >= 0 && e / d.L == d.rank) {
-        const int le = e - d.rank * d.L;
-        if (sl < rs.cnt[d.rank * d.L + le]) {
-          row = rs.rowBase[d.rank * d.L + le] + sl;
-          wt = topkWeights[(uint64_t)t * d.K + lane];
-        } else if (seg == 0) {
-          gin_error_set(errorFlags, MOE_ERR_COUNTS);
-        }
+// Own tokens of channel c (slots [lo, hi) of this rank's slots to itself) go into recvX straight
+// from x, as (slot, segment) items that sender c and receiver c claim from one counter (the low
+// 32 bits of claimWord = state HIST_READY[c], reset to n << 32 by sender c when it published the
+// positions): whoever is free takes the next item (receiver warps between remote items that have
+// not landed yet, sender warps after their sends), so the own work overlaps the NVLink traffic
+// and spreads over both halves of the grid. Needs the block's tables (recv_tables); the caller
+// has seen claimWord >= n << 32 (positions written). Returns false when no item was left.
+struct OwnWork {
+  int lo, n, items;
+  RowSplit sp;
+};
+GIN_DEVICE_INLINE OwnWork own_work(const RecvSmem& rs, const Dims& d) {
+  OwnWork w;
+  w.lo = rs.lo[d.rank];
+  w.n = rs.hi[d.rank] - rs.lo[d.rank];
+  w.sp = row_split(d.rowBytes, w.n);
+  w.items = w.n * w.sp.nseg;
+  return w;
+}
+GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, const Dims& d, uint64_t* claimWord,
+                                      const uint16_t* x, const int32_t* topkIdx, const float* topkWeights,
+                                      const int* sendList, const int* slotInExpert, int* slotRows, uint16_t* recvX,
+                                      float* recvWeights, bool fast, uint32_t* errorFlags) {
+  const int lane = (int)gin_lane_id();
+  int i = 0;
+  if (lane == 0) i = (int)(uint32_t)atomicAdd((unsigned long long*)claimWord, 1ull);
+  i = shfl_i(i, 0);
+  if (i >= ow.items) return false;
+  const int j = i / ow.sp.nseg, seg = i - j * ow.sp.nseg;
+  uint64_t b0, b1;
+  seg_range(ow.sp, seg, d.rowBytes, b0, b1);
+  const int slot = ow.lo + j;
+  // sendList / slotInExpert were written by sender c during this kernel: coherent loads.
+  const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
+  int row = -1;
+  float wt = 0.f;
+  if (lane < d.K && t >= 0 && t < d.T) {
+    const int e = topkIdx[(uint64_t)t * d.K + lane];
+    const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
+    if (sl >= 0 && e / d.L == d.rank) {
+      const int le = e - d.rank * d.L;
+      if (sl < rs.cnt[d.rank * d.L + le]) {
+        row = rs.rowBase[d.rank * d.L + le] + sl;
+        wt = topkWeights[(uint64_t)t * d.K + lane];
+      } else if (seg == 0) {
+        gin_error_set(errorFlags, MOE_ERR_COUNTS);
       }
     }
-    if (seg == 0) {
-      if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
-      if (row >= 0) recvWeights[row] = wt;
-    }
-    if (t >= 0 && t < d.T)
-      warp_expand_seg<false>((const uint8_t*)x + (uint64_t)t * d.rowBytes, (uint8_t*)recvX, d.rowBytes, row, d.K,
-                             fast, b0, b1);
   }
+  if (seg == 0) {
+    if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
+    if (row >= 0) recvWeights[row] = wt;
+  }
+  if (t >= 0 && t < d.T)
+    warp_expand_seg<false>((const uint8_t*)x + (uint64_t)t * d.rowBytes, (uint8_t*)recvX, d.rowBytes, row, d.K, fast,
+                           b0, b1);
+  return true;
 }
 
 // Common launch checks; every block reaches the same verdict, block 0 reports it.
@@ -1019,21 +1115,25 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 // moe_gin_dispatch. Grid 2*C blocks of MOE_THREADS: blocks [0, C) are senders (channel c = token
 // range c), blocks [C, 2C) receivers (channel c = the slots that the senders of channel c of every
 // source produce). Per call seq n (per-block counters in the workspace state):
-//  sender c:  layout steps 1-2 (histReady[c] = n, wait lower blocks);
+//  sender c:  routing layout (one-level: counts the lower tokens itself; two-level: steps 1-2,
+//             claim[c] = (n << 32) - 1, waits for lower blocks only);
 //             last sender (the leader): totals; for every remote d waits dispConsumed[d][*] >= n-1
 //             in its own window (d's receivers finished reading our previous count table), writes
 //             our count table into d's window (per local expert of d, slots, chanStart[C+1]),
 //             fence, countFlags[rank] = n in d's window (own window for d = rank);
-//             layout step 3, layoutDone[c] = n (local);
+//             layout step 3, claim[c] = n << 32 (positions published, own-item
+//             claim counter reset; local);
 //             for each remote d with slots: wait dispConsumed[d][*] >= n-1 (all of d's receivers
 //             finished reading our previous staging), then warp w sends slots j = w, w+W, ... of
 //             the channel: row + metadata into d's staging, fence, dispProgress[rank][c][w] =
 //             (n << 32) | (slots done by w) in d's window.
 //  receiver c: waits countFlags[s] >= n for all s; builds rowBase[s][e] = expertStart[e] +
-//             sum_{s'<s} count[s'][e]; expands own tokens first (source = x, after layoutDone[c]),
-//             then each remote source's slots of channel c (warp w takes the slots sender warp w
-//             sent, waiting for its progress word); row = rowBase[s][e] + slotInExpert; finally
-//             dispConsumed[rank][c] = n into every remote source's window.
+//             sum_{s'<s} count[s'][e]; expands each remote source's items of channel c as they
+//             land, claiming own-token items (source = x) from claim[c] while the next remote
+//             item is not there yet, then the own items left; row = rowBase[s][e] + slotInExpert;
+//             after layoutDone[c] >= 2n (sender c's table reads are over) it releases
+//             dispConsumed[rank][c] = n into every remote source's window. Sender c, when the
+//             tables were already there after its sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
 // ================================================================================================
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
@@ -1076,16 +1176,23 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     token_range(d, c, t0, t1);
     int* histE = (int*)(workspace + ws.histE);
     int* histD = (int*)(workspace + ws.histD);
-    layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
-    publish_local(state + MOE_STATE_HIST_READY + c, seq);
-    MOE_PROF(0, 1);
-    layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY, seq, errorFlags);
+    uint64_t* claimWord = state + MOE_STATE_HIST_READY + c;
+    const bool direct = layout_is_direct(d);
+    if (direct) {
+      layout_direct(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags);
+      MOE_PROF(0, 1);
+    } else {
+      layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
+      publish_local(claimWord, (seq << 32) - 1);
+      MOE_PROF(0, 1);
+      layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY, (seq << 32) - 1, errorFlags);
+    }
     MOE_PROF(0, 2);
 
     if (c == d.C - 1) {
       // Leader: totals, then the count tables every receiver needs before it can place any row.
-      layout_lead_totals(s, d, histD, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
-                         (int*)(workspace + ws.chanStartTo));
+      layout_lead_totals(s, d, direct ? nullptr : histD, (int*)(workspace + ws.expertCount),
+                         (int*)(workspace + ws.tokensTo), (int*)(workspace + ws.chanStartTo));
       if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
       // WAR: d's receivers (and d's senders that took their own tokens; receiver c waits for
       // sender c before it raises dispConsumed) read our previous table until then.
@@ -1119,7 +1226,14 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     }
 
     layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
+#if GIN_HIP
+    __threadfence();  // every wave's position stores before the one release below
+#endif
     __syncthreads();  // positions (this block's global writes) visible to every warp
+    // Positions published and the own-item claim counter of this call reset (n << 32): the
+    // barrier orders every thread's position stores before the release (cumulative). The last
+    // warp releases it: at small T it has no send item, so the release's fence delays no send.
+    if (tid == B - GIN_WARP_SIZE) gin_st_release_sys(claimWord, seq << 32);
     MOE_PROF(0, 4);
 
     // Send this channel's slots to every remote rank (rotated so channels spread over peers).
@@ -1188,13 +1302,11 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     MOE_PROF_SYNC();
     MOE_PROF(0, 5);
 
-    // Own tokens of this channel: the sender block takes them straight from x when every
-    // source's count table is already here (at large T always: the receiver blocks then only
-    // expand remote rows, which balances the HBM traffic over the two halves of the grid);
-    // otherwise receiver c does them. A sender never waits for the leader (a higher block) or a
-    // peer's leader, so progress still needs only lower blocks. The decision (and, when taken,
-    // the end of the sender's table reads and own rows) is published in layoutDone[c] =
-    // 2n + took; receiver c waits for it before it raises dispConsumed (table WAR).
+    // Own tokens of this channel: when every source's count table is already here (a
+    // non-blocking check: a sender never waits for the leader, a higher block, or a peer's leader)
+    // the sender reads the tables and joins receiver c in claiming own-token items; layoutDone[c]
+    // = 2n + took is released after its last table read (receiver c waits for it before it raises
+    // dispConsumed: table WAR). Otherwise receiver c does every own item.
     __syncthreads();  // every warp is done with sm.lay before sm.rcv (same storage) is written
     RecvSmem& rs = sm.rcv;
     if (tid == 0) rs.ok = 1;
@@ -1203,15 +1315,17 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       if (gin_ld_acquire_sys((const uint64_t*)(ownWin + wl.countFlags) + r) < seq) rs.ok = 0;
     __syncthreads();
     const bool takeOwn = rs.ok != 0;
-    if (takeOwn) {
-      recv_tables(rs, d, c, ownWin, wl, seq, nullptr, errorFlags);  // its waits pass at once
-      MOE_PROF(0, 6);
-      own_items(rs, d, c, x, topkIdx, topkWeights, sendList, slotInExpert, (int*)(workspace + ws.slotRows), recvX,
-                recvWeights, fast, errorFlags);
-    }
-    __syncthreads();
-    MOE_PROF(0, 7);
+    if (takeOwn) recv_tables(rs, d, c, ownWin, wl, seq, nullptr, errorFlags);  // its waits pass at once; ends with a barrier
     if (tid == 0) gin_st_release_sys(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq + (takeOwn ? 1 : 0));
+    if (takeOwn) {
+      MOE_PROF(0, 6);
+      const OwnWork ow = own_work(rs, d);
+      while (own_claim_item(rs, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert,
+                            (int*)(workspace + ws.slotRows), recvX, recvWeights, fast, errorFlags)) {
+      }
+    }
+    MOE_PROF_SYNC();
+    MOE_PROF(0, 7);
   } else {
     // ------------------------------------------------------------------ receiver block
     RecvSmem& s = sm.rcv;
@@ -1247,6 +1361,28 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     int* slotRows = (int*)(workspace + ws.slotRows);
     uint8_t* recvBase = (uint8_t*)recvX;
     const int totalItems = d.R > 1 ? s.itemEnd[d.R - 1] : 0;
+    // Own-token items (shared with sender c through the claim counter): a warp takes one whenever
+    // its next remote item has not landed yet, so the own work overlaps the NVLink traffic.
+    // ownState: 0 = sender c's positions not seen yet, 1 = claiming, 2 = none left.
+    uint64_t* claimWord = state + MOE_STATE_HIST_READY + c;
+    const OwnWork ow = own_work(s, d);
+    int ownState = ow.items > 0 ? 0 : 2;
+    auto tryOwn = [&]() -> bool {
+      if (ownState == 0) {
+        int seen = 0;
+        if (lane == 0) seen = gin_ld_acquire_sys(claimWord) >= (seq << 32) ? 1 : 0;
+        seen = shfl_i(seen, 0);
+        syncwarp();  // lane 0's acquire, then the barrier: every lane may read the positions
+        if (!seen) return false;
+        ownState = 1;
+      }
+      if (ownState == 2) return false;
+      if (own_claim_item(s, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX,
+                         recvWeights, fast, errorFlags))
+        return true;
+      ownState = 2;
+      return false;
+    };
     for (int g = warp; g < totalItems; g += MOE_WARPS) {
       int q = 1;
       while (g >= s.itemEnd[q]) ++q;
@@ -1266,6 +1402,13 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       // Lane 0 waits for this item, lane 1 for the slot's segment 0 (it carried the metadata);
       // the warp barrier then orders every lane's reads after those acquires.
       const int i0 = j * sp.nseg;
+      const uint64_t need0 = seqHi | (uint64_t)(i / MOE_WARPS + 1), need1 = seqHi | (uint64_t)(i0 / MOE_WARPS + 1);
+      while (ownState != 2) {  // not landed yet: an own item meanwhile
+        bool landed = true;
+        if (lane == 0) landed = gin_ld_relaxed_sys(progress + i % MOE_WARPS) >= need0;
+        else if (lane == 1 && seg != 0) landed = gin_ld_relaxed_sys(progress + i0 % MOE_WARPS) >= need1;
+        if (moe_detail::ballot(!landed) == 0 || !tryOwn()) break;
+      }
       if (lane == 0) (void)gin_wait_geq(progress + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
       else if (lane == 1 && seg != 0)
         (void)gin_wait_geq(progress + i0 % MOE_WARPS, seqHi | (uint64_t)(i0 / MOE_WARPS + 1), errorFlags);
@@ -1288,19 +1431,23 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       if (seg == 0 && row >= 0) recvWeights[row] = wt;
       warp_expand_seg<true>(rowsBase + (uint64_t)slot * wl.rowStride, recvBase, d.rowBytes, row, d.K, fast, b0, b1);
     }
-    __syncthreads();
-    MOE_PROF(0, 3);
-    // Own tokens, unless sender c took them (lower block: waiting for it keeps progress).
-    if (tid == 0) {
-      (void)gin_wait_geq(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq, errorFlags);
-      s.ok = gin_ld_acquire_sys(state + MOE_STATE_LAYOUT_DONE + c) == 2 * seq ? 1 : 0;
+    // The own items nobody took yet (sender c is a lower block: waiting for its positions keeps
+    // progress).
+    if (ownState == 0) {
+      if (lane == 0) (void)gin_wait_geq(claimWord, seq << 32, errorFlags);
+      syncwarp();
+      ownState = 1;
+    }
+    while (ownState == 1) {
+      if (!own_claim_item(s, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX,
+                          recvWeights, fast, errorFlags))
+        ownState = 2;
     }
     __syncthreads();
-    if (s.ok)
-      own_items(s, d, c, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX, recvWeights, fast,
-                errorFlags);
+    MOE_PROF(0, 3);
     // WAR release: every read of the sources' staging and count tables is done (ours, and
-    // sender c's: it published layoutDone after its last table read).
+    // sender c's: it releases layoutDone after its last table read; a lower block).
+    if (tid == 0) (void)gin_wait_geq(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq, errorFlags);
     __syncthreads();
     MOE_PROF(0, 4);
     if (tid < d.R && tid != d.rank) {
@@ -1475,6 +1622,7 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
           }
         }
         syncwarp();  // lane r's acquires, then the barrier: every lane may read r's partial
+        if (i == warp) MOE_PROF(1, 1);  // thread 0: warp 0's first partials landed
       };
       warp_reduce_seg((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, extra, d.R,
                       (uint8_t*)y + (uint64_t)t * d.rowBytes, fast, b0, b1, waitPartials);
@@ -1516,12 +1664,19 @@ moe_host_layout(const int32_t* topkIdx, int32_t numTokens, uint8_t* workspace, u
   token_range(d, c, t0, t1);
   int* histE = (int*)(workspace + ws.histE);
   int* histD = (int*)(workspace + ws.histD);
-  layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
-  publish_local(state + MOE_STATE_HIST_READY_HOST + c, seq);
-  layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY_HOST, seq, errorFlags);
+  // A HOST instance has its own workspace: the dispatch's HIST_READY words are free to use here.
+  const bool direct = layout_is_direct(d);
+  if (direct) {
+    layout_direct(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags);
+  } else {
+    layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
+    publish_local(state + MOE_STATE_HIST_READY + c, (seq << 32) - 1);
+    layout_prefix(s, d, c, histE, histD, state + MOE_STATE_HIST_READY, (seq << 32) - 1, errorFlags);
+  }
   if (c == d.C - 1) {
     int* expertCount = (int*)(workspace + ws.expertCount);
-    layout_lead_totals(s, d, histD, expertCount, (int*)(workspace + ws.tokensTo), (int*)(workspace + ws.chanStartTo));
+    layout_lead_totals(s, d, direct ? nullptr : histD, expertCount, (int*)(workspace + ws.tokensTo),
+                       (int*)(workspace + ws.chanStartTo));
     if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
     for (int e = tid; e < d.E; e += B) s.cntE[e] += s.runE[e];  // totals; runE stays for step 3
     __syncthreads();
