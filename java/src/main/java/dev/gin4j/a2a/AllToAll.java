@@ -119,11 +119,19 @@ public final class AllToAll implements AutoCloseable {
 
     private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
         Plan plan = Plan.choose(bytesPerPeer, protocol);
-        if (plan.protocol() == Protocol.LL && bytesPerPeer > gin.llCapacity) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
+        if ((plan.protocol() == Protocol.LL && bytesPerPeer > gin.llCapacity) || gin.hybrid) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
         plan = gin.fit(plan, i);
         GinState.Rank r = gin.ranks.get(i);
         lastBytesPerPeer[i] = bytesPerPeer;
         int n = gin.nranks;
+        if (gin.hybrid) {
+            // peers on other nodes: LSA stores inside the node, GIN puts with signals across (never run here: no RDMA device)
+            r.hybridArgs.setPointer(2, in.address()).setLong(3, bytesPerPeer).setLong(4, gin.offset("recv")).setLong(5, bytesPerPeer)
+                    .setLong(6, gin.offset("staging")).setLong(7, gin.offset("signals")).setInt(8, 0).setPointer(9, r.seq.address())
+                    .setInt(10, r.comm.rank()).setInt(11, n).setInt(12, plan.chunksPerPeer()).setInt(13, Plan.MAX_CHUNKS_PER_PEER).setPointer(14, r.errors.buffer().address());
+            r.hybridKernel.launch(s, LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridArgs);
+            return;
+        }
         long peerBases = gin.peers.table(i).address();
         LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads());
         if (plan.protocol() == Protocol.LL) {

@@ -85,6 +85,7 @@ public final class AllToAllV implements AutoCloseable {
             runHost(inputs, sendCounts, sendOffsets, streams);
             return;
         }
+        if (gin.hybrid) throw new UnsupportedOperationException("all-to-all-v with peers on other nodes (GIN) is not available yet: use Backend.HOST");
         // counts are on the device: size the launch by capacity so every rank launches the same grid
         Plan plan = Plan.choose(capacityPerPeer, protocol);
         if (plan.protocol() == Protocol.LL && capacityPerPeer > gin.llCapacity) plan = Plan.choose(capacityPerPeer, Protocol.DIRECT);

@@ -1,6 +1,8 @@
 package dev.gin4j.a2a;
 
 import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.DeviceComm;
+import dev.gin4j.comm.NcclDeviceAbi;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.comm.PeerTable;
@@ -11,6 +13,7 @@ import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -32,7 +35,9 @@ final class GinState implements AutoCloseable {
     final long slotCapacity;   // bytes per source slot in "recv"
     final long llCapacity;     // LL staging capacity per source
     final SymmetricWindow window;
-    final PeerTable peers;
+    final PeerTable peers;       // LSA only; null for the hybrid kernel, which asks NCCL itself
+    final boolean hybrid;        // some peer is reachable only through GIN
+    final DeviceComm ginComm;    // hybrid only
     final Arena arena = Arena.ofShared();
     final List<Rank> ranks = new ArrayList<>();
 
@@ -45,6 +50,30 @@ final class GinState implements AutoCloseable {
         final DeviceBuffer seq, llSeq;
         final KernelErrors errors;
         final java.util.Map<Long, Integer> residentBlocks = new java.util.concurrent.ConcurrentHashMap<>();
+        CodeObject hybridCode;       // nccl_gin_a2a: compiled only against NCCL >= 2.29.7 headers
+        Kernel hybridKernel;
+        KernelArgs hybridArgs;
+
+        /** Loads the hybrid kernel and resets its GIN signals (NCCL hands signals out of a pool without zeroing them). */
+        void attachHybrid(GinState st, Stream s) {
+            int i = comm.localIndex();
+            NcclDeviceAbi abi = st.ginComm.abi();
+            hybridCode = comm.device().loadKernels("nccl_gin_a2a");
+            hybridKernel = hybridCode.kernel("gin_a2a_hybrid");
+            KernelArgs.Type devComm = KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1));
+            // gin_a2a_hybrid(devComm, window, send, bytesPerPeer, recvOffset, slotBytes, stagingOffset, lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunks, maxChunks, errorFlags)
+            hybridArgs = KernelArgs.of(st.arena, devComm, POINTER, POINTER, I64, I64, I64, I64, I64, I32, POINTER, I32, I32, I32, I32, POINTER);
+            hybridArgs.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address());
+            try (Arena a = Arena.ofConfined()) {
+                // gin_a2a_hybrid_reset(devComm, window, lsaSignalOffset, ginSignalBase, seqState, nranks, maxChunks, errorFlags)
+                KernelArgs reset = KernelArgs.of(a, devComm, POINTER, I64, I32, POINTER, I32, I32, POINTER);
+                reset.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address())
+                        .setLong(2, st.offset("signals")).setInt(3, 0).setPointer(4, seq).setInt(5, st.nranks)
+                        .setInt(6, Plan.MAX_CHUNKS_PER_PEER).setPointer(7, errors.buffer());
+                hybridCode.kernel("gin_a2a_hybrid_reset").launch(s, LaunchConfig.of(1, 256), reset);
+                errors.check("gin_a2a_hybrid_reset", s);
+            }
+        }
 
         Rank(Communicator comm, CodeObject code, Arena arena, Stream setup) {
             this.comm = comm;
@@ -71,14 +100,29 @@ final class GinState implements AutoCloseable {
         }
     }
 
-    static WindowLayout layout(int nranks, long slotCapacity, long llCapacity) {
+    static WindowLayout layout(int nranks, long slotCapacity, long llCapacity, boolean hybrid) {
         long stride = 16 + 16 * ((llCapacity + 7) / 8);
-        return WindowLayout.builder()
+        WindowLayout.Builder b = WindowLayout.builder()
                 .region("signals", 16L * nranks * Plan.MAX_CHUNKS_PER_PEER, 128)
                 .region("ll", 2L * nranks * stride, 128)
                 .region("counts", 8L * nranks, 128)
-                .region("recv", Math.multiplyExact(slotCapacity, (long) nranks), 4096)
-                .build();
+                .region("recv", Math.multiplyExact(slotCapacity, (long) nranks), 4096);
+        // GIN puts read from registered memory: blocks for remote peers are staged in the window first
+        if (hybrid) b.region("staging", Math.multiplyExact(slotCapacity, (long) nranks), 4096);
+        return b.build();
+    }
+
+    /**
+     * Whether some peer is not load/store reachable (another node): then the hybrid kernel
+     * (nccl_gin_a2a.cu) puts to those peers through GIN. Found on a small probe window, since
+     * only a registered window tells where peers are mapped.
+     */
+    private static boolean needsGin(CommGroup group) {
+        if (group.isSingleProcess()) return false;
+        try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
+             Arena a = Arena.ofConfined()) {
+            return !PeerTable.resolve(probe, a).allReachable();
+        }
     }
 
     GinState(CommGroup group, long slotCapacity) {
@@ -86,24 +130,30 @@ final class GinState implements AutoCloseable {
         this.nranks = group.worldSize();
         this.slotCapacity = slotCapacity;
         this.llCapacity = Math.max(64, Math.min(slotCapacity, Plan.LL_MAX_BYTES_PER_PEER));
-        this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity));
+        this.hybrid = needsGin(group);
+        this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, hybrid));
+        DeviceComm dc = null;
         try {
-            this.peers = PeerTable.resolve(window, arena);
-            if (!peers.allReachable()) {
-                throw new dev.gin4j.comm.CommException("the GIN all-to-all needs every peer load/store reachable (one node over NVLink/xGMI); "
-                        + "peers without an LSA path would need GIN puts, which this build does not run. Use Backend.HOST.");
+            this.peers = hybrid ? null : PeerTable.resolve(window, arena);
+            if (hybrid) {
+                // 2 signals per (source, chunk): data and ready (KERNELS.md, nccl_gin_a2a.cu)
+                dc = DeviceComm.create(group, new DeviceComm.Requirements(0, 2 * nranks * Plan.MAX_CHUNKS_PER_PEER, 0, true));
             }
+            this.ginComm = dc;
             for (Communicator c : group.ranks()) {
                 try (Stream s = c.device().createStream()) {
-                    ranks.add(new Rank(c, c.device().loadKernels("a2a"), arena, s));
+                    Rank r = new Rank(c, c.device().loadKernels("a2a"), arena, s);
+                    ranks.add(r);
                     // signals and staging start at zero: sequence numbers begin at 1
                     window.buffer(c.localIndex()).fill((byte) 0, s);
+                    if (hybrid) r.attachHybrid(this, s);
                     s.synchronize();
                 }
             }
-            // no rank may start signalling before every rank has zeroed its window
+            // no rank may start signalling before every rank has zeroed its window (and reset its GIN signals)
             group.allGatherLongs(new long[group.localCount()]);
         } catch (RuntimeException e) {
+            if (dc != null) dc.close();
             close();
             throw e;
         }
@@ -118,7 +168,7 @@ final class GinState implements AutoCloseable {
      */
     Plan fit(Plan plan, int localIndex) {
         Rank r = ranks.get(localIndex);
-        var kernel = plan.protocol() == Protocol.LL ? r.ll : r.direct;
+        var kernel = hybrid ? r.hybridKernel : plan.protocol() == Protocol.LL ? r.ll : r.direct;
         long key = ((long) plan.protocol().ordinal() << 32) | plan.threads();
         int resident = r.residentBlocks.computeIfAbsent(key, k -> kernel.occupancy(plan.threads(), 0) * r.comm.device().multiprocessors());
         int chunks = plan.chunksPerPeer();
@@ -130,7 +180,11 @@ final class GinState implements AutoCloseable {
     }
 
     @Override public void close() {
-        for (Rank r : ranks) r.code.close();
+        for (Rank r : ranks) {
+            r.code.close();
+            if (r.hybridCode != null) r.hybridCode.close();
+        }
+        if (ginComm != null) ginComm.close();
         window.close();
         arena.close();
     }

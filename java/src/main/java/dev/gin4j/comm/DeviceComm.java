@@ -17,8 +17,15 @@ import static dev.gin4j.bindings.nccl.nccl_h.*;
  * Collective. Destroyed with {@link #close()}, before its {@link CommGroup}.
  */
 public final class DeviceComm extends NativeResource {
-    /** What the kernels need: LSA barriers, and GIN signals/counters where the library has GIN. */
-    public record Requirements(int lsaBarrierCount, int ginSignalCount, int ginCounterCount) {}
+    /**
+     * What the kernels need: LSA barriers, and GIN signals/counters where the library has GIN;
+     * {@code ginFullConnection} asks for a GIN connection to every rank (not railed).
+     */
+    public record Requirements(int lsaBarrierCount, int ginSignalCount, int ginCounterCount, boolean ginFullConnection) {
+        public Requirements(int lsaBarrierCount, int ginSignalCount, int ginCounterCount) {
+            this(lsaBarrierCount, ginSignalCount, ginCounterCount, false);
+        }
+    }
 
     private final CommGroup group;
     private final NcclDeviceAbi abi;
@@ -41,6 +48,7 @@ public final class DeviceComm extends NativeResource {
         if (abi.hasRequirement("lsaBarrierCount")) fields.put("lsaBarrierCount", req.lsaBarrierCount());
         if (req.ginSignalCount() > 0) fields.put("ginSignalCount", req.ginSignalCount());
         if (req.ginCounterCount() > 0) fields.put("ginCounterCount", req.ginCounterCount());
+        if (req.ginFullConnection()) fields.put("ginConnectionType", 1); // NCCL_GIN_CONNECTION_FULL
         try {
             MemorySegment reqs = abi.requirements(dc.arena, fields);
             for (int i = 0; i < group.localCount(); i++) dc.structs.add(dc.arena.allocate(Math.max(abi.devCommSize(), 8), Math.max(abi.devCommAlign(), 8)));
