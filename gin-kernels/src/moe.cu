@@ -43,7 +43,6 @@
 // published (two-level layout only), n << 32 = positions published; the dispatch then adds one per
 // claimed own-token item (the low 32 bits are the claim counter of call n, reset by that store).
 #define MOE_STATE_HIST_READY 640      // [MOE_MAX_CHANNELS]
-#define MOE_STATE_LAYOUT_DONE 768     // [MOE_MAX_CHANNELS] dispatch: 2n + (sender c read the count tables)
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
 #define MOE_STATE_WORDS 1024
 
@@ -115,10 +114,10 @@ struct MoeWindowLayout {
   uint64_t rowBytes, rowStride, metaStride, countStride;
   uint64_t dispRows;      // [R-1 sections][M slots][rowStride]   staging rows, by source section
   uint64_t dispMeta;      // [R-1][M][metaStride]: int32 localExpert[K], int32 slotInExpert[K], f32 weight[K]
-  uint64_t counts;        // [R sources][countStride]: int32 count[L], slots, chanStart[C+1]
+  uint64_t counts;        // [2 call parities][R sources][countStride]: LL words (call << 32 | value) of
+                          // count[L], slots, chanStart[C+1]
   uint64_t combRows;      // [R-1][M][rowStride]   combine partials, by expert-rank section
   uint64_t flagsOffset;   // start of the flag area (must be zero before the first call)
-  uint64_t countFlags;    // uint64 [MOE_MAX_RANKS] by source rank
   uint64_t dispProgress;  // uint64 [R-1][MOE_MAX_CHANNELS][MOE_MAX_WARPS]
   uint64_t dispConsumed;  // uint64 [R-1][MOE_MAX_CHANNELS]
   uint64_t combProgress;  // uint64 [R-1][MOE_MAX_CHANNELS][MOE_MAX_WARPS]
@@ -134,19 +133,17 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   w.rowBytes = 2ull * (uint64_t)H;
   w.rowStride = moe_align_up(w.rowBytes, 16);
   w.metaStride = moe_align_up(12ull * (uint64_t)K, 16);
-  w.countStride = moe_align_up(4ull * (L + 2 + MOE_MAX_CHANNELS), 16);
+  w.countStride = moe_align_up(8ull * (L + 2 + MOE_MAX_CHANNELS), 16);
   uint64_t o = 0;
   w.dispRows = o;
   o = moe_align_up(o + slots * w.rowStride, 256);
   w.dispMeta = o;
   o = moe_align_up(o + slots * w.metaStride, 256);
   w.counts = o;
-  o = moe_align_up(o + (uint64_t)R * w.countStride, 256);
+  o = moe_align_up(o + 2ull * (uint64_t)R * w.countStride, 256);
   w.combRows = o;
   o = moe_align_up(o + slots * w.rowStride, 256);
   w.flagsOffset = o;
-  w.countFlags = o;
-  o += 8ull * MOE_MAX_RANKS;
   w.dispProgress = o;
   o += 8ull * P * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
   w.dispConsumed = o;
@@ -374,19 +371,29 @@ GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) {
 // Validated expert ids of token t: ids < -1 or >= E, and repeats of an earlier slot, become -1.
 GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, int* ev, bool report,
                                      uint32_t* errorFlags) {
+  // Fully unrolled with constant indices (loops break at K), so ev[] stays in registers: with a
+  // dynamic index it lived in local memory and the dependent compare chain cost ~1-3 us per token
+  // (round 3's routing: 21-33 us at 4096 tokens). Callers index ev[] the same way.
   const int* row = topkIdx + (uint64_t)t * (uint64_t)d.K;
+#pragma unroll
+  for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+    if (k >= d.K) break;
+    ev[k] = row[k];  // all loads issued before the first compare
+  }
   bool bad = false;
-  for (int k = 0; k < d.K; ++k) {
-    int e = row[k];
+#pragma unroll
+  for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+    if (k >= d.K) break;
+    int e = ev[k];
     if (e < -1 || e >= d.E) {
       bad = true;
       e = -1;
     } else if (e >= 0) {
+#pragma unroll
       for (int j = 0; j < k; ++j) {
         if (ev[j] == e) {
           bad = true;
           e = -1;
-          break;
         }
       }
     }
@@ -700,7 +707,9 @@ GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const
   for (int t = t0 + tid; t < t1; t += B) {
     token_experts(topkIdx, t, d, ev, true, errorFlags);
     uint32_t destMask = 0;
-    for (int k = 0; k < d.K; ++k) {
+#pragma unroll
+    for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+      if (k >= d.K) break;
       if (ev[k] < 0) continue;
       atomicAdd(&s.cntE[ev[k]], 1);
       destMask |= 1u << (ev[k] / d.L);
@@ -716,14 +725,15 @@ GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const
   for (int r = tid; r < d.R; r += B) histDRow[r] = s.cntD[r];
 }
 
-// One-level layout (T*K <= kDirectLayoutIds, i.e. every call up to 8192 tokens at top-8): block c
+// One-level layout (T*K <= kDirectLayoutIds = 16384, i.e. up to 2048 tokens at top-8; round 3 used
+// 65536, and at 4096 tokens the last block's walk over all 32K ids took ~33 us): block c
 // counts the ids of tokens [0, t0) itself (runE / runD / prefD: its starting offsets) and its own
 // tokens [t0, t1) (cntE / cntD), straight from topkIdx: no histogram publication and no wait for
 // other blocks (at 128 tokens the two-level steps 1-2 cost ~11-13 us of flag and fence latency;
 // this reads at most T*K ids, 4 KB there). The leader (lead = last block, t1 = T) also counts
 // tokens per (channel, destination) into u.lead.histD for chanStart. Same numbers as steps 1-2.
 #ifndef MOE_DIRECT_LAYOUT_IDS
-#define MOE_DIRECT_LAYOUT_IDS 65536  // overridable only to test both layouts at small sizes
+#define MOE_DIRECT_LAYOUT_IDS 16384  // overridable only to test both layouts at small sizes
 #endif
 constexpr int64_t kDirectLayoutIds = MOE_DIRECT_LAYOUT_IDS;
 GIN_DEVICE_INLINE bool layout_is_direct(const Dims& d) { return (int64_t)d.T * (int64_t)d.K <= kDirectLayoutIds; }
@@ -749,7 +759,9 @@ GIN_DEVICE_INLINE void layout_direct(LayoutSmem& s, const int* topkIdx, const Di
     int* ce = own ? s.cntE : s.runE;
     int* cd = own ? s.cntD : s.runD;
     uint32_t destMask = 0;
-    for (int k = 0; k < d.K; ++k) {
+#pragma unroll
+    for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+      if (k >= d.K) break;
       if (ev[k] < 0) continue;
       atomicAdd(&ce[ev[k]], 1);
       destMask |= 1u << (ev[k] / d.L);
@@ -787,35 +799,36 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
   for (int b = tid; b < c; b += B) ok &= gin_wait_geq(histReady + b, seq, errorFlags);
   if (!ok) s.ok = 0;
   __syncthreads();  // acquire by thread b, then the barrier: every thread may read block b's rows
-  // Latency-bound at small T (every block reads up to C*E ints): 16-byte loads of the flattened
-  // [c][E] rows (256-byte aligned base), 8 in flight per thread, zeros skipped.
-  const uint64_t nE = (uint64_t)c * (uint64_t)d.E;
-  const uint64_t nV = nE >> 2;
-  for (uint64_t i0 = (uint64_t)tid; i0 < nV; i0 += 8ull * (uint64_t)B) {
-    int4 v[8];
+  // Column sums: thread (g, u) adds unit u (4 experts when E % 4 == 0: one 16-byte load, rows
+  // are 16-byte aligned then) of rows g, g+G, ... < c with 8 loads in flight, then one shared add
+  // per expert and group (G-way at most). Round 2/3 added every loaded int with a shared atomic
+  // (up to C*E of them into the same E words).
+  const int per = (d.E & 3) == 0 ? 4 : 1;
+  const int units = d.E / per;
+  const int G = units >= B ? 1 : B / units;
+  for (int idx = tid; idx < units * G; idx += B) {
+    const int u = idx % units, g = idx / units;
+    int acc0 = 0, acc1 = 0, acc2 = 0, acc3 = 0;
+    for (int b0 = g; b0 < c; b0 += 8 * G) {
+      int4 v[8];
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
-      v[u] = i < nV ? ld_fresh_i32x4(histE + 4 * i) : make_int4(0, 0, 0, 0);
-    }
+      for (int q = 0; q < 8; ++q) {
+        const int b = b0 + q * G;
+        const int* src = histE + (uint64_t)b * (uint64_t)d.E + (uint64_t)u * (uint64_t)per;
+        v[q] = b >= c ? make_int4(0, 0, 0, 0) : (per == 4 ? ld_fresh_i32x4(src) : make_int4(ld_fresh_i32(src), 0, 0, 0));
+      }
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const uint64_t i = i0 + (uint64_t)u * (uint64_t)B;
-      if (i >= nV) continue;
-      const int e0 = (int)((4 * i) % (uint64_t)d.E);
-      const int vals[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        if (vals[q] == 0) continue;
-        int e = e0 + q;
-        if (e >= d.E) e -= d.E;
-        atomicAdd(&s.runE[e], vals[q]);
+      for (int q = 0; q < 8; ++q) {
+        acc0 += v[q].x;
+        acc1 += v[q].y;
+        acc2 += v[q].z;
+        acc3 += v[q].w;
       }
     }
-  }
-  for (uint64_t i = 4 * nV + (uint64_t)tid; i < nE; i += (uint64_t)B) {
-    const int v = ld_fresh_i32(histE + i);
-    if (v != 0) atomicAdd(&s.runE[(int)(i % (uint64_t)d.E)], v);
+    const int accs[4] = {acc0, acc1, acc2, acc3};
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (q < per && accs[q] != 0) atomicAdd(&s.runE[u * per + q], accs[q]);
   }
   const int nD = c * d.R;
   for (int i = tid; i < nD; i += B) {
@@ -873,7 +886,9 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
       const uint32_t bit = 1u << (i & 31);
       token_experts(topkIdx, tb + i, d, ev, false, nullptr);
       uint32_t destMask = 0;
-      for (int k = 0; k < d.K; ++k) {
+#pragma unroll
+      for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+        if (k >= d.K) break;
         if (ev[k] < 0) continue;
         atomicOr(&s.u.tile.bits[ev[k] * NC + ch], bit);
         destMask |= 1u << (ev[k] / d.L);
@@ -908,7 +923,9 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
       const int t = tb + i, ch = i >> 5;
       const uint32_t bit = 1u << (i & 31), below = bit - 1u;
       token_experts(topkIdx, t, d, ev, false, nullptr);
-      for (int k = 0; k < d.K; ++k) {
+#pragma unroll
+      for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+        if (k >= d.K) break;
         const int e = ev[k];
         slotInExpert[(uint64_t)t * d.K + k] =
             e < 0 ? -1 : s.u.tile.pre[e * NC + ch] + __popc(s.u.tile.bits[e * NC + ch] & below);
@@ -927,34 +944,104 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
   }
 }
 
-// Count tables of every source (in this rank's window, after countFlags[s] >= seq): cnt, slots,
-// channel c's slot range per source, validation (a source whose numbers cannot be right
-// contributes nothing, never out of bounds) and rowBase[s][e] = expertStart[e] + sum_{s'<s}
-// cnt[s'][e]. recvCountsOut (optional) receives the per-expert totals. Whole block; ends with a
-// barrier.
-GIN_DEVICE_INLINE void recv_tables(RecvSmem& s, const Dims& d, int c, const uint8_t* ownWin, const MoeWindowLayout& wl,
-                                   uint64_t seq, int* recvCountsOut, uint32_t* errorFlags) {
+// Count table of source src for call seq in the window at win: two buffers by call parity, so a
+// leader never waits before writing its table (the buffer it writes was last read in call n-2,
+// and every reader of call n-2 on the owner finished before the owner's call n-1 could end: see
+// KERNELS.md). LL words: (seq << 32) | uint32 value, one single-copy-atomic 8-byte store each, so
+// a word whose high half is seq's low 32 bits carries this call's value (no fence, no flag).
+GIN_DEVICE_INLINE uint64_t* count_table(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, uint64_t seq) {
+  return (uint64_t*)(win + wl.counts + ((seq & 1ull) * (uint64_t)R + (uint64_t)src) * wl.countStride);
+}
+GIN_DEVICE_INLINE bool ll_tag_ok(uint64_t w, uint64_t seq) { return (uint32_t)(w >> 32) == (uint32_t)seq; }
+// One table word of call seq into out: block = poll until it is there (timeout: out = 0, false),
+// otherwise one probe (false when it is not there yet).
+GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block, uint32_t* errorFlags, int& out) {
+  uint64_t w = gin_ld_relaxed_sys(p);
+  if (!ll_tag_ok(w, seq)) {
+    out = 0;
+    if (!block) return false;
+    uint64_t start = 0;
+    for (uint32_t spins = 0;; ++spins) {
+      w = gin_ld_relaxed_sys(p);
+      if (ll_tag_ok(w, seq)) break;
+      if (gin_wait_timed_out(spins, start, errorFlags)) return false;
+    }
+  }
+  out = (int)(uint32_t)w;
+  return true;
+}
+
+GIN_DEVICE_INLINE unsigned long long shfl_u64(unsigned long long v, int src) {
+  const uint32_t lo = (uint32_t)shfl_i((int)(uint32_t)v, src);
+  const uint32_t hi = (uint32_t)shfl_i((int)(uint32_t)(v >> 32), src);
+  return ((unsigned long long)hi << 32) | lo;
+}
+
+// Count tables of every source of call seq (LL words in this rank's window): cnt, slots, channel
+// c's slot range per source, validation (a source whose numbers cannot be right contributes
+// nothing, never out of bounds) and rowBase[s][e] = expertStart[e] + sum_{s'<s} cnt[s'][e].
+// recvCountsOut (optional) receives the per-expert totals. block = false: a probe that returns
+// false (nothing else done) when any word of this call is missing. Whole block; ends with a
+// barrier. The loads of all R*L = E count words are in flight together (<= 4 per thread), the
+// checks are warp reductions (round 3 added every count into a 64-bit shared word with atomics:
+// a compare-and-swap loop, 128 lanes on one word at L = 128, ~5 us).
+GIN_DEVICE_INLINE bool recv_tables(RecvSmem& s, const Dims& d, int c, const uint8_t* ownWin, const MoeWindowLayout& wl,
+                                   uint64_t seq, bool block, int* recvCountsOut, uint32_t* errorFlags) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
-  for (int r = tid; r < d.R; r += B) (void)gin_wait_geq((const uint64_t*)(ownWin + wl.countFlags) + r, seq, errorFlags);
-  __syncthreads();  // acquire by thread r, then the barrier: every thread may read table r
-  for (int i = tid; i < d.R * d.L; i += B) {
-    const int src = i / d.L, e = i % d.L;
-    const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
-    s.cnt[i] = ld_fresh_i32(table + e);
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE, nw = B / GIN_WARP_SIZE;
+  if (tid == 0) s.ok = 1;
+  __syncthreads();
+  const int n = d.R * d.L;
+  bool missing = false;
+  for (int i0 = tid; i0 < n; i0 += 4 * B) {
+    uint64_t w[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * B;
+      w[u] = i < n ? gin_ld_relaxed_sys(count_table(ownWin, wl, i / d.L, d.R, seq) + i % d.L) : 0ull;
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int i = i0 + u * B;
+      if (i >= n) continue;
+      int v = (int)(uint32_t)w[u];
+      if (!ll_tag_ok(w[u], seq) && !ll_table_get(count_table(ownWin, wl, i / d.L, d.R, seq) + i % d.L, seq, block, errorFlags, v))
+        missing = true;
+      s.cnt[i] = v;
+    }
   }
   for (int src = tid; src < d.R; src += B) {
-    const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
-    s.slots[src] = ld_fresh_i32(table + d.L);
-    s.lo[src] = ld_fresh_i32(table + d.L + 1 + c);
-    s.hi[src] = ld_fresh_i32(table + d.L + 2 + c);
-    s.bad[src] = 0;
-    s.sum[src] = 0ull;
+    const uint64_t* table = count_table(ownWin, wl, src, d.R, seq);
+    int sl = 0, lo = 0, hi = 0;
+    bool got = ll_table_get(table + d.L, seq, block, errorFlags, sl);
+    got &= ll_table_get(table + d.L + 1 + c, seq, block, errorFlags, lo);
+    got &= ll_table_get(table + d.L + 2 + c, seq, block, errorFlags, hi);
+    if (!got) missing = true;
+    s.slots[src] = sl;
+    s.lo[src] = lo;
+    s.hi[src] = hi;
   }
+  if (missing) s.ok = 0;  // every writer stores the same value
   __syncthreads();
-  for (int i = tid; i < d.R * d.L; i += B) {  // parallel check (a serial loop over L costs ~L smem round trips)
-    const int v = s.cnt[i], src = i / d.L;
-    if (v < 0 || v > d.M) atomicOr(&s.bad[src], 1);
-    else if (v != 0) atomicAdd(&s.sum[src], (unsigned long long)v);
+  if (!block && s.ok == 0) {
+    __syncthreads();  // every thread read s.ok before the next writer of it
+    return false;
+  }
+  for (int src = warp; src < d.R; src += nw) {  // one warp per source (warp-uniform loop)
+    unsigned long long sum = 0ull;
+    bool bad = false;
+    for (int e = lane; e < d.L; e += GIN_WARP_SIZE) {
+      const int v = s.cnt[src * d.L + e];
+      if (v < 0 || v > d.M) bad = true;
+      else sum += (unsigned long long)v;
+    }
+#pragma unroll
+    for (int off = GIN_WARP_SIZE / 2; off > 0; off >>= 1) sum += shfl_u64(sum, lane ^ off);
+    const bool anyBad = moe_detail::ballot(bad) != 0ull;
+    if (lane == 0) {
+      s.sum[src] = sum;
+      s.bad[src] = anyBad ? 1 : 0;
+    }
   }
   __syncthreads();
   const unsigned long long maxRowsPerSource = (unsigned long long)d.M * (unsigned long long)moe_min_i(d.K, d.L);
@@ -988,6 +1075,7 @@ GIN_DEVICE_INLINE void recv_tables(RecvSmem& s, const Dims& d, int c, const uint
     }
   }
   __syncthreads();
+  return true;
 }
 
 // Own tokens of channel c (slots [lo, hi) of this rank's slots to itself) go into recvX straight
@@ -1117,23 +1205,21 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 // source produce). Per call seq n (per-block counters in the workspace state):
 //  sender c:  routing layout (one-level: counts the lower tokens itself; two-level: steps 1-2,
 //             claim[c] = (n << 32) - 1, waits for lower blocks only);
-//             last sender (the leader): totals; for every remote d waits dispConsumed[d][*] >= n-1
-//             in its own window (d's receivers finished reading our previous count table), writes
-//             our count table into d's window (per local expert of d, slots, chanStart[C+1]),
-//             fence, countFlags[rank] = n in d's window (own window for d = rank);
+//             last sender (the leader): totals; writes our count table (per local expert of d,
+//             slots, chanStart[C+1]) as LL words tagged n into buffer n % 2 of every rank d's
+//             window (own included): no wait, no fence, no flag;
 //             layout step 3, claim[c] = n << 32 (positions published, own-item
 //             claim counter reset; local);
 //             for each remote d with slots: wait dispConsumed[d][*] >= n-1 (all of d's receivers
 //             finished reading our previous staging), then warp w sends slots j = w, w+W, ... of
 //             the channel: row + metadata into d's staging, fence, dispProgress[rank][c][w] =
 //             (n << 32) | (slots done by w) in d's window.
-//  receiver c: waits countFlags[s] >= n for all s; builds rowBase[s][e] = expertStart[e] +
+//  receiver c: polls the LL table words of every source until tagged n; rowBase[s][e] = expertStart[e] +
 //             sum_{s'<s} count[s'][e]; expands each remote source's items of channel c as they
 //             land, claiming own-token items (source = x) from claim[c] while the next remote
 //             item is not there yet, then the own items left; row = rowBase[s][e] + slotInExpert;
-//             after layoutDone[c] >= 2n (sender c's table reads are over) it releases
-//             dispConsumed[rank][c] = n into every remote source's window. Sender c, when the
-//             tables were already there after its sends, claims own items too.
+//             then it releases dispConsumed[rank][c] = n into every remote source's window (staging
+//             WAR). Sender c, when the tables were already there after its sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
 // ================================================================================================
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
@@ -1194,32 +1280,20 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       layout_lead_totals(s, d, direct ? nullptr : histD, (int*)(workspace + ws.expertCount),
                          (int*)(workspace + ws.tokensTo), (int*)(workspace + ws.chanStartTo));
       if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
-      // WAR: d's receivers (and d's senders that took their own tokens; receiver c waits for
-      // sender c before it raises dispConsumed) read our previous table until then.
-      for (int i = tid; i < d.R * d.C; i += B) {
-        const int r = i / d.C, cc = i % d.C;
-        if (r == d.rank) continue;
-        const uint64_t* f = (const uint64_t*)(ownWin + wl.dispConsumed) +
-                            (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + cc;
-        (void)gin_wait_geq(f, seq - 1, errorFlags);
-      }
-      __syncthreads();
+      // Our table into every rank's window (own included) as LL words in the buffer of this
+      // call's parity: no write-after-read wait (round 3 waited for d's dispConsumed of call
+      // n-1 here), no fence and no flag release (round 3's fence.acq_rel.sys waited behind the
+      // other senders' row stores on NVLink: tables released at 56-64 us at 4096 tokens).
+      // Remote ranks first (their receivers are the ones that wait longest).
       const int entries = d.L + 2 + d.C;
-      for (int r = 0; r < d.R; ++r) {
-        int* table = (int*)((uint8_t*)peerBases[r] + wl.counts + (uint64_t)d.rank * wl.countStride);
-        for (int i = tid; i < entries; i += B) {
-          int v;
-          if (i < d.L) v = s.runE[r * d.L + i] + s.cntE[r * d.L + i];
-          else if (i == d.L) v = s.u.lead.chanStart[r * (d.C + 1) + d.C];
-          else v = s.u.lead.chanStart[r * (d.C + 1) + (i - d.L - 1)];
-          table[i] = v;
-        }
-      }
-      gin_fence_acq_rel_sys();
-      __syncthreads();  // every thread's table stores, fenced, precede thread 0's releases
-      if (tid == 0) {
-        for (int r = 0; r < d.R; ++r)
-          gin_st_release_sys((uint64_t*)((uint8_t*)peerBases[r] + wl.countFlags) + d.rank, seq);
+      for (int i = tid; i < d.R * entries; i += B) {
+        const int r = (d.rank + 1 + i / entries) % d.R, k = i % entries;
+        int v;
+        if (k < d.L) v = s.runE[r * d.L + k] + s.cntE[r * d.L + k];
+        else if (k == d.L) v = s.u.lead.chanStart[r * (d.C + 1) + d.C];
+        else v = s.u.lead.chanStart[r * (d.C + 1) + (k - d.L - 1)];
+        gin_st_relaxed_sys(count_table((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq) + k,
+                           (seq << 32) | (uint64_t)(uint32_t)v);
       }
       __syncthreads();  // u.lead is reused by the tiles below
       MOE_PROF(0, 3);
@@ -1303,20 +1377,12 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     MOE_PROF(0, 5);
 
     // Own tokens of this channel: when every source's count table is already here (a
-    // non-blocking check: a sender never waits for the leader, a higher block, or a peer's leader)
-    // the sender reads the tables and joins receiver c in claiming own-token items; layoutDone[c]
-    // = 2n + took is released after its last table read (receiver c waits for it before it raises
-    // dispConsumed: table WAR). Otherwise receiver c does every own item.
+    // non-blocking probe: a sender never waits for the leader, a higher block, or a peer's leader)
+    // the sender joins receiver c in claiming own-token items; otherwise receiver c does every
+    // own item. The tables are double-buffered, so these reads need no consumed flag.
     __syncthreads();  // every warp is done with sm.lay before sm.rcv (same storage) is written
     RecvSmem& rs = sm.rcv;
-    if (tid == 0) rs.ok = 1;
-    __syncthreads();
-    for (int r = tid; r < d.R; r += B)
-      if (gin_ld_acquire_sys((const uint64_t*)(ownWin + wl.countFlags) + r) < seq) rs.ok = 0;
-    __syncthreads();
-    const bool takeOwn = rs.ok != 0;
-    if (takeOwn) recv_tables(rs, d, c, ownWin, wl, seq, nullptr, errorFlags);  // its waits pass at once; ends with a barrier
-    if (tid == 0) gin_st_release_sys(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq + (takeOwn ? 1 : 0));
+    const bool takeOwn = recv_tables(rs, d, c, ownWin, wl, seq, false, nullptr, errorFlags);
     if (takeOwn) {
       MOE_PROF(0, 6);
       const OwnWork ow = own_work(rs, d);
@@ -1331,7 +1397,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     RecvSmem& s = sm.rcv;
     const int c = (int)blockIdx.x - d.C;
     MOE_PROF(0, 0);
-    recv_tables(s, d, c, ownWin, wl, seq, c == 0 ? recvCounts : nullptr, errorFlags);
+    (void)recv_tables(s, d, c, ownWin, wl, seq, true, c == 0 ? recvCounts : nullptr, errorFlags);
     MOE_PROF(0, 1);
     if (c == 0) {
       int* slotsFrom = (int*)(workspace + ws.slotsFrom);
@@ -1339,8 +1405,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       for (int src = tid; src < d.R; src += B) slotsFrom[src] = s.slots[src];
       for (int i = tid; i < d.R * (d.C + 1); i += B) {
         const int src = i / (d.C + 1), j = i % (d.C + 1);
-        const int* table = (const int*)(ownWin + wl.counts + (uint64_t)src * wl.countStride);
-        int v = ld_fresh_i32(table + d.L + 1 + j);
+        int v = 0;
+        (void)ll_table_get(count_table(ownWin, wl, src, d.R, seq) + d.L + 1 + j, seq, true, errorFlags, v);
         if (v < 0 || v > s.slots[src]) v = s.slots[src] < 0 ? 0 : s.slots[src];
         chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + j] = v;
       }
@@ -1445,11 +1511,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     }
     __syncthreads();
     MOE_PROF(0, 3);
-    // WAR release: every read of the sources' staging and count tables is done (ours, and
-    // sender c's: it releases layoutDone after its last table read; a lower block).
-    if (tid == 0) (void)gin_wait_geq(state + MOE_STATE_LAYOUT_DONE + c, 2 * seq, errorFlags);
-    __syncthreads();
-    MOE_PROF(0, 4);
+    // WAR release: every read of the sources' staging is done (the count tables need none:
+    // double-buffered). Round 3 also waited here for sender c's table reads.
     if (tid < d.R && tid != d.rank) {
       uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
                     (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;

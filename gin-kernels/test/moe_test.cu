@@ -937,11 +937,11 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
        {{1, "routing counted (own [+ lower] tokens)"}, {2, "start offsets known"},
-        {3, "LEADER count tables released"}, {4, "positions written"}, {5, "remote slots sent"},
+        {3, "LEADER count tables stored (LL words)"}, {4, "positions written"}, {5, "remote slots sent"},
         {6, "tables read (joins own items)"}, {7, "own items done / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{1, "count tables read"}, {2, "warp 0: first remote item landed"},
-        {3, "remote + claimed own items done"}, {4, "end (sender's table reads done)"}}},
+        {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C, {{1, "warp 0: first partials landed"}, {2, "y done"}}},
   };
@@ -1176,9 +1176,9 @@ int main(int argc, char** argv) {
         {"one expert per rank (L=1)", R, 2, 200, 96, 5, {96, 90}, UNIFORM, 0.1},
         {"invalid ids masked", 8 * R, 4, 256, 128, 6, {128, 111}, INVALID_IDS, 0.0},
         {"Mixtral-like", 8, 2, 4096, 256, Cd, {256, 255}, UNIFORM, 0.0},
-        // T*K > 65536 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
+        // T*K > 16384 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
         // one-level one (each block counts the lower tokens itself). Same positions either way.
-        {"two-level layout T*K > 65536", 16 * R, 8, 64, 9000, Cd, {9000, 4000}, UNIFORM, 0.05},
+        {"two-level layout T*K > 16384", 16 * R, 8, 64, 9000, Cd, {9000, 2000}, UNIFORM, 0.05},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
