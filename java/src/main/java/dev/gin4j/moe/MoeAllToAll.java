@@ -50,7 +50,6 @@ public final class MoeAllToAll implements AutoCloseable {
     private final SymmetricWindow window;       // GIN only
     private final PeerTable peers;              // GIN only
     private final List<RankState> ranks = new ArrayList<>();
-    private long sequence;
 
     /** Per local rank: kernels, argument lists, buffers. */
     private final class RankState {
@@ -65,7 +64,7 @@ public final class MoeAllToAll implements AutoCloseable {
         DeviceBuffer sendRows, sendWeights, recvBuf, recvBufWeights, countMatrix, backBuf, returned;
         int lastTokens = -1;
         long lastTopkIdx, lastTopkWeights;  // HOST: the combine re-reads the routing of the last dispatch
-        long lastSequence = -1;
+        long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
 
         RankState(Communicator comm, Stream setup) {
@@ -190,7 +189,7 @@ public final class MoeAllToAll implements AutoCloseable {
         }
         RankState r = ranks.get(localIndex);
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
-        long seq = ++sequence;
+        long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
         a.setPointer(0, x.address()).setPointer(1, topkIdx.address()).setPointer(2, topkWeights.address()).setInt(3, tokens)
                 .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
@@ -213,10 +212,10 @@ public final class MoeAllToAll implements AutoCloseable {
             return out;
         }
         for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
-        long seq = ++sequence;
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
+            long seq = r.lastSequence + 1;
             r.lastTokens = tokens[i];
             r.lastSequence = seq;
             out.add(new MoeDispatch(i, tokens[i], seq, r.recvX, r.recvCounts, r.recvWeights));

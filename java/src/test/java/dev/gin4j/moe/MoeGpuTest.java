@@ -233,6 +233,25 @@ class MoeGpuTest {
         both(384, 8, 1, 32, new int[] {32, 31}, Routing.UNIFORM);
     }
 
+    @Test void combineNeedsTheLatestHandle() {
+        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(64, 8, 2, 8, Backend.GIN))) {
+            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
+            for (int i = 0; i < n; i++) {
+                Input in = input(i, 8, 64, 8, 2, Routing.UNIFORM);
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.x())));
+                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
+                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
+                outs.add(devs.get(i).allocate(gin.capacityRows() * 128, a));
+            }
+            List<MoeDispatch> first = gin.dispatch(xs, ids, ws, new int[] {8, 8}, streams);
+            List<MoeDispatch> second = gin.dispatch(xs, ids, ws, new int[] {8, 8}, streams);
+            IllegalStateException stale = assertThrows(IllegalStateException.class, () -> gin.combine(first, outs, streams));
+            assertTrue(stale.getMessage().contains("last dispatch"), stale.getMessage());
+            gin.combine(second, outs, streams);
+            gin.checkErrors(streams);
+        }
+    }
+
     @Test void badInputsAreReported() {
         try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(128, 8, 2, 16, Backend.GIN))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
