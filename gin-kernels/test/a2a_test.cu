@@ -6,9 +6,9 @@
 // No NCCL, no MPI. The kernels are compiled into this program (a2a.cu is included).
 //
 // Build: nvcc -arch=sm_90 -O3 -std=c++17 -o /tmp/a2a_test gin-kernels/test/a2a_test.cu
-// Run:   /tmp/a2a_test            correctness, then the timing table
+// Run:   /tmp/a2a_test            correctness, the timing table, then the large-size candidates
 //        /tmp/a2a_test --quick    skips the 256 MiB checks and timing sizes above 64 MiB
-//        /tmp/a2a_test --no-timing | --timing-only
+//        /tmp/a2a_test --no-timing | --timing-only | --variants-only | --no-variants
 // Exit status: 0 when every check passed, 1 on any mismatch, 2 on a CUDA error or bad setup.
 //
 // Sizes in the correctness part are bytes per peer (so odd sizes are possible); sizes in the
@@ -43,23 +43,61 @@ constexpr uint64_t kGuard = 256;                 // poisoned bytes checked after
 constexpr uint64_t kSendSlack = 64;              // room for misaligned send pointers
 constexpr uint64_t kGranule = 4096;
 
-// A2A_U4 / A2A_U16: timing-only variants of gin_a2a with 4 / 16 loads in flight per thread
-// (the library kernel uses GIN_COPY_UNROLL = 8); measured to decide the unroll, not used by Java.
-enum Kind { A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5 };
+// Test-only variants of gin_a2a (same arguments, same protocol; KERNELS.md "Large-size NVLink
+// bandwidth candidates"), timed next to it and not used by Java:
+//   A2A_U4 / A2A_U16  4 / 16 loads in flight per thread (the library uses GIN_COPY_UNROLL = 8)
+//   A2A_HINT          remote copy with L1::no_allocate + L2 evict_first hints on loads and stores
+//   A2A_SELF4         self slot copied by chunks/4 blocks of its group (the rest exit at once)
+//   A2A_NOSELF        diagnostic: no self copy at all (pure NVLink time; self slot NOT written)
+//   A2A_TMA4 / TMA8   remote copy by TMA bulk copies through shared memory, 4 x 32 KiB / 8 x 8 KiB
+enum Kind {
+  A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5,
+  A2A_HINT = 6, A2A_SELF4 = 7, A2A_NOSELF = 8, A2A_TMA4 = 9, A2A_TMA8 = 10
+};
 static const char* kind_name(int k) {
-  static const char* names[] = {"gin_a2a", "gin_a2av", "gin_a2a_ll", "gin_a2av_ll", "test_a2a_u4", "test_a2a_u16"};
+  static const char* names[] = {"gin_a2a",       "gin_a2av",       "gin_a2a_ll",      "gin_a2av_ll",
+                                "test_a2a_u4",   "test_a2a_u16",   "test_a2a_hint",   "test_a2a_self4",
+                                "test_a2a_noself", "test_a2a_tma4", "test_a2a_tma8"};
   return names[k];
 }
-static bool is_variant(int k) { return k == A2A_U4 || k == A2A_U16; }
+static bool is_variant(int k) { return k >= A2A_U4; }
+static bool is_tma(int k) { return k == A2A_TMA4 || k == A2A_TMA8; }
 
-template <int kUnroll>
+using TmaCopy4x32K = gin_a2a_detail::TmaCopy<4, 32768>;
+using TmaCopy8x8K = gin_a2a_detail::TmaCopy<8, 8192>;
+
+template <int kUnroll, class RemoteCopy, int kSelfDiv>
 __global__ void __launch_bounds__(512)
-test_a2a_unroll(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-                uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
-                int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
-  gin_a2a_detail::a2a_direct<false, kUnroll>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes,
-                                             0, signalOffset, seqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
-                                             errorFlags);
+test_a2a_variant(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
+                 uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
+                 int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_direct<false, kUnroll, RemoteCopy, kSelfDiv>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases,
+                                                                   recvOffset, slotBytes, 0, signalOffset, seqState,
+                                                                   rank, nranks, chunksPerPeer, maxChunksPerPeer,
+                                                                   errorFlags);
+}
+using KernelFn = void (*)(const uint8_t*, uint64_t, const uint64_t*, uint64_t, uint64_t, uint64_t, uint64_t*, int32_t,
+                          int32_t, int32_t, int32_t, uint32_t*);
+// The uniform direct kernel of a kind (gin_a2a or a variant); nullptr for the others.
+static KernelFn direct_kernel_of(int k) {
+  using gin_a2a_detail::HintedCopy;
+  using gin_a2a_detail::VectorCopy;
+  switch (k) {
+    case A2A: return gin_a2a;
+    case A2A_U4: return test_a2a_variant<4, VectorCopy<4>, 1>;
+    case A2A_U16: return test_a2a_variant<16, VectorCopy<16>, 1>;
+    case A2A_HINT: return test_a2a_variant<8, HintedCopy<8>, 1>;
+    case A2A_SELF4: return test_a2a_variant<8, VectorCopy<8>, 4>;
+    case A2A_NOSELF: return test_a2a_variant<8, VectorCopy<8>, 0>;
+    case A2A_TMA4: return test_a2a_variant<8, TmaCopy4x32K, 1>;
+    case A2A_TMA8: return test_a2a_variant<8, TmaCopy8x8K, 1>;
+    default: return nullptr;
+  }
+}
+// Dynamic shared memory a kind is launched with (the TMA rings; the kernels fall back to the
+// vector copy if it were missing).
+static uint32_t dyn_smem_of(int k) {
+  return k == A2A_TMA4 ? TmaCopy4x32K::kSharedBytes : k == A2A_TMA8 ? TmaCopy8x8K::kSharedBytes : 0u;
 }
 __host__ __device__ inline bool is_ll(int k) { return k == A2A_LL || k == A2AV_LL; }
 __host__ __device__ inline bool is_v(int k) { return k == A2AV || k == A2AV_LL; }
@@ -333,6 +371,9 @@ static void setup(uint64_t maxBytesPerPeer) {
     CK(cudaMemset(R.gateTimedOut, 0, 4));
     CK(cudaEventCreate(&R.ev0));
     CK(cudaEventCreate(&R.ev1));
+    for (int k : {A2A_TMA4, A2A_TMA8})
+      CK(cudaFuncSetAttribute((const void*)direct_kernel_of(k), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              (int)dyn_smem_of(k)));
     bases[r] = (uint64_t)(uintptr_t)R.window;  // one process: the peer's pointer is valid here (UVA)
   }
   for (int r = 0; r < g_n; ++r) {
@@ -398,13 +439,10 @@ static void launch(int r, const Call& c, cudaStream_t stream) {
                                               L.recvOffset, slot, L.recvCountsOffset, L.llOffset, kLlCapacity,
                                               R.seqLl, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
       break;
-    case A2A_U4:
-      test_a2a_unroll<4><<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset,
-                                                     R.seqDirect, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
-      break;
-    case A2A_U16:
-      test_a2a_unroll<16><<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset,
-                                                      R.seqDirect, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
+    default:  // test-only variants of gin_a2a: same arguments
+      direct_kernel_of(c.kind)<<<grid, block, dyn_smem_of(c.kind), stream>>>(
+          send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset, R.seqDirect, r, g_n, c.chunks, kMaxChunks,
+          R.errorFlags);
       break;
   }
   CK(cudaGetLastError());
@@ -421,14 +459,12 @@ static std::string describe(const Call& c) {
 // Every block of a call must be resident at once (blocks wait for their peer's counterpart).
 static bool grid_fits(const Call& c) {
   int perSm = 0;
-  const void* fn = c.kind == A2A       ? (const void*)gin_a2a
-                   : c.kind == A2AV    ? (const void*)gin_a2av
+  const void* fn = c.kind == A2AV      ? (const void*)gin_a2av
                    : c.kind == A2A_LL  ? (const void*)gin_a2a_ll
                    : c.kind == A2AV_LL ? (const void*)gin_a2av_ll
-                   : c.kind == A2A_U4  ? (const void*)test_a2a_unroll<4>
-                                       : (const void*)test_a2a_unroll<16>;
+                                       : (const void*)direct_kernel_of(c.kind);
   CK(cudaSetDevice(0));
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, c.threads, 0));
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, c.threads, dyn_smem_of(c.kind)));
   return (uint64_t)perSm * g_ranks[0].numSms >= (uint64_t)g_n * c.chunks;
 }
 
@@ -1097,8 +1133,7 @@ static void timing_table(bool quick) {
                              {A2A_LL, 8, 512},   {A2A_LL, 16, 512},  {A2A, 1, 256},      {A2A, 1, 512},
                              {A2A, 2, 1024},     {A2A, 4, 1024},     {A2A, 8, 1024},     {A2A, 16, 1024},
                              {A2A, 24, 1024},    {A2A, 32, 1024},    {A2A, 48, 1024},    {A2A, 64, 1024},
-                             {A2A, 32, 512},     {A2A, 64, 512},     {A2A, 96, 512},     {A2A, 128, 512},
-                             {A2A_U4, 32, 512},  {A2A_U4, 64, 512},  {A2A_U16, 16, 512}, {A2A_U16, 32, 512}};
+                             {A2A, 32, 512},     {A2A, 64, 512},     {A2A, 96, 512},     {A2A, 128, 512}};
   std::vector<std::string> detail;
   printf("%10s | %-22s %9s %9s %9s | %9s %9s | %9s | %9s %9s\n", "size", "best GIN config", "us", "algBw", "busBw",
          "LL us", "direct us", "pipe us", "memcpy us", "algBw");
@@ -1169,16 +1204,123 @@ static void timing_table(bool quick) {
   }
 }
 
+
+// ------------------------------------------------------------------------------------------------
+// Large-size candidates (test-only variants of gin_a2a; KERNELS.md "Large-size NVLink bandwidth
+// candidates"): correctness on odd sizes and alignments, then timing next to gin_a2a.
+// ------------------------------------------------------------------------------------------------
+static void variant_checks(bool quick) {
+  const int before = g_failed;
+  // Every variant that writes all slots; TMA last: a fault there aborts the run (exit 2), and the
+  // lines printed before it stay valid.
+  for (int kind : {A2A_U4, A2A_U16, A2A_HINT, A2A_SELF4, A2A_TMA8, A2A_TMA4}) {
+    if (is_tma(kind)) {
+      printf("checking %s (a CUDA error from here on is this TMA kernel's fault)\n", kind_name(kind));
+      fflush(stdout);
+    }
+    std::vector<uint64_t> sizes = {1, 17, 4095, 65536, 12345, 1000003, (16ull << 20) + 7};
+    if (!quick) sizes.push_back(64ull << 20);
+    for (uint64_t bpp : sizes)
+      for (int chunks : {1, 4, 32})
+        for (int misalign : {0, 1, 13}) {
+          if (bpp >= (16ull << 20) && chunks < 32) continue;
+          Call c;
+          c.kind = kind;
+          c.chunks = chunks;
+          c.threads = chunks == 1 ? 256 : 512;
+          c.bpp = bpp;
+          c.misalign = misalign;
+          if (grid_fits(c)) test_uniform(c);
+        }
+    // 8-byte-aligned odd slots (slot 1 starts 8 bytes past a 16-byte boundary): with the send
+    // pointer 8 bytes off, rank 1's bytes for rank 0 reach the 16-byte-aligned body after an
+    // 8-byte head (TMA / hinted path with head and tail), rank 0's for rank 1 do not (fallback).
+    for (uint64_t bpp : {500000ull, 1000003ull}) {
+      Call c;
+      c.kind = kind;
+      c.chunks = 4;
+      c.threads = 512;
+      c.bpp = bpp;
+      c.misalign = 8;
+      c.slotBytes = (1ull << 20) + 40;
+      if (grid_fits(c)) test_uniform(c);
+    }
+  }
+  printf("large-size candidate checks: %d failed\n", g_failed - before);
+  fflush(stdout);
+}
+
+static void variant_table(bool quick) {
+  printf("\nLarge-size candidates (test-only kernels, KERNELS.md): median of 20 gated calls after 5 warm-ups,\n");
+  printf("two interleaved rounds over all configurations; 'vs base' = best round against gin_a2a 32x512's best round.\n");
+  printf("test_a2a_noself is a diagnostic (no self copy: the time of the NVLink part alone; output not checked).\n\n");
+  struct Cfg {
+    int kind, chunks, threads;
+  };
+  static const Cfg cfgs[] = {{A2A, 32, 512},        {A2A, 64, 512},      {A2A, 16, 1024},     {A2A_U4, 64, 512},
+                             {A2A_U16, 16, 512},    {A2A_HINT, 32, 512}, {A2A_HINT, 64, 512}, {A2A_SELF4, 32, 512},
+                             {A2A_SELF4, 64, 512},  {A2A_NOSELF, 32, 512}, {A2A_TMA8, 32, 512}, {A2A_TMA8, 64, 512},
+                             {A2A_TMA4, 16, 512},   {A2A_TMA4, 32, 512}, {A2A_TMA4, 64, 512}};
+  const int ncfg = (int)(sizeof cfgs / sizeof cfgs[0]);
+  const uint64_t maxSize = quick ? (64ull << 20) : (1ull << 30);
+  for (uint64_t size = 16ull << 20; size <= maxSize; size *= 4) {
+    const uint64_t bpp = size / g_n, moved = bpp * g_n, run = 900000 + size;
+    for (int r = 0; r < g_n; ++r) {
+      Call c;
+      fill_send(r, c, moved, seed_of(run * 8, r));
+    }
+    sync_all();
+    std::vector<double> t[2];
+    std::vector<std::string> status(ncfg);
+    for (int round = 0; round < 2; ++round)
+      for (int i = 0; i < ncfg; ++i) {
+        Call c;
+        c.kind = cfgs[i].kind;
+        c.chunks = cfgs[i].chunks;
+        c.threads = cfgs[i].threads;
+        c.bpp = bpp;
+        if (!grid_fits(c)) {
+          t[round].push_back(-1);
+          status[i] = "  (grid does not fit)";
+          continue;
+        }
+        t[round].push_back(time_call(c, 5, 20));
+        if (round == 0 && c.kind != A2A_NOSELF) {
+          bool ok = verify_timing_output(c, run);
+          record(ok, "timing output " + describe(c));
+          if (!ok) status[i] = "  WRONG OUTPUT";
+        }
+      }
+    const double base = std::min(t[0][0], t[1][0]);
+    for (int i = 0; i < ncfg; ++i) {
+      if (t[0][i] < 0) {
+        printf("%10llu  %-16s chunks=%-3d threads=%-5d%s\n", (unsigned long long)size, kind_name(cfgs[i].kind),
+               cfgs[i].chunks, cfgs[i].threads, status[i].c_str());
+        continue;
+      }
+      const double best = std::min(t[0][i], t[1][i]);
+      printf("%10llu  %-16s chunks=%-3d threads=%-5d %9.2f %9.2f us  best %9.2f us %7.1f GB/s  vs base %+6.1f%%%s\n",
+             (unsigned long long)size, kind_name(cfgs[i].kind), cfgs[i].chunks, cfgs[i].threads, t[0][i], t[1][i],
+             best, moved / best / 1e3, (best / base - 1.0) * 100.0, status[i].c_str());
+    }
+    fflush(stdout);
+  }
+}
 // ------------------------------------------------------------------------------------------------
 int main(int argc, char** argv) {
-  bool quick = false, timing = true, correctness = true;
+  bool quick = false, timing = true, correctness = true, variants = true, variantsOnly = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--quick") quick = true;
     else if (a == "--no-timing") timing = false;
     else if (a == "--timing-only") correctness = false;
+    else if (a == "--variants-only") {
+      correctness = timing = false;
+      variantsOnly = true;
+    }
+    else if (a == "--no-variants") variants = false;
     else {
-      fprintf(stderr, "usage: %s [--quick] [--no-timing | --timing-only]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--quick] [--no-timing | --timing-only | --variants-only] [--no-variants]\n", argv[0]);
       return 2;
     }
   }
@@ -1250,6 +1392,13 @@ int main(int argc, char** argv) {
     printf("\ncorrectness: %d passed, %d failed (%.1f s)\n", g_passed, g_failed, s);
   }
   if (timing) timing_table(quick);
-  printf("\n%d passed, %d failed in total\n", g_passed, g_failed);
+  if (variants) {
+    // After the library's checks and table, so a fault in a candidate cannot cost their results.
+    printf("\n");
+    if (correctness || variantsOnly) variant_checks(quick);
+    if (timing || variantsOnly) variant_table(quick);
+  }
+  double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  printf("\n%d passed, %d failed in total (%.1f s)\n", g_passed, g_failed, total);
   return g_failed ? 1 : 0;
 }
