@@ -415,17 +415,7 @@ GIN_DEVICE_INLINE bool ll_pair_ready(uint64_t w0, uint64_t w1, uint32_t flag) {
 // (no globaltimer read between the first polls of a short wait, which is on the critical path),
 // then every 256 polls. Returns true when the wait must give up (error bit set).
 GIN_DEVICE_INLINE bool ll_poll_timed_out(uint32_t spins, uint64_t& start, uint32_t* errorFlags) {
-  if (spins < GIN_WAIT_FREE_SPINS || ((spins - GIN_WAIT_FREE_SPINS) & 255u) != 0) return false;
-  const uint64_t now = gin_clock_ns();
-  if (spins == GIN_WAIT_FREE_SPINS) {
-    start = now;
-    return false;
-  }
-  if (now - start > GIN_WAIT_TIMEOUT_NS || gin_timeout_already_flagged(errorFlags)) {
-    gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
-    return true;
-  }
-  return false;
+  return gin_wait_timed_out(spins, start, errorFlags, 255u);
 }
 
 // Polls one pair until both flags match; false after the timeout (error bit set).

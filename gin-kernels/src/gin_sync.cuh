@@ -108,8 +108,10 @@ GIN_DEVICE_INLINE bool gin_timeout_already_flagged(const uint32_t* errorFlags) {
 #ifndef GIN_WAIT_FREE_SPINS
 #define GIN_WAIT_FREE_SPINS 1024u
 #endif
-GIN_DEVICE_INLINE bool gin_wait_timed_out(uint32_t spins, uint64_t& start, uint32_t* errorFlags) {
-  if (spins < GIN_WAIT_FREE_SPINS || ((spins - GIN_WAIT_FREE_SPINS) & 1023u) != 0) return false;
+// periodMask + 1 (a power of two) polls pass between clock reads after the free spins.
+GIN_DEVICE_INLINE bool gin_wait_timed_out(uint32_t spins, uint64_t& start, uint32_t* errorFlags,
+                                          uint32_t periodMask = 1023u) {
+  if (spins < GIN_WAIT_FREE_SPINS || ((spins - GIN_WAIT_FREE_SPINS) & periodMask) != 0) return false;
   const uint64_t now = gin_clock_ns();
   if (spins == GIN_WAIT_FREE_SPINS) {
     start = now;
