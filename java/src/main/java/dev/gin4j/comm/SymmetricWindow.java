@@ -32,6 +32,12 @@ public final class SymmetricWindow extends NativeResource {
     /** Collective: every rank of the communicator must call it with the same layout. */
     public static SymmetricWindow allocate(CommGroup group, WindowLayout layout) {
         group.ensureOpen();
+        for (String symbol : new String[] {"ncclMemAlloc", "ncclCommWindowRegister"}) {
+            if (dev.gin4j.bindings.NativeLibrary.NCCL.find(symbol).isEmpty()) {
+                throw new CommException("symmetric windows need " + symbol + " (NCCL >= 2.27, or an RCCL that has it), which the loaded library lacks: "
+                        + Nccl.describe() + ". The host-initiated backend (Backend.HOST) works without them.");
+            }
+        }
         long size = layout.size();
         long[] mine = new long[group.localCount()];
         java.util.Arrays.fill(mine, size);
