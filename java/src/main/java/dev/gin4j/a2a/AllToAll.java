@@ -118,9 +118,7 @@ public final class AllToAll implements AutoCloseable {
     }
 
     private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
-        Plan plan = Plan.choose(bytesPerPeer, protocol);
-        if ((plan.protocol() == Protocol.LL && bytesPerPeer > gin.llCapacity) || gin.hybrid) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
-        plan = gin.fit(plan, i);
+        Plan plan = gin.plan(bytesPerPeer, protocol, i);
         GinState.Rank r = gin.ranks.get(i);
         lastBytesPerPeer[i] = bytesPerPeer;
         int n = gin.nranks;

@@ -8,8 +8,6 @@ import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -87,10 +85,8 @@ public final class AllToAllV implements AutoCloseable {
         }
         if (gin.hybrid) throw new UnsupportedOperationException("all-to-all-v with peers on other nodes (GIN) is not available yet: use Backend.HOST");
         // counts are on the device: size the launch by capacity so every rank launches the same grid
-        Plan plan = Plan.choose(capacityPerPeer, protocol);
-        if (plan.protocol() == Protocol.LL && capacityPerPeer > gin.llCapacity) plan = Plan.choose(capacityPerPeer, Protocol.DIRECT);
         for (int i = 0; i < local; i++) {
-            plan = gin.fit(plan, i);
+            Plan plan = gin.plan(capacityPerPeer, protocol, i);
             GinState.Rank r = gin.ranks.get(i);
             DeviceBuffer in = inputs.get(i);
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads());
@@ -119,8 +115,8 @@ public final class AllToAllV implements AutoCloseable {
         List<DeviceBuffer> countSend = new ArrayList<>();
         for (int i = 0; i < local; i++) {
             streams.get(i).synchronize();
-            sc[i] = read(sendCounts.get(i), n);
-            so[i] = read(sendOffsets.get(i), n);
+            sc[i] = sendCounts.get(i).readLongs(n);
+            so[i] = sendOffsets.get(i).readLongs(n);
             for (int p = 0; p < n; p++) {
                 if (sc[i][p] > capacityPerPeer)
                     throw new IllegalArgumentException(group.rank(i) + " sends " + sc[i][p] + " bytes to rank " + p + ", above the capacity of " + capacityPerPeer + " bytes per peer");
@@ -133,17 +129,9 @@ public final class AllToAllV implements AutoCloseable {
         group.allToAll(countSend, hostCounts, 8, streams);   // who sends me how much
         for (int i = 0; i < local; i++) {
             streams.get(i).synchronize();
-            rc[i] = read(hostCounts.get(i), n);
+            rc[i] = hostCounts.get(i).readLongs(n);
         }
         group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
-    }
-
-    private static long[] read(DeviceBuffer b, int n) {
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment h = a.allocate(8L * n);
-            b.slice(0, 8L * n).copyToHost(h);
-            return h.toArray(ValueLayout.JAVA_LONG);
-        }
     }
 
     /** Synchronizes and throws if a kernel reported an error (clamped counts, time-out, bad arguments). */

@@ -166,7 +166,18 @@ final class GinState implements AutoCloseable {
      * resident at once (the kernels' blocks wait for each other; a grid larger than the GPU holds
      * would end in a time-out). Same answer on every rank for the same GPU model.
      */
-    Plan fit(Plan plan, int localIndex) {
+    /**
+     * The launch shape for {@code bytesPerPeer} on local rank {@code localIndex}: by size (or the
+     * forced protocol), direct where LL staging is too small or the hybrid kernel runs, and
+     * shrunk to what the GPU holds resident.
+     */
+    Plan plan(long bytesPerPeer, Protocol protocol, int localIndex) {
+        Plan plan = Plan.choose(bytesPerPeer, protocol);
+        if ((plan.protocol() == Protocol.LL && bytesPerPeer > llCapacity) || hybrid) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
+        return fit(plan, localIndex);
+    }
+
+    private Plan fit(Plan plan, int localIndex) {
         Rank r = ranks.get(localIndex);
         var kernel = hybrid ? r.hybridKernel : plan.protocol() == Protocol.LL ? r.ll : r.direct;
         long key = ((long) plan.protocol().ordinal() << 32) | plan.threads();

@@ -241,9 +241,7 @@ public final class CommGroup extends NativeResource {
                 long[][] out = new long[ranks.size()][];
                 for (int i = 0; i < ranks.size(); i++) {
                     streams.get(i).synchronize();
-                    MemorySegment h = a.allocate(8L * worldSize);
-                    recv.get(i).copyToHost(h);
-                    out[i] = h.toArray(ValueLayout.JAVA_LONG);
+                    out[i] = recv.get(i).readLongs(worldSize);
                 }
                 return out;
             } finally {

@@ -5,8 +5,6 @@ import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -38,13 +36,7 @@ public final class KernelErrors {
     public DeviceBuffer buffer() { return word; }
 
     /** The bits set so far (a synchronous read). */
-    public int read() {
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment h = a.allocate(4);
-            word.copyToHost(h);
-            return h.get(ValueLayout.JAVA_INT, 0);
-        }
-    }
+    public int read() { return word.readInts(1)[0]; }
 
     /** Throws naming every bit set, and clears the word so the next operation starts clean. */
     public void check(String operation, Stream stream) {

@@ -8,7 +8,6 @@ import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -78,9 +77,7 @@ public final class PeerTable {
                     t.fill((byte) 0, s);
                     peers.kernel("gin_resolve_peers").launch(s, LaunchConfig.of(1, 64), args);
                     err.check("gin_resolve_peers", s);
-                    MemorySegment h = tmp.allocate(8L * g.worldSize());
-                    t.copyToHost(h);
-                    long[] bases = h.toArray(ValueLayout.JAVA_LONG);
+                    long[] bases = t.readLongs(g.worldSize());
                     // NCCL maps the symmetric window into its own address range, so even the own
                     // entry may be an alias of the allocation rather than its address: both work.
                     if (bases[g.rank(i).rank()] == 0) throw new CommException("NCCL's device API gives no address for " + g.rank(i) + "'s own window");

@@ -154,12 +154,21 @@ public final class DeviceBuffer {
         return out;
     }
 
-    /** Reads a 64-bit value at {@code offset} (a synchronous copy). */
-    public long readLong(long offset) {
+    /** The first {@code n} 64-bit values (a synchronous copy; for counts, tables, small results). */
+    public long[] readLongs(int n) {
         try (Arena a = Arena.ofConfined()) {
-            MemorySegment tmp = a.allocate(8);
-            slice(offset, 8).copyToHost(tmp);
-            return tmp.get(ValueLayout.JAVA_LONG, 0);
+            MemorySegment h = a.allocate(8L * n, 8);
+            slice(0, 8L * n).copyToHost(h);
+            return h.toArray(ValueLayout.JAVA_LONG);
+        }
+    }
+
+    /** The first {@code n} 32-bit values (a synchronous copy). */
+    public int[] readInts(int n) {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment h = a.allocate(4L * n, 4);
+            slice(0, 4L * n).copyToHost(h);
+            return h.toArray(ValueLayout.JAVA_INT);
         }
     }
 

@@ -17,8 +17,6 @@ import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -62,7 +60,6 @@ public final class MoeAllToAll implements AutoCloseable {
         final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs;
         // HOST backend buffers
         DeviceBuffer sendRows, sendWeights, recvBuf, recvBufWeights, countMatrix, backBuf, returned;
-        int lastTokens = -1;
         long lastTopkIdx, lastTopkWeights;  // HOST: the combine re-reads the routing of the last dispatch
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
@@ -155,9 +152,7 @@ public final class MoeAllToAll implements AutoCloseable {
             args.setInt(0, nRanks).setInt(1, cfg.experts()).setInt(2, cfg.topK()).setInt(3, cfg.hidden()).setInt(4, cfg.maxTokens()).setPointer(5, out);
             code.kernel("moe_query_layout").launch(s, LaunchConfig.of(1, 1), args);
             s.synchronize();
-            MemorySegment h = a.allocate(16 * 8);
-            out.copyToHost(h);
-            long[] q = h.toArray(ValueLayout.JAVA_LONG);
+            long[] q = out.readLongs(16);
             if (q[Q_WINDOW_BYTES] != 0 && q[Q_VERSION] != 1) throw new IllegalStateException("moe kernels report layout version " + q[Q_VERSION] + ", this library knows 1");
             return q;
         }
@@ -196,7 +191,6 @@ public final class MoeAllToAll implements AutoCloseable {
                 .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
         r.dispatch.launch(stream, LaunchConfig.of(2 * channels, THREADS), a);
-        r.lastTokens = tokens;
         r.lastSequence = seq;
         return new MoeDispatch(localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
@@ -216,7 +210,6 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             long seq = r.lastSequence + 1;
-            r.lastTokens = tokens[i];
             r.lastSequence = seq;
             out.add(new MoeDispatch(i, tokens[i], seq, r.recvX, r.recvCounts, r.recvWeights));
         }
@@ -253,9 +246,9 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             streams.get(i).synchronize();
-            int[] matrix = readInts(r.countMatrix, nRanks * L);
-            int[] expertOffset = readInts(r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)), cfg.experts() + 1);
-            int[] rowsTo = readInts(r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks), nRanks);
+            int[] matrix = r.countMatrix.readInts(nRanks * L);
+            int[] expertOffset = r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1);
+            int[] rowsTo = r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks).readInts(nRanks);
             r.recvRowsFrom = new long[nRanks]; r.recvRowOffset = new long[nRanks]; r.sendRowsTo = new long[nRanks]; r.sendRowOffset = new long[nRanks];
             long off = 0;
             for (int s = 0; s < nRanks; s++) {
@@ -293,14 +286,6 @@ public final class MoeAllToAll implements AutoCloseable {
         long[] o = new long[v.length];
         for (int i = 0; i < v.length; i++) o[i] = v[i] * f;
         return o;
-    }
-
-    private static int[] readInts(DeviceBuffer b, int n) {
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment h = a.allocate(4L * n);
-            b.slice(0, 4L * n).copyToHost(h);
-            return h.toArray(ValueLayout.JAVA_INT);
-        }
     }
 
     private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
