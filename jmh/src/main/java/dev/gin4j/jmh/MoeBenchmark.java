@@ -1,0 +1,104 @@
+package dev.gin4j.jmh;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.Stream;
+import dev.gin4j.moe.MoeAllToAll;
+import dev.gin4j.moe.MoeConfig;
+import dev.gin4j.moe.MoeDispatch;
+import org.openjdk.jmh.annotations.*;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.SplittableRandom;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * Whole-call time of one MoE dispatch + combine as a Java caller sees it (launches on every local
+ * GPU, then wait for all), GIN and HOST in the same run, uniform random top-k routing, identity
+ * experts (expertOut = the received rows). For per-call device times, pipelined times and GB/s use
+ * {@code gin4j bench moe}.
+ */
+@State(Scope.Benchmark)
+@Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
+@Warmup(iterations = 2, time = 1)
+@Measurement(iterations = 3, time = 1)
+@BenchmarkMode(Mode.AverageTime)
+@OutputTimeUnit(TimeUnit.MICROSECONDS)
+public class MoeBenchmark {
+    /** hidden:experts:topK of DeepSeek-V3, Qwen3-30B-A3B and Mixtral. */
+    @Param({"7168:256:8", "2048:128:8", "4096:8:2"})
+    public String shape;
+
+    @Param({"128", "4096"})
+    public int tokens;
+
+    @Param({"GIN", "HOST"})
+    public Backend backend;
+
+    private CommGroup group;
+    private MoeAllToAll moe;
+    private Arena arena;
+    private int[] tokenCounts;
+    private final List<Stream> streams = new ArrayList<>();
+    private final List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
+
+    @Setup public void setUp() {
+        String[] p = shape.split(":");
+        int hidden = Integer.parseInt(p[0]), experts = Integer.parseInt(p[1]), topK = Integer.parseInt(p[2]);
+        List<Device> devs = GpuRuntime.get().devices();
+        group = CommGroup.initAll(devs);
+        arena = Arena.ofShared();
+        moe = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, topK, tokens, backend));
+        SplittableRandom random = new SplittableRandom(7);
+        for (Device d : devs) {
+            streams.add(d.createStream());
+            short[] x = new short[tokens * hidden];
+            for (int j = 0; j < x.length; j++) x[j] = (short) (0x3f00 | random.nextInt(0x80));
+            int[] idx = new int[tokens * topK];
+            float[] w = new float[tokens * topK];
+            int[] pool = java.util.stream.IntStream.range(0, experts).toArray();
+            for (int t = 0; t < tokens; t++) {
+                for (int s = 0; s < topK; s++) {  // topK distinct experts, uniformly
+                    int j = s + random.nextInt(experts - s), tmp = pool[s];
+                    pool[s] = pool[j]; pool[j] = tmp;
+                    idx[t * topK + s] = pool[s];
+                    w[t * topK + s] = random.nextFloat();
+                }
+            }
+            xs.add(upload(d, MemorySegment.ofArray(x)));
+            ids.add(upload(d, MemorySegment.ofArray(idx)));
+            ws.add(upload(d, MemorySegment.ofArray(w)));
+        }
+        tokenCounts = new int[devs.size()];
+        java.util.Arrays.fill(tokenCounts, tokens);
+        for (MoeDispatch h : moe.dispatch(xs, ids, ws, tokenCounts, streams)) outs.add(h.rows());
+        streams.forEach(Stream::synchronize);
+    }
+
+    private DeviceBuffer upload(Device d, MemorySegment host) {
+        DeviceBuffer b = d.allocate(Math.max(16, host.byteSize()), arena);
+        b.slice(0, host.byteSize()).copyFromHost(host);
+        return b;
+    }
+
+    @TearDown public void tearDown() {
+        streams.forEach(Stream::synchronize);
+        moe.checkErrors(streams);
+        moe.close();
+        streams.forEach(Stream::close);
+        arena.close();
+        group.close();
+    }
+
+    @Benchmark public void dispatchCombine() {
+        List<MoeDispatch> h = moe.dispatch(xs, ids, ws, tokenCounts, streams);
+        moe.combine(h, outs, streams);
+        for (Stream s : streams) s.synchronize();
+    }
+}
