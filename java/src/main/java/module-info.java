@@ -5,6 +5,7 @@
  */
 module dev.gin4j {
     requires dev.gin4j.bindings;
+    requires java.management;  // the benchmarks' thread CPU time
     exports dev.gin4j.gpu;
     exports dev.gin4j.comm;
     exports dev.gin4j.a2a;

@@ -15,6 +15,8 @@ import java.io.IOException;
 import java.io.PrintStream;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -33,12 +35,14 @@ import java.util.SplittableRandom;
 final class MoeBench {
     record Shape(String name, int hidden, int experts, int topK) {}
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
-               double dispatchCpuUs, double combineCpuUs, long crossingBytes) {}
+               double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, long crossingBytes) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8), new Shape("qwen3-30b-a3b", 2048, 128, 8), new Shape("mixtral", 4096, 8, 2));
 
     /** Calls back to back in the pipelined measurement. */
     static final int PIPELINED = 20;
+    /** Pipelined batches; the median is reported. */
+    static final int BATCHES = 5;
 
     private MoeBench() {}
 
@@ -58,32 +62,36 @@ final class MoeBench {
                         Row m = measure(g, shape, tokens, b, warmup, iters);
                         Row r = new Row(m.shape(), m.tokens(), m.backend(), Bench.slowest(g, m.dispatchUs()), Bench.slowest(g, m.combineUs()),
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
-                                Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()), m.crossingBytes());
+                                Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
+                                Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()), m.crossingBytes());
                         rows.add(r);
-                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (CPU per call %.1f / %.1f us)%n",
-                                shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs());
+                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)%n",
+                                shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
+                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs());
                     }
                 }
             }
             if (!Bench.reports(g)) return 0;
         }
         out.println();
-        out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN CPU us/call");
+        out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call");
         for (int i = 0; i + 1 < rows.size(); i += 2) {
             Row gr = rows.get(i), hr = rows.get(i + 1);
-            out.printf(Locale.ROOT, "%-14s %7d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f%n", gr.shape(), gr.tokens(),
+            out.printf(Locale.ROOT, "%-14s %7d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f%n", gr.shape(), gr.tokens(),
                     gr.dispatchUs(), gr.crossingBytes() / (gr.dispatchUs() * 1e3), gr.combineUs(), gr.crossingBytes() / (gr.combineUs() * 1e3),
                     hr.dispatchUs(), hr.combineUs(), (hr.dispatchUs() + hr.combineUs()) / (gr.dispatchUs() + gr.combineUs()),
-                    gr.dispatchPipeUs(), gr.combinePipeUs(), hr.dispatchPipeUs(), hr.combinePipeUs(), gr.dispatchCpuUs(), gr.combineCpuUs());
+                    gr.dispatchPipeUs(), gr.combinePipeUs(), hr.dispatchPipeUs(), hr.combinePipeUs(), gr.dispatchCpuUs(), gr.combineCpuUs(),
+                    gr.dispatchThreadCpuUs(), gr.combineThreadCpuUs());
         }
         out.println("(GB/s: tokens x remote ranks they go to x 2H bytes, per rank, over the call time; time = slowest rank, median of device events"
                 + " around each call, the launch included; pipelined = " + PIPELINED + " dispatches back to back, then " + PIPELINED
-                + " combines of the last one, device time / " + PIPELINED + ", the nccl-tests way)");
+                + " combines of the last one, device time / " + PIPELINED + ", median of " + BATCHES + " batches, the nccl-tests way; wall us/call = System.nanoTime around"
+                + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls)");
         StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size() + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"crossing_bytes\": %d}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.crossingBytes(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"crossing_bytes\": %d}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.crossingBytes(), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
@@ -147,20 +155,31 @@ final class MoeBench {
             }
             // Pipelined: the launches queue behind each other, as behind the router's GEMM in a model,
             // so neither the launch cost nor the ranks' start skew is in the time.
-            List<MoeDispatch> last = null;
-            for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
-            for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
-            for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
-            for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
-            for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
-            double dp = 0, cp = 0;
-            for (int i = 0; i < local; i++) {
-                e2.get(i).synchronize();
-                dp = Math.max(dp, e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
-                cp = Math.max(cp, e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
+            // The thread's CPU time over those launches is the host cost per call (no waiting in it for GIN).
+            ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+            double[] dp = new double[BATCHES], cp = new double[BATCHES], dc = new double[BATCHES], cc = new double[BATCHES];
+            for (int batch = 0; batch < BATCHES; batch++) {
+                List<MoeDispatch> last = null;
+                for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
+                long c0 = cpu.getCurrentThreadCpuTime();
+                for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
+                long c1 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
+                long c2 = cpu.getCurrentThreadCpuTime();
+                for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
+                long c3 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                for (int i = 0; i < local; i++) {
+                    e2.get(i).synchronize();
+                    dp[batch] = Math.max(dp[batch], e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
+                    cp[batch] = Math.max(cp[batch], e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
+                }
+                dc[batch] = (c1 - c0) / 1e3 / PIPELINED / local;
+                cc[batch] = (c3 - c2) / 1e3 / PIPELINED / local;
             }
             moe.checkErrors(streams);
-            return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), dp, cp, median(dCpu), median(cCpu), crossing / local);
+            return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
+                    median(dc), median(cc), crossing / local);
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);
