@@ -6,6 +6,9 @@
 //   push: GPU i loads its own buffer and stores into GPU j's buffer (what gin_a2a does)
 //   pull: GPU i loads GPU j's buffer and stores into its own (receiver-driven)
 //   ce:   cudaMemcpyPeerAsync on both GPUs (copy engines)
+// and, shaped like a 2-rank all-to-all of 2N bytes per rank (N crosses, N stays):
+//   a2a push: one kernel copies both halves (the local one and the remote one, as gin_a2a does)
+//   a2a ce:   the copy engine moves the remote half while a kernel on a second stream copies the local one
 // for several grid sizes, with both GPUs released together by a gate kernel. Every result is
 // checked element by element against the source (fresh random data, poisoned destinations).
 //
@@ -65,8 +68,24 @@ __global__ void count_mismatch(const uint4* a, const uint4* b, uint64_t n, unsig
   if (mine) atomicAdd(bad, mine);
 }
 
-enum Mode { PUSH, PULL, CE };
-static const char* kModeName[] = {"push (SM stores to the peer)", "pull (SM loads from the peer)", "copy engine (cudaMemcpyPeerAsync)"};
+// src[i] -> dst[i] for two buffer pairs in one launch: blocks split evenly between the pairs.
+__global__ void __launch_bounds__(1024) copy16_pair(const uint4* __restrict__ s0, uint4* __restrict__ d0,
+                                                    const uint4* __restrict__ s1, uint4* __restrict__ d1, uint64_t n) {
+  const int half = gridDim.x / 2, b = blockIdx.x % half;
+  const uint4* src = blockIdx.x < half ? s0 : s1;
+  uint4* dst = blockIdx.x < half ? d0 : d1;
+  const uint64_t stride = (uint64_t)half * blockDim.x;
+  uint64_t i = (uint64_t)b * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    uint4 a = src[i], c = src[i + stride], d = src[i + 2 * stride], e = src[i + 3 * stride];
+    dst[i] = a; dst[i + stride] = c; dst[i + 2 * stride] = d; dst[i + 3 * stride] = e;
+  }
+  for (; i < n; i += stride) dst[i] = src[i];
+}
+
+enum Mode { PUSH, PULL, CE, A2A_PUSH, A2A_CE };
+static const char* kModeName[] = {"push (SM stores to the peer)", "pull (SM loads from the peer)", "copy engine (cudaMemcpyPeerAsync)",
+                                  "a2a push (one kernel, both halves)", "a2a ce (CE remote + kernel local)"};
 
 int main(int argc, char** argv) {
   const uint64_t mib = argc > 1 ? strtoull(argv[1], nullptr, 10) : 128;
@@ -76,8 +95,9 @@ int main(int argc, char** argv) {
   if (ndev < 2) { fprintf(stderr, "nvlink_probe: needs 2 GPUs, found %d\n", ndev); return 2; }
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  std::vector<uint4*> src(2), dst(2);
-  std::vector<cudaStream_t> st(2);
+  std::vector<uint4*> src(2), dst(2), local(2);  // local: where the a2a modes put the half that stays
+  std::vector<cudaStream_t> st(2), side(2);
+  std::vector<cudaEvent_t> fork(2), join(2);
   std::vector<cudaEvent_t> e0(2), e1(2);
   std::vector<unsigned long long*> bad(2);
   for (int g = 0; g < 2; ++g) {
@@ -88,6 +108,10 @@ int main(int argc, char** argv) {
     CK(cudaDeviceEnablePeerAccess(1 - g, 0));
     CK(cudaMalloc(&src[g], bytes));
     CK(cudaMalloc(&dst[g], bytes));
+    CK(cudaMalloc(&local[g], bytes));
+    CK(cudaStreamCreateWithFlags(&side[g], cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&fork[g], cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&join[g], cudaEventDisableTiming));
     CK(cudaMalloc(&bad[g], sizeof(unsigned long long)));
     CK(cudaStreamCreateWithFlags(&st[g], cudaStreamNonBlocking));
     CK(cudaEventCreate(&e0[g]));
@@ -100,7 +124,7 @@ int main(int argc, char** argv) {
   uint64_t seed = 0x5eed0000ull ^ (uint64_t)time(nullptr);
   int failures = 0;
 
-  printf("nvlink_probe: %s x2, %llu MiB from each GPU to the other at the same time; GB/s = bytes per direction / time (slowest GPU)\n",
+  printf("nvlink_probe: %s x2, %llu MiB from each GPU to the other at the same time; GB/s = bytes per direction / time (slowest GPU); a2a modes: 2N bytes per rank, N of them cross\n",
          prop.name, (unsigned long long)mib);
   printf("%-36s %6s %7s | %9s %8s | %s\n", "mode", "CTAs", "threads", "median us", "GB/s", "check");
   struct Cfg { Mode mode; int ctas, threads; };
@@ -109,6 +133,8 @@ int main(int argc, char** argv) {
     for (int ctas : {32, 66, 132, 264})
       for (int threads : {512, 1024}) cfgs.push_back({m, ctas, threads});
   cfgs.push_back({CE, 0, 0});
+  for (int ctas : {132, 264}) cfgs.push_back({A2A_PUSH, ctas, 512});
+  for (int ctas : {16, 32, 66}) cfgs.push_back({A2A_CE, ctas, 512});
 
   for (const Cfg& c : cfgs) {
     std::vector<float> times;
@@ -120,6 +146,7 @@ int main(int argc, char** argv) {
         fill_random<<<264, 512, 0, st[g]>>>(src[g], units, seed * 2 + g);
         CK(cudaGetLastError());
         CK(cudaMemsetAsync(dst[g], 0xA5, bytes, st[g]));
+        CK(cudaMemsetAsync(local[g], 0x5A, bytes, st[g]));
         CK(cudaStreamSynchronize(st[g]));
       }
       ++gateValue;
@@ -131,7 +158,17 @@ int main(int argc, char** argv) {
         // data of GPU g must end in dst[1-g] in every mode
         if (c.mode == PUSH) copy16<<<c.ctas, c.threads, 0, st[g]>>>(src[g], dst[1 - g], units);        // g stores remotely
         else if (c.mode == PULL) copy16<<<c.ctas, c.threads, 0, st[g]>>>(src[1 - g], dst[g], units);   // g loads remotely
-        else CK(cudaMemcpyPeerAsync(dst[1 - g], 1 - g, src[g], g, bytes, st[g]));
+        else if (c.mode == CE) CK(cudaMemcpyPeerAsync(dst[1 - g], 1 - g, src[g], g, bytes, st[g]));
+        else if (c.mode == A2A_PUSH) copy16_pair<<<c.ctas, c.threads, 0, st[g]>>>(src[g], dst[1 - g], src[g], local[g], units);
+        else {  // A2A_CE: fork a side stream for the local half, join before the end event
+          CK(cudaEventRecord(fork[g], st[g]));
+          CK(cudaStreamWaitEvent(side[g], fork[g], 0));
+          copy16<<<c.ctas, c.threads, 0, side[g]>>>(src[g], local[g], units);
+          CK(cudaGetLastError());
+          CK(cudaMemcpyPeerAsync(dst[1 - g], 1 - g, src[g], g, bytes, st[g]));
+          CK(cudaEventRecord(join[g], side[g]));
+          CK(cudaStreamWaitEvent(st[g], join[g], 0));
+        }
         CK(cudaGetLastError());
         CK(cudaEventRecord(e1[g], st[g]));
       }
@@ -149,6 +186,10 @@ int main(int argc, char** argv) {
         CK(cudaMemsetAsync(bad[g], 0, sizeof(unsigned long long), st[g]));
         count_mismatch<<<264, 512, 0, st[g]>>>(dst[g], src[1 - g], units, bad[g]);
         CK(cudaGetLastError());
+        if (c.mode == A2A_PUSH || c.mode == A2A_CE) {
+          count_mismatch<<<264, 512, 0, st[g]>>>(local[g], src[g], units, bad[g]);
+          CK(cudaGetLastError());
+        }
         unsigned long long b = 0;
         CK(cudaMemcpyAsync(&b, bad[g], sizeof(b), cudaMemcpyDeviceToHost, st[g]));
         CK(cudaStreamSynchronize(st[g]));
