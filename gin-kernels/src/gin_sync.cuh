@@ -202,6 +202,87 @@ GIN_DEVICE_INLINE void gin_ll_load_pair(const uint64_t* p, uint64_t& w0, uint64_
 #endif
 }
 
+// LL128 lines (a2a.cu): a 128-byte line is stored by the 8 lanes of one group of a warp in ONE
+// store instruction (16 bytes per lane), and loaded back the same way. Like NCCL's LL128 protocol
+// the receiver relies on NVLink/L2 delivering such a line whole, so the flag in its last 8 bytes
+// proves the other 120 bytes. Every lane of the warp calls these together (warp-uniform control
+// flow); `active` predicates the lane, and the 8 lanes of a line always agree on it. On HIP they
+// are single 16-byte volatile vector accesses; whether xGMI keeps a line whole is NOT validated
+// (Java does not pick LL128 on AMD by itself). GIN_EMU_LL128_STORE16/LOAD16: hooks for a host
+// emulation of the kernels (protocol-logic tests), which models one warp access as one atomic step.
+GIN_DEVICE_INLINE void gin_ll128_store16(bool active, void* p, uint64_t lo, uint64_t hi) {
+#if defined(GIN_EMU_LL128_STORE16)
+  GIN_EMU_LL128_STORE16(active, p, lo, hi);
+#elif GIN_HIP
+  typedef uint64_t gin_u64x2 __attribute__((ext_vector_type(2)));
+  if (active) {
+    gin_u64x2 v;
+    v.x = lo;
+    v.y = hi;
+    *(volatile gin_u64x2*)p = v;
+  }
+#else
+  if (active) asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(lo), "l"(hi) : "memory");
+#endif
+}
+
+GIN_DEVICE_INLINE void gin_ll128_load16(bool active, const void* p, uint64_t& lo, uint64_t& hi) {
+#if defined(GIN_EMU_LL128_LOAD16)
+  GIN_EMU_LL128_LOAD16(active, p, lo, hi);
+#elif GIN_HIP
+  typedef uint64_t gin_u64x2 __attribute__((ext_vector_type(2)));
+  if (active) {
+    gin_u64x2 v = *(const volatile gin_u64x2*)p;
+    lo = v.x;
+    hi = v.y;
+  }
+#else
+  if (active) asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
+#endif
+}
+
+// One aligned 8-byte streaming load of read-only data (user send buffers).
+GIN_DEVICE_INLINE uint64_t gin_ld8_stream(const void* p) {
+#if GIN_HIP
+  return __builtin_nontemporal_load((const uint64_t*)p);
+#else
+  uint64_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+#endif
+}
+
+// Warp-level helpers (every lane of the warp must call them; blockDim a multiple of the warp).
+GIN_DEVICE_INLINE void gin_syncwarp() {
+#if GIN_HIP
+  __builtin_amdgcn_wave_barrier();  // wavefronts run in lockstep; this only stops code motion
+#else
+  __syncwarp();
+#endif
+}
+
+GIN_DEVICE_INLINE int gin_shfl_int(int v, int srcLane) {
+#if GIN_HIP
+  return __shfl(v, srcLane);
+#else
+  return __shfl_sync(0xffffffffu, v, srcLane);
+#endif
+}
+
+GIN_DEVICE_INLINE uint64_t gin_shfl_u64(uint64_t v, int srcLane) {
+  const uint32_t lo = (uint32_t)gin_shfl_int((int)(uint32_t)v, srcLane);
+  const uint32_t hi = (uint32_t)gin_shfl_int((int)(uint32_t)(v >> 32), srcLane);
+  return ((uint64_t)hi << 32) | lo;
+}
+
+GIN_DEVICE_INLINE bool gin_warp_any(bool pred) {
+#if GIN_HIP
+  return __any(pred ? 1 : 0) != 0;
+#else
+  return __any_sync(0xffffffffu, pred ? 1 : 0) != 0;
+#endif
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cooperative byte copy: `width` threads (a warp, a block, ...) with indices lane in [0, width)
 // copy n bytes from src to dst (dst may be a peer's window). Any alignment and size. The body

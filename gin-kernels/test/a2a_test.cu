@@ -39,6 +39,7 @@ static void cuda_check(cudaError_t e, const char* what, const char* file, int li
 
 constexpr int kMaxChunks = 128;                  // maxChunksPerPeer: layout of signals and counters
 constexpr uint64_t kLlCapacity = 2ull << 20;     // payload bytes per peer the LL staging holds
+constexpr uint64_t kLl128Capacity = 16ull << 20; // payload bytes per peer the LL128 staging holds
 constexpr uint64_t kGuard = 256;                 // poisoned bytes checked after each slot's data
 constexpr uint64_t kSendSlack = 64;              // room for misaligned send pointers
 constexpr uint64_t kGranule = 4096;
@@ -52,15 +53,17 @@ constexpr uint64_t kGranule = 4096;
 //   A2A_TMA4 / TMA8   remote copy by TMA bulk copies through shared memory, 4 x 32 KiB / 8 x 8 KiB
 enum Kind {
   A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5,
-  A2A_HINT = 6, A2A_SELF4 = 7, A2A_NOSELF = 8, A2A_TMA4 = 9, A2A_TMA8 = 10
+  A2A_HINT = 6, A2A_SELF4 = 7, A2A_NOSELF = 8, A2A_TMA4 = 9, A2A_TMA8 = 10,
+  A2A_LL128 = 11, A2AV_LL128 = 12
 };
 static const char* kind_name(int k) {
   static const char* names[] = {"gin_a2a",       "gin_a2av",       "gin_a2a_ll",      "gin_a2av_ll",
                                 "test_a2a_u4",   "test_a2a_u16",   "test_a2a_hint",   "test_a2a_self4",
-                                "test_a2a_noself", "test_a2a_tma4", "test_a2a_tma8"};
+                                "test_a2a_noself", "test_a2a_tma4", "test_a2a_tma8", "gin_a2a_ll128",
+                                "gin_a2av_ll128"};
   return names[k];
 }
-static bool is_variant(int k) { return k >= A2A_U4; }
+static bool is_variant(int k) { return k >= A2A_U4 && k <= A2A_TMA8; }
 static bool is_tma(int k) { return k == A2A_TMA4 || k == A2A_TMA8; }
 
 using TmaCopy4x32K = gin_a2a_detail::TmaCopy<4, 32768>;
@@ -100,7 +103,9 @@ static uint32_t dyn_smem_of(int k) {
   return k == A2A_TMA4 ? TmaCopy4x32K::kSharedBytes : k == A2A_TMA8 ? TmaCopy8x8K::kSharedBytes : 0u;
 }
 __host__ __device__ inline bool is_ll(int k) { return k == A2A_LL || k == A2AV_LL; }
-__host__ __device__ inline bool is_v(int k) { return k == A2AV || k == A2AV_LL; }
+__host__ __device__ inline bool is_ll128(int k) { return k == A2A_LL128 || k == A2AV_LL128; }
+__host__ __device__ inline bool is_v(int k) { return k == A2AV || k == A2AV_LL || k == A2AV_LL128; }
+static const char* protocol_name(int k) { return is_ll(k) ? "LL" : is_ll128(k) ? "LL128" : "direct"; }
 
 // ------------------------------------------------------------------------------------------------
 // Data: byte k of rank s's send buffer in a run with seed x is gen_byte(x, k). Shared by the device
@@ -280,6 +285,7 @@ struct Rank {
   uint64_t* peerBases = nullptr;
   uint64_t* seqDirect = nullptr;
   uint64_t* seqLl = nullptr;
+  uint64_t* seqLl128 = nullptr;
   uint32_t* errorFlags = nullptr;
   uint64_t* sendCounts = nullptr;
   uint64_t* sendOffsets = nullptr;
@@ -297,6 +303,7 @@ struct Layout {
   uint64_t recvCountsOffset = 0;  // nranks uint64
   uint64_t signalOffset = 0;
   uint64_t llOffset = 0;
+  uint64_t ll128Offset = 0;       // 128-byte aligned (4096 here)
   uint64_t windowBytes = 0;
   uint64_t sendCap = 0;           // usable bytes of each send buffer (after the slack)
 };
@@ -338,7 +345,8 @@ static void setup(uint64_t maxBytesPerPeer) {
   L.recvCountsOffset = round_up(L.recvOffset + (uint64_t)g_n * L.slotBytes, kGranule);
   L.signalOffset = round_up(L.recvCountsOffset + 8ull * g_n, kGranule);
   L.llOffset = round_up(L.signalOffset + gin_a2a_signal_bytes(g_n, kMaxChunks), kGranule);
-  L.windowBytes = round_up(L.llOffset + gin_a2a_ll_staging_bytes(g_n, kLlCapacity), kGranule);
+  L.ll128Offset = round_up(L.llOffset + gin_a2a_ll_staging_bytes(g_n, kLlCapacity), kGranule);
+  L.windowBytes = round_up(L.ll128Offset + gin_a2a_ll128_staging_bytes(g_n, kLl128Capacity), kGranule);
   L.sendCap = (uint64_t)g_n * maxBytesPerPeer + (2ull << 20);
 
   CK(cudaHostAlloc((void**)&g_hostGate, sizeof(uint32_t), cudaHostAllocMapped | cudaHostAllocPortable));
@@ -358,6 +366,8 @@ static void setup(uint64_t maxBytesPerPeer) {
     CK(cudaMalloc(&R.seqLl, 8ull * gin_a2a_seq_entries(g_n, kMaxChunks)));
     CK(cudaMemset(R.seqDirect, 0, 8ull * gin_a2a_seq_entries(g_n, kMaxChunks)));
     CK(cudaMemset(R.seqLl, 0, 8ull * gin_a2a_seq_entries(g_n, kMaxChunks)));
+    CK(cudaMalloc(&R.seqLl128, 8ull * gin_a2a_seq_entries(g_n, kMaxChunks)));
+    CK(cudaMemset(R.seqLl128, 0, 8ull * gin_a2a_seq_entries(g_n, kMaxChunks)));
     CK(cudaMalloc(&R.errorFlags, 4));
     CK(cudaMemset(R.errorFlags, 0, 4));
     CK(cudaMalloc(&R.sendCounts, 8ull * g_n));
@@ -381,9 +391,10 @@ static void setup(uint64_t maxBytesPerPeer) {
     CK(cudaMemcpy(g_ranks[r].peerBases, bases.data(), 8ull * g_n, cudaMemcpyHostToDevice));
     CK(cudaDeviceSynchronize());
   }
-  printf("a2a_test: %d GPUs, window %.1f MiB per GPU (slot %.1f MiB, LL staging %.1f MiB, signals %llu B)\n", g_n,
-         L.windowBytes / 1048576.0, L.slotBytes / 1048576.0,
+  printf("a2a_test: %d GPUs, window %.1f MiB per GPU (slot %.1f MiB, LL staging %.1f MiB, LL128 staging %.1f MiB, "
+         "signals %llu B)\n", g_n, L.windowBytes / 1048576.0, L.slotBytes / 1048576.0,
          gin_a2a_ll_staging_bytes(g_n, kLlCapacity) / 1048576.0,
+         gin_a2a_ll128_staging_bytes(g_n, kLl128Capacity) / 1048576.0,
          (unsigned long long)gin_a2a_signal_bytes(g_n, kMaxChunks));
 }
 
@@ -410,7 +421,7 @@ struct Call {
 static uint64_t slot_of(const Call& c) { return c.slotBytes ? c.slotBytes : g_layout.slotBytes; }
 static uint64_t capacity_of(const Call& c) {
   uint64_t s = slot_of(c);
-  return is_ll(c.kind) ? std::min(s, kLlCapacity) : s;
+  return is_ll(c.kind) ? std::min(s, kLlCapacity) : is_ll128(c.kind) ? std::min(s, kLl128Capacity) : s;
 }
 
 static void launch(int r, const Call& c, cudaStream_t stream) {
@@ -439,6 +450,17 @@ static void launch(int r, const Call& c, cudaStream_t stream) {
                                               L.recvOffset, slot, L.recvCountsOffset, L.llOffset, kLlCapacity,
                                               R.seqLl, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
       break;
+    case A2A_LL128:
+      gin_a2a_ll128<<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.ll128Offset,
+                                                kLl128Capacity, R.seqLl128, r, g_n, c.chunks, kMaxChunks,
+                                                R.errorFlags);
+      break;
+    case A2AV_LL128:
+      gin_a2av_ll128<<<grid, block, 0, stream>>>(send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases,
+                                                 L.recvOffset, slot, L.recvCountsOffset, L.ll128Offset,
+                                                 kLl128Capacity, R.seqLl128, r, g_n, c.chunks, kMaxChunks,
+                                                 R.errorFlags);
+      break;
     default:  // test-only variants of gin_a2a: same arguments
       direct_kernel_of(c.kind)<<<grid, block, dyn_smem_of(c.kind), stream>>>(
           send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset, R.seqDirect, r, g_n, c.chunks, kMaxChunks,
@@ -462,6 +484,8 @@ static bool grid_fits(const Call& c) {
   const void* fn = c.kind == A2AV      ? (const void*)gin_a2av
                    : c.kind == A2A_LL  ? (const void*)gin_a2a_ll
                    : c.kind == A2AV_LL ? (const void*)gin_a2av_ll
+                   : c.kind == A2A_LL128 ? (const void*)gin_a2a_ll128
+                   : c.kind == A2AV_LL128 ? (const void*)gin_a2av_ll128
                                        : (const void*)direct_kernel_of(c.kind);
   CK(cudaSetDevice(0));
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, c.threads, dyn_smem_of(c.kind)));
@@ -924,7 +948,10 @@ static uint64_t read_run_word() {
 // 1000 calls in a row, no host sync: kinds, sizes, chunk counts and alignment change from call to
 // call (same sequence on every rank), each call verified on the device by the next kernel in the
 // stream, which is exactly the reader the write-after-read protection must respect.
-static void test_back_to_back(int iterations, uint64_t rngSeed) {
+// Mixed: all six library kernels (direct, LL, LL128; uniform and v) interleaved on one window.
+// ll128Stress: only the LL128 kernels at 64 KiB-1 MiB per peer, where receivers poll lines while
+// they arrive (a line seen with its flag but not its payload would show as stale bytes).
+static void test_back_to_back(int iterations, uint64_t rngSeed, bool ll128Stress = false) {
   sync_all();
   for (int r = 0; r < g_n; ++r) {
     CK(cudaSetDevice(r));
@@ -933,22 +960,33 @@ static void test_back_to_back(int iterations, uint64_t rngSeed) {
   }
   reset_diag();
   Rng rng(rngSeed);
-  static const uint64_t sizes[] = {0, 1, 3, 8, 17, 64, 255, 1000, 4095, 4096, 12345, 65536, 65539, 131072};
-  static const int chunkChoices[] = {1, 2, 3, 4, 8};
+  static const uint64_t mixedSizes[] = {0,    1,    3,    8,     17,    64,    119,   120,  121,
+                                        241,  255,  1000, 4095,  4096,  12345, 65536, 65539, 131072};
+  static const uint64_t stressSizes[] = {65536, 65539, 262144, 262147, 524288, 1000003, 1048576};
+  static const int mixedKinds[] = {A2A, A2AV, A2A_LL, A2AV_LL, A2A_LL128, A2AV_LL128};
+  static const int stressKinds[] = {A2A_LL128, A2AV_LL128};
+  static const int mixedChunks[] = {1, 2, 3, 4, 8};
+  static const int stressChunks[] = {1, 4, 8, 16, 32};
   static const int threadChoices[] = {64, 128, 256, 512};
+  const uint64_t* sizes = ll128Stress ? stressSizes : mixedSizes;
+  const uint64_t nsizes = ll128Stress ? sizeof stressSizes / 8 : sizeof mixedSizes / 8;
+  const int* kinds = ll128Stress ? stressKinds : mixedKinds;
+  const uint64_t nkinds = ll128Stress ? 2 : 6;
+  const int* chunkChoices = ll128Stress ? stressChunks : mixedChunks;
   uint64_t run = read_run_word(), wantChecked = 0;
   std::vector<DevCall> calls;
   auto poisonOf = [](int it) { return (uint8_t)(0x3C + it); };
   auto t0 = std::chrono::steady_clock::now();
   for (int it = 0; it < iterations; ++it) {
     DevCall dc;
-    dc.call.kind = (int)rng.below(4);
+    dc.call.kind = kinds[rng.below(nkinds)];
     dc.call.chunks = chunkChoices[rng.below(5)];
     dc.call.threads = threadChoices[rng.below(4)];
-    dc.call.bpp = sizes[rng.below(sizeof sizes / sizeof sizes[0])];
+    dc.call.bpp = sizes[rng.below(nsizes)];
     dc.call.misalign = (int)rng.below(4) * 3;
-    dc.call.slotBytes = rng.below(2) ? 0 : 131072 + 256 + 13;  // sometimes odd-sized, unaligned slots
-    dc.maxCount = std::min<uint64_t>(sizes[rng.below(sizeof sizes / sizeof sizes[0])], capacity_of(dc.call));
+    // sometimes odd-sized, unaligned slots (stress: 1 MiB + 13, so every size fits)
+    dc.call.slotBytes = rng.below(2) ? 0 : (ll128Stress ? (1ull << 20) + 13 : 131072 + 256 + 13);
+    dc.maxCount = std::min<uint64_t>(sizes[rng.below(nsizes)], capacity_of(dc.call));
     dc.phase = 0;
     calls.push_back(dc);
     for (int r = 0; r < g_n; ++r) {
@@ -961,8 +999,8 @@ static void test_back_to_back(int iterations, uint64_t rngSeed) {
   sync_all();
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   char what[128];
-  snprintf(what, sizeof what, "%d back-to-back calls (mixed kinds/sizes/chunks, sequence %llu), %.1f ms", iterations,
-           (unsigned long long)rngSeed, ms);
+  snprintf(what, sizeof what, "%d back-to-back calls (%s, sequence %llu), %.1f ms", iterations,
+           ll128Stress ? "LL128 stress, 64 KiB-1 MiB" : "mixed kinds/sizes/chunks", (unsigned long long)rngSeed, ms);
   bool ok = read_device_results(what, wantChecked);
   if (!ok)
     report_diag(
@@ -981,14 +1019,18 @@ static void test_graph(int replays) {
     CK(cudaMemset(g_ranks[r].errorFlags, 0, 4));
     CK(cudaMemset(g_ranks[r].mismatches, 0, 16));
   }
-  std::vector<DevCall> calls(4);
+  std::vector<DevCall> calls(6);
   calls[0].call = {A2A_LL, 1, 256, 4099, 3, 0, 0};
   calls[1].call = {A2AV, 4, 512, 0, 1, 0, 0};
   calls[1].maxCount = 40000;
-  calls[2].call = {A2A, 2, 512, 65536 + 5, 0, 0, 0};
-  calls[3].call = {A2AV_LL, 2, 256, 0, 6, 0, 0};
-  calls[3].maxCount = 9000;
-  for (int i = 0; i < 4; ++i) calls[i].phase = i;
+  calls[2].call = {A2A_LL128, 8, 512, 300001, 5, 0, 0};
+  calls[3].call = {A2A, 2, 512, 65536 + 5, 0, 0, 0};
+  calls[4].call = {A2AV_LL128, 4, 256, 0, 2, 0, 0};
+  calls[4].maxCount = 70000;
+  calls[5].call = {A2AV_LL, 2, 256, 0, 6, 0, 0};
+  calls[5].maxCount = 9000;
+  const int ncalls = (int)calls.size();
+  for (int i = 0; i < ncalls; ++i) calls[i].phase = i;
   auto poisonOf = [](int i) { return (uint8_t)(0x71 + 13 * i); };
   reset_diag();
 
@@ -997,7 +1039,7 @@ static void test_graph(int replays) {
     CK(cudaSetDevice(r));
     cudaGraph_t graph;
     CK(cudaStreamBeginCapture(g_ranks[r].stream, cudaStreamCaptureModeThreadLocal));
-    for (int i = 0; i < 4; ++i) enqueue_checked_call(r, calls[i], poisonOf(i), i);
+    for (int i = 0; i < ncalls; ++i) enqueue_checked_call(r, calls[i], poisonOf(i), i);
     bump_kernel<<<1, 1, 0, g_ranks[r].stream>>>(g_ranks[r].runWord);
     CK(cudaStreamEndCapture(g_ranks[r].stream, &graph));
     CK(cudaGraphInstantiate(&execs[r], graph, 0));
@@ -1005,7 +1047,7 @@ static void test_graph(int replays) {
   }
   uint64_t run = read_run_word(), wantChecked = 0;
   for (int it = 0; it < replays; ++it)
-    for (int i = 0; i < 4; ++i) wantChecked += expected_checked(calls[i], run + it);
+    for (int i = 0; i < ncalls; ++i) wantChecked += expected_checked(calls[i], run + it);
   auto t0 = std::chrono::steady_clock::now();
   for (int it = 0; it < replays; ++it)
     for (int r = 0; r < g_n; ++r) {
@@ -1019,15 +1061,15 @@ static void test_graph(int replays) {
     CK(cudaGraphExecDestroy(execs[r]));
   }
   char what[96];
-  snprintf(what, sizeof what, "%d graph replays x 4 verified calls, %.1f ms", replays, ms);
+  snprintf(what, sizeof what, "%d graph replays x %d verified calls, %.1f ms", replays, ncalls, ms);
   bool ok = read_device_results(what, wantChecked);
   if (!ok)
     report_diag(
         calls,
-        [](int i, uint64_t recordRun, int delta) {
+        [ncalls](int i, uint64_t recordRun, int delta) {
           // recordRun = runWord*8 + phase of call i; neighbours across the replay boundary differ by one.
           uint64_t w = recordRun / 8;
-          return i + delta < 0 ? w - 1 : (i + delta > 3 ? w + 1 : w);
+          return i + delta < 0 ? w - 1 : (i + delta > ncalls - 1 ? w + 1 : w);
         },
         poisonOf, true);
   record(ok, what);
@@ -1122,21 +1164,98 @@ static bool verify_timing_output(const Call& c, uint64_t run) {
   return total == 0;
 }
 
+// Library configurations the timing sections try (protocol, chunks per peer, threads).
+struct TimingCfg {
+  int kind, chunks, threads;
+};
+static const TimingCfg kTimingCfgs[] = {
+    {A2A_LL, 1, 256},     {A2A_LL, 1, 512},     {A2A_LL, 2, 512},     {A2A_LL, 4, 512},     {A2A_LL, 8, 512},
+    {A2A_LL, 16, 512},    {A2A_LL128, 1, 256},  {A2A_LL128, 1, 512},  {A2A_LL128, 2, 512},  {A2A_LL128, 4, 512},
+    {A2A_LL128, 8, 512},  {A2A_LL128, 16, 256}, {A2A_LL128, 16, 512}, {A2A_LL128, 32, 256}, {A2A_LL128, 32, 512},
+    {A2A_LL128, 64, 512}, {A2A, 1, 256},        {A2A, 1, 512},        {A2A, 2, 1024},       {A2A, 4, 1024},
+    {A2A, 8, 1024},       {A2A, 16, 1024},      {A2A, 24, 1024},      {A2A, 32, 1024},      {A2A, 48, 1024},
+    {A2A, 64, 1024},      {A2A, 8, 512},        {A2A, 16, 512},       {A2A, 32, 512},       {A2A, 64, 512},
+    {A2A, 96, 512},       {A2A, 128, 512}};
+
+// Whether a configuration is worth timing at c.bpp (capacity, enough bytes per chunk, grid fits).
+static bool timing_cfg_applies(const Call& c) {
+  if (is_ll(c.kind) && c.bpp > kLlCapacity) return false;
+  if (is_ll128(c.kind) && c.bpp > kLl128Capacity) return false;
+  if (c.chunks > 1 && c.bpp / (uint64_t)c.chunks < (is_ll(c.kind) || is_ll128(c.kind) ? 2048u : 16384u)) return false;
+  if (c.bpp / (uint64_t)c.chunks > (64ull << 20)) return false;  // too few blocks to matter; slow to time
+  return grid_fits(c);
+}
+
+// nccl-tests style: for each size, every configuration of each protocol timed as 20 calls back to
+// back behind one gate (time / 20; median of 3 such runs, after one warm-up run); prints the best
+// configuration of each protocol side by side, then every configuration.
+static void pipelined_table(bool quick) {
+  printf("\nPipelined (nccl-tests style): 20 calls back to back behind one gate, time/20, median of 3 runs after a\n");
+  printf("warm-up run; best configuration per protocol; size = bytes per rank. Output of the last call checked.\n\n");
+  printf("%10s | %-16s %8s | %-16s %8s | %-16s %8s | %s\n", "size", "LL", "us", "LL128", "us", "direct", "us",
+         "winner");
+  std::vector<std::string> detail;
+  const uint64_t maxSize = quick ? (16ull << 20) : (64ull << 20);
+  for (uint64_t size = 4096; size <= maxSize; size *= 4) {
+    const uint64_t bpp = size / g_n, moved = bpp * g_n, run = 700000 + size;
+    for (int r = 0; r < g_n; ++r) {
+      Call c;
+      fill_send(r, c, moved, seed_of(run * 8, r));
+    }
+    sync_all();
+    double best[3] = {1e30, 1e30, 1e30};
+    Call bestCall[3];
+    for (const TimingCfg& f : kTimingCfgs) {
+      Call c;
+      c.kind = f.kind;
+      c.chunks = f.chunks;
+      c.threads = f.threads;
+      c.bpp = bpp;
+      if (!timing_cfg_applies(c)) continue;
+      (void)time_call_pipelined(c, 20);
+      std::vector<double> t;
+      for (int i = 0; i < 3; ++i) t.push_back(time_call_pipelined(c, 20));
+      const double us = median(t);
+      const bool ok = verify_timing_output(c, run);
+      record(ok, "pipelined output " + describe(c));
+      char line[160];
+      snprintf(line, sizeof line, "%10llu  %-6s chunks=%-3d threads=%-5d %9.2f us pipelined %8.1f GB/s%s",
+               (unsigned long long)size, protocol_name(c.kind), c.chunks, c.threads, us, moved / us / 1e3,
+               ok ? "" : "  WRONG OUTPUT");
+      detail.push_back(line);
+      const int pi = is_ll(c.kind) ? 0 : is_ll128(c.kind) ? 1 : 2;
+      if (us < best[pi]) {
+        best[pi] = us;
+        bestCall[pi] = c;
+      }
+    }
+    char name[3][32], val[3][16];
+    int winner = 0;
+    for (int i = 0; i < 3; ++i) {
+      if (best[i] < best[winner]) winner = i;
+      if (best[i] < 1e29) {
+        snprintf(name[i], sizeof name[i], "%dx%d", bestCall[i].chunks, bestCall[i].threads);
+        snprintf(val[i], sizeof val[i], "%.2f", best[i]);
+      } else {
+        snprintf(name[i], sizeof name[i], "-");
+        snprintf(val[i], sizeof val[i], "-");
+      }
+    }
+    printf("%10llu | %-16s %8s | %-16s %8s | %-16s %8s | %s\n", (unsigned long long)size, name[0], val[0], name[1],
+           val[1], name[2], val[2], winner == 0 ? "LL" : winner == 1 ? "LL128" : "direct");
+    fflush(stdout);
+  }
+  printf("\nAll configurations, pipelined:\n");
+  for (auto& l : detail) printf("%s\n", l.c_str());
+}
+
 static void timing_table(bool quick) {
   printf("\nTiming: median of 20 gated calls after 5 warm-ups, per-GPU events, max over %d GPUs.\n", g_n);
   printf("size = bytes per rank (send buffer); algBw = size/time; busBw = algBw*(n-1)/n; GB = 1e9 B.\n");
   printf("'pipe' = 20 calls back to back, time/20. memcpy = cudaMemcpyPeerAsync per peer + self cudaMemcpyAsync.\n\n");
-  struct Cfg {
-    int kind, chunks, threads;
-  };
-  static const Cfg cfgs[] = {{A2A_LL, 1, 256},   {A2A_LL, 1, 512},   {A2A_LL, 2, 512},   {A2A_LL, 4, 512},
-                             {A2A_LL, 8, 512},   {A2A_LL, 16, 512},  {A2A, 1, 256},      {A2A, 1, 512},
-                             {A2A, 2, 1024},     {A2A, 4, 1024},     {A2A, 8, 1024},     {A2A, 16, 1024},
-                             {A2A, 24, 1024},    {A2A, 32, 1024},    {A2A, 48, 1024},    {A2A, 64, 1024},
-                             {A2A, 32, 512},     {A2A, 64, 512},     {A2A, 96, 512},     {A2A, 128, 512}};
   std::vector<std::string> detail;
-  printf("%10s | %-22s %9s %9s %9s | %9s %9s | %9s | %9s %9s\n", "size", "best GIN config", "us", "algBw", "busBw",
-         "LL us", "direct us", "pipe us", "memcpy us", "algBw");
+  printf("%10s | %-22s %9s %9s %9s | %9s %9s %9s | %9s | %9s %9s\n", "size", "best GIN config", "us", "algBw",
+         "busBw", "LL us", "LL128 us", "direct us", "pipe us", "memcpy us", "algBw");
   const uint64_t maxSize = quick ? (64ull << 20) : (1ull << 30);
   for (uint64_t size = 4096; size <= maxSize; size *= 4) {
     const uint64_t bpp = size / g_n;
@@ -1147,19 +1266,15 @@ static void timing_table(bool quick) {
       fill_send(r, c, moved, seed_of(run * 8, r));
     }
     sync_all();
-    double best = 1e30, bestLl = 1e30, bestDirect = 1e30;
+    double best = 1e30, bestLl = 1e30, bestLl128 = 1e30, bestDirect = 1e30;
     Call bestCall;
-    for (const Cfg& f : cfgs) {
+    for (const TimingCfg& f : kTimingCfgs) {
       Call c;
       c.kind = f.kind;
       c.chunks = f.chunks;
       c.threads = f.threads;
       c.bpp = bpp;
-      if (is_ll(c.kind) && bpp > kLlCapacity) continue;
-      if (c.chunks > 1 && bpp / (uint64_t)c.chunks < (is_ll(c.kind) ? 2048u : 16384u)) continue;
-      if (bpp / (uint64_t)c.chunks > (64ull << 20)) continue;  // too few blocks to matter; slow to time
-      if (is_variant(c.kind) && bpp < (8ull << 20)) continue;  // unroll variants: bandwidth sizes only
-      if (!grid_fits(c)) continue;
+      if (!timing_cfg_applies(c)) continue;
       double us = time_call(c, 5, 20);
       bool ok = verify_timing_output(c, run);
       record(ok, "timing output " + describe(c));
@@ -1170,6 +1285,7 @@ static void timing_table(bool quick) {
       detail.push_back(line);
       if (is_variant(c.kind)) continue;  // listed, but not a library configuration
       if (is_ll(c.kind)) bestLl = std::min(bestLl, us);
+      else if (is_ll128(c.kind)) bestLl128 = std::min(bestLl128, us);
       else bestDirect = std::min(bestDirect, us);
       if (us < best) {
         best = us;
@@ -1184,14 +1300,15 @@ static void timing_table(bool quick) {
     }
     double mcp = median(mt);
     char cfgName[40];
-    snprintf(cfgName, sizeof cfgName, "%s %dx%d", is_ll(bestCall.kind) ? "LL" : "direct", bestCall.chunks,
-             bestCall.threads);
+    snprintf(cfgName, sizeof cfgName, "%s %dx%d", protocol_name(bestCall.kind), bestCall.chunks, bestCall.threads);
     double alg = moved / best / 1e3;
-    char llText[24];
+    char llText[24], ll128Text[24];
     if (bestLl < 1e29) snprintf(llText, sizeof llText, "%.2f", bestLl);
     else snprintf(llText, sizeof llText, "-");
-    printf("%10llu | %-22s %9.2f %9.1f %9.1f | %9s %9.2f | %9.2f | %9.2f %9.1f\n", (unsigned long long)size, cfgName,
-           best, alg, alg * (g_n - 1) / g_n, llText, bestDirect, pipe, mcp, moved / mcp / 1e3);
+    if (bestLl128 < 1e29) snprintf(ll128Text, sizeof ll128Text, "%.2f", bestLl128);
+    else snprintf(ll128Text, sizeof ll128Text, "-");
+    printf("%10llu | %-22s %9.2f %9.1f %9.1f | %9s %9s %9.2f | %9.2f | %9.2f %9.1f\n", (unsigned long long)size,
+           cfgName, best, alg, alg * (g_n - 1) / g_n, llText, ll128Text, bestDirect, pipe, mcp, moved / mcp / 1e3);
     fflush(stdout);
   }
   printf("\nAll configurations (median us, algBw):\n");
@@ -1333,18 +1450,24 @@ int main(int argc, char** argv) {
 
   if (correctness) {
     // Uniform: every size, both protocols, a few chunk/thread shapes, misaligned send pointers.
-    std::vector<uint64_t> sizes = {0, 1, 3, 17, 4095, 4096, 65536, 1ull << 20, 16ull << 20, bigPerPeer,
-                                   12345, 1000003, (16ull << 20) + 7};
+    std::vector<uint64_t> sizes = {0,      1,      3,         17,           119,         120,         121,
+                                   239,    240,    241,       4095,         4096,        65536,       1ull << 20,
+                                   16ull << 20,    bigPerPeer, 12345,       1000003,     (16ull << 20) + 7,
+                                   262144 + 5,     (4ull << 20) + 3};
     if (quick) sizes.erase(std::remove(sizes.begin(), sizes.end(), bigPerPeer), sizes.end());
     std::sort(sizes.begin(), sizes.end());
     sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
     struct Shape {
       int kind, chunks, threads;
     };
-    const Shape shapes[] = {{A2A, 1, 256}, {A2A, 4, 512}, {A2A, 32, 1024}, {A2A_LL, 1, 256}, {A2A_LL, 4, 512}};
+    const Shape shapes[] = {{A2A, 1, 256},      {A2A, 4, 512},        {A2A, 32, 1024},       {A2A_LL, 1, 256},
+                            {A2A_LL, 4, 512},   {A2A_LL128, 1, 256},  {A2A_LL128, 4, 512},   {A2A_LL128, 16, 512},
+                            {A2A_LL128, 32, 512}};
     for (uint64_t bpp : sizes) {
       for (const Shape& sh : shapes) {
         if (is_ll(sh.kind) && bpp > kLlCapacity) continue;
+        if (is_ll128(sh.kind) && bpp > kLl128Capacity) continue;  // overflow: its own check below
+        if (is_ll128(sh.kind) && sh.chunks == 32 && bpp < 4096) continue;
         if (bpp >= (16ull << 20) && sh.chunks < 32) continue;  // big sizes: bandwidth shape only
         for (int misalign : {0, 1, 13}) {
           if (bpp >= (16ull << 20) && misalign == 13) continue;
@@ -1359,7 +1482,7 @@ int main(int argc, char** argv) {
         }
       }
     }
-    // LL capacity overflow on a uniform call: clamped, error bit 1.
+    // LL and LL128 capacity overflow on a uniform call: clamped, error bit 1.
     {
       Call c;
       c.kind = A2A_LL;
@@ -1367,12 +1490,31 @@ int main(int argc, char** argv) {
       c.threads = 256;
       c.bpp = kLlCapacity + 100;
       test_uniform(c);
+      c.kind = A2A_LL128;
+      c.chunks = 16;
+      c.threads = 512;
+      c.bpp = kLl128Capacity + 7;
+      test_uniform(c);
     }
+    // LL128 into odd-sized slots: every source slot starts at a different alignment (8-byte
+    // aligned and odd), so the unpack takes its 4-byte and byte paths; send pointers misaligned too.
+    for (uint64_t slot : {(1ull << 20) + 40, (1ull << 20) + 13, (1ull << 20) + 6})
+      for (uint64_t bpp : {241ull, 65536ull + 1, 1000003ull})
+        for (int misalign : {0, 4, 13}) {
+          Call c;
+          c.kind = A2A_LL128;
+          c.chunks = 4;
+          c.threads = 256;
+          c.bpp = bpp;
+          c.misalign = misalign;
+          c.slotBytes = slot;
+          test_uniform(c);
+        }
     printf("uniform checks: %d passed, %d failed\n", g_passed, g_failed);
 
     // All-to-all-v: odd-sized slots (1 MiB + 40: slots are only 8-byte aligned), host scenarios.
     Rng rng(12345);
-    for (int kind : {A2AV, A2AV_LL})
+    for (int kind : {A2AV, A2AV_LL, A2AV_LL128})
       for (int chunks : {1, 4})
         for (int misalign : {0, 5}) {
           Call proto;
@@ -1385,13 +1527,18 @@ int main(int argc, char** argv) {
         }
     printf("after all-to-all-v checks: %d passed, %d failed\n", g_passed, g_failed);
 
-    // Three independent 1000-call sequences (each call verified on the device, ~50 ms each).
+    // Three independent 1000-call sequences (each call verified on the device, ~50 ms each), then
+    // two LL128-only stress sequences at 64 KiB-1 MiB per peer.
     for (uint64_t seq : {77ull, 4242ull, 90001ull}) test_back_to_back(1000, seq);
+    for (uint64_t seq : {128ull, 120120ull}) test_back_to_back(1000, seq, true);
     test_graph(1000);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     printf("\ncorrectness: %d passed, %d failed (%.1f s)\n", g_passed, g_failed, s);
   }
-  if (timing) timing_table(quick);
+  if (timing) {
+    timing_table(quick);
+    pipelined_table(quick);
+  }
   if (variants) {
     // After the library's checks and table, so a fault in a candidate cannot cost their results.
     printf("\n");

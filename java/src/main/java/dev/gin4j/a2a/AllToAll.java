@@ -55,7 +55,11 @@ public final class AllToAll implements AutoCloseable {
     public Backend backend() { return backend; }
     public long maxBytesPerPeer() { return maxBytesPerPeer; }
 
-    /** Forces the GIN protocol for later calls ({@link Protocol#AUTO} picks by size). */
+    /**
+     * Forces the GIN protocol for later calls ({@link Protocol#AUTO} picks by size). A forced LL or
+     * LL128 above its staging capacity runs as DIRECT. Protocols may change from call to call: all
+     * deliver into the same place.
+     */
     public AllToAll protocol(Protocol p) {
         this.protocol = p;
         return this;
@@ -138,6 +142,12 @@ public final class AllToAll implements AutoCloseable {
                     .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll")).setLong(6, gin.llCapacity).setPointer(7, r.llSeq.address())
                     .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
             r.ll.launch(s, cfg, a);
+        } else if (plan.protocol() == Protocol.LL128) {
+            KernelArgs a = r.ll128Args;
+            a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
+                    .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll128")).setLong(6, gin.ll128Capacity).setPointer(7, r.ll128Seq.address())
+                    .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
+            r.ll128.launch(s, cfg, a);
         } else {
             KernelArgs a = r.directArgs;
             a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))

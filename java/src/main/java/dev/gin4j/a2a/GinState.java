@@ -25,15 +25,17 @@ import static dev.gin4j.gpu.KernelArgs.Type.I64;
 import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
 
 /**
- * What the GIN kernels need per local rank, made once: the symmetric window (signals, LL staging,
- * receive counts, receive slots), the peer table, sequence counters, the error word and the
- * kernels' argument lists. Window layout as in gin-kernels/KERNELS.md (a2a.cu).
+ * What the GIN kernels need per local rank, made once: the symmetric window (signals, LL and LL128
+ * staging, receive counts, receive slots), the peer table, sequence counters, the error word and
+ * the kernels' argument lists. Window layout as in gin-kernels/KERNELS.md (a2a.cu).
  */
 final class GinState implements AutoCloseable {
     final CommGroup group;
     final int nranks;
     final long slotCapacity;   // bytes per source slot in "recv"
     final long llCapacity;     // LL staging capacity per source
+    final long ll128Capacity;  // LL128 staging capacity per source
+    final boolean ll128Auto;   // AUTO may pick LL128: NVIDIA only (not validated on AMD)
     final SymmetricWindow window;
     final PeerTable peers;       // LSA only; null for the hybrid kernel, which asks NCCL itself
     final boolean hybrid;        // some peer is reachable only through GIN
@@ -45,9 +47,9 @@ final class GinState implements AutoCloseable {
     static final class Rank {
         final Communicator comm;
         final CodeObject code;
-        final Kernel direct, ll, directV, llV;
-        final KernelArgs directArgs, llArgs, directVArgs, llVArgs;
-        final DeviceBuffer seq, llSeq;
+        final Kernel direct, ll, directV, llV, ll128, ll128V;
+        final KernelArgs directArgs, llArgs, directVArgs, llVArgs, ll128Args, ll128VArgs;
+        final DeviceBuffer seq, llSeq, ll128Seq;
         final KernelErrors errors;
         final java.util.Map<Long, Integer> residentBlocks = new java.util.concurrent.ConcurrentHashMap<>();
         CodeObject hybridCode;       // nccl_gin_a2a: compiled only against NCCL >= 2.29.7 headers
@@ -83,6 +85,8 @@ final class GinState implements AutoCloseable {
             ll = code.kernel("gin_a2a_ll");
             directV = code.kernel("gin_a2av");
             llV = code.kernel("gin_a2av_ll");
+            ll128 = code.kernel("gin_a2a_ll128");
+            ll128V = code.kernel("gin_a2av_ll128");
             // gin_a2a(send, bytesPerPeer, peerBases, recvOffset, slotBytes, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
             directArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
             // gin_a2a_ll(send, bytesPerPeer, peerBases, recvOffset, slotBytes, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
@@ -91,20 +95,32 @@ final class GinState implements AutoCloseable {
             directVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
             // gin_a2av_ll(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
             llVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+            // gin_a2a_ll128 / gin_a2av_ll128: the LL signatures, with the LL128 staging, capacity and counters
+            ll128Args = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+            ll128VArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
             long seqBytes = 8L * comm.size() * Plan.MAX_CHUNKS_PER_PEER;
             seq = d.allocate(seqBytes, arena);
             llSeq = d.allocate(seqBytes, arena);
+            ll128Seq = d.allocate(seqBytes, arena);
             seq.fill((byte) 0, setup);
             llSeq.fill((byte) 0, setup);
+            ll128Seq.fill((byte) 0, setup);
             errors = new KernelErrors(d, arena, setup);
         }
     }
 
-    static WindowLayout layout(int nranks, long slotCapacity, long llCapacity, boolean hybrid) {
-        long stride = 16 + 16 * ((llCapacity + 7) / 8);
+    /** LL staging bytes per (parity, source): gin_a2a_ll_slot_stride in a2a.cu. */
+    static long llSlotStride(long llCapacity) { return 16 + 16 * ((llCapacity + 7) / 8); }
+
+    /** LL128 staging bytes per (parity, source): one header line, one 128-byte line per 120 payload bytes (gin_a2a_ll128_slot_stride). */
+    static long ll128SlotStride(long ll128Capacity) { return 128 * (1 + (ll128Capacity + 119) / 120); }
+
+    static WindowLayout layout(int nranks, long slotCapacity, long llCapacity, long ll128Capacity, boolean hybrid) {
         WindowLayout.Builder b = WindowLayout.builder()
                 .region("signals", 16L * nranks * Plan.MAX_CHUNKS_PER_PEER, 128)
-                .region("ll", 2L * nranks * stride, 128)
+                .region("ll", 2L * nranks * llSlotStride(llCapacity), 128)
+                // LL128 lines must be 128-byte aligned (the kernels check it)
+                .region("ll128", Math.multiplyExact(2L * nranks, ll128SlotStride(ll128Capacity)), 128)
                 .region("counts", 8L * nranks, 128)
                 .region("recv", Math.multiplyExact(slotCapacity, (long) nranks), 4096);
         // GIN puts read from registered memory: blocks for remote peers are staged in the window first
@@ -130,8 +146,10 @@ final class GinState implements AutoCloseable {
         this.nranks = group.worldSize();
         this.slotCapacity = slotCapacity;
         this.llCapacity = Math.max(64, Math.min(slotCapacity, Plan.LL_MAX_BYTES_PER_PEER));
+        this.ll128Capacity = Math.max(120, Math.min(slotCapacity, Plan.LL128_MAX_BYTES_PER_PEER));
+        this.ll128Auto = group.rank(0).device().runtime().isCuda();
         this.hybrid = needsGin(group);
-        this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, hybrid));
+        this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, hybrid));
         DeviceComm dc = null;
         try {
             this.peers = hybrid ? null : PeerTable.resolve(window, arena);
@@ -162,24 +180,30 @@ final class GinState implements AutoCloseable {
     long offset(String region) { return window.layout().region(region).offset(); }
 
     /**
+     * The launch shape for {@code bytesPerPeer} on local rank {@code localIndex}: by size (or the
+     * forced protocol), direct where the LL / LL128 staging is too small or the hybrid kernel runs,
+     * and shrunk to what the GPU holds resident.
+     */
+    Plan plan(long bytesPerPeer, Protocol protocol, int localIndex) {
+        Plan plan = Plan.choose(bytesPerPeer, protocol, ll128Auto);
+        boolean tooBig = (plan.protocol() == Protocol.LL && bytesPerPeer > llCapacity)
+                || (plan.protocol() == Protocol.LL128 && bytesPerPeer > ll128Capacity);
+        if (tooBig || hybrid) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
+        return fit(plan, localIndex);
+    }
+
+    /**
      * The plan itself, or one with fewer chunks per peer, such that every block of the grid is
      * resident at once (the kernels' blocks wait for each other; a grid larger than the GPU holds
      * would end in a time-out). Same answer on every rank for the same GPU model.
      */
-    /**
-     * The launch shape for {@code bytesPerPeer} on local rank {@code localIndex}: by size (or the
-     * forced protocol), direct where LL staging is too small or the hybrid kernel runs, and
-     * shrunk to what the GPU holds resident.
-     */
-    Plan plan(long bytesPerPeer, Protocol protocol, int localIndex) {
-        Plan plan = Plan.choose(bytesPerPeer, protocol);
-        if ((plan.protocol() == Protocol.LL && bytesPerPeer > llCapacity) || hybrid) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
-        return fit(plan, localIndex);
-    }
-
     private Plan fit(Plan plan, int localIndex) {
         Rank r = ranks.get(localIndex);
-        var kernel = hybrid ? r.hybridKernel : plan.protocol() == Protocol.LL ? r.ll : r.direct;
+        var kernel = hybrid ? r.hybridKernel : switch (plan.protocol()) {
+            case LL -> r.ll;
+            case LL128 -> r.ll128;
+            default -> r.direct;
+        };
         long key = ((long) plan.protocol().ordinal() << 32) | plan.threads();
         int resident = r.residentBlocks.computeIfAbsent(key, k -> kernel.occupancy(plan.threads(), 0) * r.comm.device().multiprocessors());
         int chunks = plan.chunksPerPeer();

@@ -36,6 +36,7 @@ class AllToAllGpuTest {
     private List<Stream> streams;
     private Arena arena;
     private int n;
+    private boolean ll128Validated;  // NVIDIA: LL128 relies on NVLink delivering a 128-byte line whole (not validated on AMD)
 
     @BeforeAll void setUp() {
         GpuRuntime rt = Gpus.runtimeWithDevices(2);
@@ -43,6 +44,8 @@ class AllToAllGpuTest {
         Gpus.requireKernels(rt, "a2a");
         devs = rt.devices();
         n = devs.size();
+        ll128Validated = rt.isCuda();
+        if (!ll128Validated) System.err.println("AllToAllGpuTest: LL128 cases skipped: LL128 is not validated on AMD (" + rt.name() + ")");
         group = CommGroup.initAll(devs);
         arena = Arena.ofShared();
         streams = new ArrayList<>();
@@ -93,12 +96,15 @@ class AllToAllGpuTest {
 
     @Test void uniformEverySizeBothProtocolsMatchesOracleAndHost() {
         try (AllToAll ginA = AllToAll.create(group, MAX_PER_PEER, Backend.GIN); AllToAll host = AllToAll.create(group, MAX_PER_PEER, Backend.HOST)) {
-            long[] perPeer = {0, 1, 3, 17, 2047, 2048, 4095, 32768 + 5, 131072, 524288 + 3, 8L << 20, (128L << 20) + 9, MAX_PER_PEER};
+            long[] perPeer = {0, 1, 3, 17, 119, 121, 241, 2047, 2048, 4095, 32768 + 5, 131072, 524288 + 3, (1L << 20) + 1, 4L << 20, 8L << 20, (128L << 20) + 9, MAX_PER_PEER};
             for (long b : perPeer) {
                 byte[][] data = new byte[n][];
                 for (int i = 0; i < n; i++) data[i] = randomBytes(b * n);
                 List<DeviceBuffer> in = upload(data, (int) (b % 7));
-                List<Protocol> protocols = b <= Plan.LL_MAX_BYTES_PER_PEER ? List.of(Protocol.AUTO, Protocol.LL, Protocol.DIRECT) : List.of(Protocol.AUTO);
+                List<Protocol> protocols = new ArrayList<>(List.of(Protocol.AUTO));
+                if (b <= Plan.LL_MAX_BYTES_PER_PEER) protocols.add(Protocol.LL);
+                if (b <= Plan.LL128_MAX_BYTES_PER_PEER && ll128Validated) protocols.add(Protocol.LL128);
+                if (b <= Plan.LL128_MAX_BYTES_PER_PEER) protocols.add(Protocol.DIRECT);
                 for (Protocol p : protocols) {
                     poison(ginA, b * n);
                     ginA.protocol(p).run(in, b, streams);
@@ -143,7 +149,8 @@ class AllToAllGpuTest {
     @Test void backToBackAndGraphReplaysStayCorrect() {
         long b = 40_000;
         try (AllToAll a = AllToAll.create(group, 1 << 20, Backend.GIN)) {
-            for (Protocol p : List.of(Protocol.LL, Protocol.DIRECT)) {
+            List<Protocol> protocols = ll128Validated ? List.of(Protocol.LL, Protocol.LL128, Protocol.DIRECT) : List.of(Protocol.LL, Protocol.DIRECT);
+            for (Protocol p : protocols) {
                 a.protocol(p);
                 byte[][] d0 = new byte[n][], d1 = new byte[n][];
                 for (int i = 0; i < n; i++) { d0[i] = randomBytes(b * n); d1[i] = randomBytes(b * n); }
@@ -173,6 +180,67 @@ class AllToAllGpuTest {
                 }
             }
             a.protocol(Protocol.AUTO);
+        }
+    }
+
+    /**
+     * Protocols switched from call to call on one window (LL, LL128, direct share the receive
+     * slots, each has its own staging and counters): 200 calls each checked, then 1000 back to back
+     * without a host sync, checked at the end. Sizes around LL128's 120-byte lines and odd ones.
+     */
+    @Test void switchingProtocolsCallToCallStaysCorrect() {
+        Gpus.skipUnless(ll128Validated, "LL128 is not validated on AMD: protocol switching with LL128 skipped");
+        long[] sizes = {1, 119, 120, 121, 240, 241, 4096 + 3, 65536, 100_003, 262_144};
+        Protocol[] protocols = {Protocol.LL, Protocol.LL128, Protocol.DIRECT, Protocol.AUTO};
+        try (AllToAll a = AllToAll.create(group, 300_000, Backend.GIN)) {
+            List<List<DeviceBuffer>> inputs = new ArrayList<>();
+            List<byte[][]> datas = new ArrayList<>();
+            for (long b : sizes) {
+                byte[][] d = new byte[n][];
+                for (int i = 0; i < n; i++) d[i] = randomBytes(b * n);
+                datas.add(d);
+                inputs.add(upload(d, (int) (b % 5)));
+            }
+            for (int call = 0; call < 200; call++) {
+                int k = random.nextInt(sizes.length);
+                Protocol p = protocols[random.nextInt(protocols.length)];
+                poison(a, sizes[k] * n);
+                a.protocol(p).run(inputs.get(k), sizes[k], streams);
+                a.checkErrors(streams);
+                checkUniform(a, datas.get(k), sizes[k], "call " + call + " " + p);
+            }
+            int last = 0;
+            for (int call = 0; call < 1000; call++) {
+                last = random.nextInt(sizes.length);
+                a.protocol(protocols[call % protocols.length]).run(inputs.get(last), sizes[last], streams);
+            }
+            a.checkErrors(streams);
+            checkUniform(a, datas.get(last), sizes[last], "1000 back-to-back calls switching protocols");
+            a.protocol(Protocol.AUTO);
+        }
+    }
+
+    @Test void allToAllVForcedLl128MatchesOracle() {
+        Gpus.skipUnless(ll128Validated, "LL128 is not validated on AMD: forced LL128 all-to-all-v skipped");
+        long cap = 200_003;
+        try (AllToAllV gv = AllToAllV.create(group, cap, Backend.GIN)) {
+            gv.protocol(Protocol.LL128);
+            for (int round = 0; round < 6; round++) {
+                long[][] cnt = new long[n][n];
+                for (int i = 0; i < n; i++) for (int p = 0; p < n; p++) {
+                    cnt[i][p] = switch (round) {
+                        case 0 -> 0;
+                        case 1 -> 119 + p;                      // around one LL128 line
+                        case 2 -> p == 1 ? cap : 0;             // one peer takes everything
+                        default -> random.nextInt(5) == 0 ? 0 : random.nextLong(cap + 1);
+                    };
+                }
+                check(gv, cnt, cap, round, false);
+            }
+            long[][] over = new long[n][n];
+            for (long[] row : over) Arrays.fill(row, 241);
+            over[1][0] = cap + 1;
+            check(gv, over, cap, 98, true);
         }
     }
 

@@ -1,0 +1,60 @@
+package dev.gin4j.a2a;
+
+import dev.gin4j.comm.WindowLayout;
+import org.junit.jupiter.api.Test;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** Protocol choice and window layout of the GIN all-to-all, without a GPU. */
+class PlanTest {
+    @Test void autoPicksLlThenLl128ThenDirectOnNvidia() {
+        assertEquals(Protocol.LL, Plan.choose(0, Protocol.AUTO, true).protocol());
+        assertEquals(Protocol.LL, Plan.choose(Plan.LL128_MIN_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
+        assertEquals(Protocol.LL128, Plan.choose(Plan.LL128_MIN_BYTES_PER_PEER + 1, Protocol.AUTO, true).protocol());
+        assertEquals(Protocol.LL128, Plan.choose(Plan.LL128_MAX_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
+        assertEquals(Protocol.DIRECT, Plan.choose(Plan.LL128_MAX_BYTES_PER_PEER + 1, Protocol.AUTO, true).protocol());
+        // the two-argument form is the NVIDIA choice
+        assertEquals(Protocol.LL128, Plan.choose(512 * 1024, Protocol.AUTO).protocol());
+    }
+
+    @Test void autoNeverPicksLl128OnAmd() {
+        for (long b = 1; b <= 64L << 20; b *= 2) {
+            Protocol p = Plan.choose(b, Protocol.AUTO, false).protocol();
+            assertNotEquals(Protocol.LL128, p, "AUTO on AMD at " + b + " bytes per peer");
+            assertEquals(b <= Plan.LL_MAX_BYTES_PER_PEER ? Protocol.LL : Protocol.DIRECT, p, b + " bytes per peer");
+        }
+        // forcing stays possible (an experiment on AMD)
+        assertEquals(Protocol.LL128, Plan.choose(1 << 20, Protocol.LL128, false).protocol());
+    }
+
+    @Test void ll128PlansFitTheKernelLimits() {
+        for (long b : new long[] {0, 1, 120, 4096, 4097, 65537, 1 << 20, 4L << 20, 64L << 20}) {
+            Plan p = Plan.choose(b, Protocol.LL128);
+            assertEquals(Protocol.LL128, p.protocol());
+            assertTrue(p.threads() <= 512 && p.threads() % 64 == 0, "LL128 threads " + p.threads() + " at " + b);
+            assertTrue(p.chunksPerPeer() >= 1 && p.chunksPerPeer() <= 32, "LL128 chunks " + p.chunksPerPeer() + " at " + b);
+        }
+        assertThrows(IllegalArgumentException.class, () -> new Plan(Protocol.LL128, 4, 1024));
+        assertDoesNotThrow(() -> new Plan(Protocol.DIRECT, 4, 1024));
+    }
+
+    @Test void ll128StagingMatchesTheKernelFormula() {
+        // gin_a2a_ll128_slot_stride: 128 * (1 header line + ceil(capacity / 120) data lines)
+        assertEquals(128 * 2, GinState.ll128SlotStride(1));
+        assertEquals(128 * 2, GinState.ll128SlotStride(120));
+        assertEquals(128 * 3, GinState.ll128SlotStride(121));
+        assertEquals(128 * (1 + 34953), GinState.ll128SlotStride(4L << 20));
+        assertEquals(16 + 16 * 2, GinState.llSlotStride(9));
+        int nranks = 3;
+        long slot = 1_000_003, ll = 65536, ll128 = 1_000_003;
+        WindowLayout w = GinState.layout(nranks, slot, ll, ll128, false);
+        WindowLayout.Region r = w.region("ll128");
+        assertEquals(0, r.offset() % 128, "LL128 lines must be 128-byte aligned");
+        assertEquals(2L * nranks * GinState.ll128SlotStride(ll128), r.size());
+        // no region overlaps another
+        var regions = w.regions().values().stream().sorted((a, b) -> Long.compare(a.offset(), b.offset())).toList();
+        for (int i = 1; i < regions.size(); i++)
+            assertTrue(regions.get(i - 1).offset() + regions.get(i - 1).size() <= regions.get(i).offset(), regions.get(i - 1) + " overlaps " + regions.get(i));
+        assertTrue(w.size() >= regions.get(regions.size() - 1).offset() + regions.get(regions.size() - 1).size());
+    }
+}
