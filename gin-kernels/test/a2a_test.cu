@@ -51,19 +51,21 @@ constexpr uint64_t kGranule = 4096;
 //   A2A_SELF4         self slot copied by chunks/4 blocks of its group (the rest exit at once)
 //   A2A_NOSELF        diagnostic: no self copy at all (pure NVLink time; self slot NOT written)
 //   A2A_TMA4 / TMA8   remote copy by TMA bulk copies through shared memory, 4 x 32 KiB / 8 x 8 KiB
+//   A2A_LL128_U2 / U8 gin_a2a_ll128 with 2 / 8 warp stores per round per warp (library: 4)
 enum Kind {
   A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5,
   A2A_HINT = 6, A2A_SELF4 = 7, A2A_NOSELF = 8, A2A_TMA4 = 9, A2A_TMA8 = 10,
-  A2A_LL128 = 11, A2AV_LL128 = 12
+  A2A_LL128 = 11, A2AV_LL128 = 12, A2A_LL128_U2 = 13, A2A_LL128_U8 = 14
 };
 static const char* kind_name(int k) {
   static const char* names[] = {"gin_a2a",       "gin_a2av",       "gin_a2a_ll",      "gin_a2av_ll",
                                 "test_a2a_u4",   "test_a2a_u16",   "test_a2a_hint",   "test_a2a_self4",
                                 "test_a2a_noself", "test_a2a_tma4", "test_a2a_tma8", "gin_a2a_ll128",
-                                "gin_a2av_ll128"};
+                                "gin_a2av_ll128", "test_a2a_ll128_u2", "test_a2a_ll128_u8"};
   return names[k];
 }
-static bool is_variant(int k) { return k >= A2A_U4 && k <= A2A_TMA8; }
+// Test-only kernels (timed and checked, never a library configuration).
+static bool is_variant(int k) { return (k >= A2A_U4 && k <= A2A_TMA8) || k >= A2A_LL128_U2; }
 static bool is_tma(int k) { return k == A2A_TMA4 || k == A2A_TMA8; }
 
 using TmaCopy4x32K = gin_a2a_detail::TmaCopy<4, 32768>;
@@ -78,6 +80,18 @@ test_a2a_variant(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* pee
                                                                    recvOffset, slotBytes, 0, signalOffset, seqState,
                                                                    rank, nranks, chunksPerPeer, maxChunksPerPeer,
                                                                    errorFlags);
+}
+// LL128 with 2 / 8 warp stores per round per warp instead of the library's GIN_LL128_UNROLL = 4
+// (same protocol, staging and counters as gin_a2a_ll128, so they may share them).
+template <int kUnroll>
+__global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS)
+test_a2a_ll128_variant(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
+                       uint64_t slotBytes, uint64_t ll128Offset, uint64_t ll128Capacity, uint64_t* ll128SeqState,
+                       int32_t rank, int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer,
+                       uint32_t* errorFlags) {
+  gin_a2a_detail::a2a_ll128<false, kUnroll>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes,
+                                            0, ll128Offset, ll128Capacity, ll128SeqState, rank, nranks, chunksPerPeer,
+                                            maxChunksPerPeer, errorFlags);
 }
 using KernelFn = void (*)(const uint8_t*, uint64_t, const uint64_t*, uint64_t, uint64_t, uint64_t, uint64_t*, int32_t,
                           int32_t, int32_t, int32_t, uint32_t*);
@@ -103,7 +117,9 @@ static uint32_t dyn_smem_of(int k) {
   return k == A2A_TMA4 ? TmaCopy4x32K::kSharedBytes : k == A2A_TMA8 ? TmaCopy8x8K::kSharedBytes : 0u;
 }
 __host__ __device__ inline bool is_ll(int k) { return k == A2A_LL || k == A2AV_LL; }
-__host__ __device__ inline bool is_ll128(int k) { return k == A2A_LL128 || k == A2AV_LL128; }
+__host__ __device__ inline bool is_ll128(int k) {
+  return k == A2A_LL128 || k == A2AV_LL128 || k == A2A_LL128_U2 || k == A2A_LL128_U8;
+}
 __host__ __device__ inline bool is_v(int k) { return k == A2AV || k == A2AV_LL || k == A2AV_LL128; }
 static const char* protocol_name(int k) { return is_ll(k) ? "LL" : is_ll128(k) ? "LL128" : "direct"; }
 
@@ -455,6 +471,12 @@ static void launch(int r, const Call& c, cudaStream_t stream) {
                                                 kLl128Capacity, R.seqLl128, r, g_n, c.chunks, kMaxChunks,
                                                 R.errorFlags);
       break;
+    case A2A_LL128_U2:
+    case A2A_LL128_U8:
+      (c.kind == A2A_LL128_U2 ? test_a2a_ll128_variant<2> : test_a2a_ll128_variant<8>)<<<grid, block, 0, stream>>>(
+          send, c.bpp, R.peerBases, L.recvOffset, slot, L.ll128Offset, kLl128Capacity, R.seqLl128, r, g_n, c.chunks,
+          kMaxChunks, R.errorFlags);
+      break;
     case A2AV_LL128:
       gin_a2av_ll128<<<grid, block, 0, stream>>>(send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases,
                                                  L.recvOffset, slot, L.recvCountsOffset, L.ll128Offset,
@@ -486,6 +508,8 @@ static bool grid_fits(const Call& c) {
                    : c.kind == A2AV_LL ? (const void*)gin_a2av_ll
                    : c.kind == A2A_LL128 ? (const void*)gin_a2a_ll128
                    : c.kind == A2AV_LL128 ? (const void*)gin_a2av_ll128
+                   : c.kind == A2A_LL128_U2 ? (const void*)test_a2a_ll128_variant<2>
+                   : c.kind == A2A_LL128_U8 ? (const void*)test_a2a_ll128_variant<8>
                                        : (const void*)direct_kernel_of(c.kind);
   CK(cudaSetDevice(0));
   CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&perSm, fn, c.threads, dyn_smem_of(c.kind)));
@@ -1172,7 +1196,8 @@ static const TimingCfg kTimingCfgs[] = {
     {A2A_LL, 1, 256},     {A2A_LL, 1, 512},     {A2A_LL, 2, 512},     {A2A_LL, 4, 512},     {A2A_LL, 8, 512},
     {A2A_LL, 16, 512},    {A2A_LL128, 1, 256},  {A2A_LL128, 1, 512},  {A2A_LL128, 2, 512},  {A2A_LL128, 4, 512},
     {A2A_LL128, 8, 512},  {A2A_LL128, 16, 256}, {A2A_LL128, 16, 512}, {A2A_LL128, 32, 256}, {A2A_LL128, 32, 512},
-    {A2A_LL128, 64, 512}, {A2A, 1, 256},        {A2A, 1, 512},        {A2A, 2, 1024},       {A2A, 4, 1024},
+    {A2A_LL128, 64, 512}, {A2A_LL128_U2, 16, 512}, {A2A_LL128_U2, 32, 512}, {A2A_LL128_U8, 8, 512},
+    {A2A_LL128_U8, 16, 512}, {A2A_LL128_U8, 32, 512}, {A2A, 1, 256},        {A2A, 1, 512},        {A2A, 2, 1024},       {A2A, 4, 1024},
     {A2A, 8, 1024},       {A2A, 16, 1024},      {A2A, 24, 1024},      {A2A, 32, 1024},      {A2A, 48, 1024},
     {A2A, 64, 1024},      {A2A, 8, 512},        {A2A, 16, 512},       {A2A, 32, 512},       {A2A, 64, 512},
     {A2A, 96, 512},       {A2A, 128, 512}};
@@ -1219,10 +1244,11 @@ static void pipelined_table(bool quick) {
       const bool ok = verify_timing_output(c, run);
       record(ok, "pipelined output " + describe(c));
       char line[160];
-      snprintf(line, sizeof line, "%10llu  %-6s chunks=%-3d threads=%-5d %9.2f us pipelined %8.1f GB/s%s",
-               (unsigned long long)size, protocol_name(c.kind), c.chunks, c.threads, us, moved / us / 1e3,
+      snprintf(line, sizeof line, "%10llu  %-18s chunks=%-3d threads=%-5d %9.2f us pipelined %8.1f GB/s%s",
+               (unsigned long long)size, kind_name(c.kind), c.chunks, c.threads, us, moved / us / 1e3,
                ok ? "" : "  WRONG OUTPUT");
       detail.push_back(line);
+      if (is_variant(c.kind)) continue;  // listed, but not a library configuration
       const int pi = is_ll(c.kind) ? 0 : is_ll128(c.kind) ? 1 : 2;
       if (us < best[pi]) {
         best[pi] = us;
@@ -1496,6 +1522,18 @@ int main(int argc, char** argv) {
       c.bpp = kLl128Capacity + 7;
       test_uniform(c);
     }
+    // The LL128 unroll variants (timed below) on odd sizes and misaligned inputs.
+    for (int kind : {A2A_LL128_U2, A2A_LL128_U8})
+      for (uint64_t bpp : {1ull, 241ull, 65536ull + 1, 1000003ull, 4ull << 20})
+        for (int misalign : {0, 13}) {
+          Call c;
+          c.kind = kind;
+          c.chunks = bpp > 65536 ? 16 : 2;
+          c.threads = 512;
+          c.bpp = bpp;
+          c.misalign = misalign;
+          test_uniform(c);
+        }
     // LL128 into odd-sized slots: every source slot starts at a different alignment (8-byte
     // aligned and odd), so the unpack takes its 4-byte and byte paths; send pointers misaligned too.
     for (uint64_t slot : {(1ull << 20) + 40, (1ull << 20) + 13, (1ull << 20) + 6})
