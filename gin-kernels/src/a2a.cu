@@ -674,6 +674,10 @@ GIN_DEVICE_INLINE void ll128_store8(uint8_t* dst, uint64_t v, uint64_t n) {
       ((uint32_t*)dst)[1] = (uint32_t)(v >> 32);
       return;
     }
+    if ((a & 1u) == 0) {  // e.g. bf16 slots of an odd element count
+      for (int k = 0; k < 4; ++k) ((uint16_t*)dst)[k] = (uint16_t)(v >> (16 * k));
+      return;
+    }
     n = 8;
   }
   for (uint64_t k = 0; k < n; ++k) dst[k] = (uint8_t)(v >> (8 * k));
