@@ -260,6 +260,15 @@ GIN_DEVICE_INLINE uint64_t ballot(bool p) {
 #endif
 }
 
+// A ballot as narrow as the warp (32-bit masks on NVIDIA: fewer registers in the reductions).
+#if GIN_WARP_SIZE > 32
+typedef uint64_t lanemask_t;
+GIN_DEVICE_INLINE int lanemask_ffs(lanemask_t m) { return __ffsll((long long)m) - 1; }
+#else
+typedef uint32_t lanemask_t;
+GIN_DEVICE_INLINE int lanemask_ffs(lanemask_t m) { return __ffs((int)m) - 1; }
+#endif
+
 // Execution + memory barrier of one warp/wavefront.
 GIN_DEVICE_INLINE void syncwarp() {
 #if GIN_HIP
@@ -302,6 +311,28 @@ GIN_DEVICE_INLINE gin_u128 ld16_fresh(const void* p) {
   asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2];" : "=l"(v.lo), "=l"(v.hi) : "l"(p));
 #endif
   return v;
+}
+// The same loads at p + kOff bytes (an immediate of the instruction): a reduction pass keeps one
+// address register pair per row instead of one per vector in flight (round 6: 16 vectors per lane).
+template <int kOff>
+GIN_DEVICE_INLINE gin_u128 ld16_stream_at(const uint8_t* p) {
+#if GIN_HIP
+  return gin_ld16_stream(p + kOff);
+#else
+  gin_u128 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u64 {%0, %1}, [%2+%3];" : "=l"(v.lo), "=l"(v.hi) : "l"(p), "n"(kOff));
+  return v;
+#endif
+}
+template <int kOff>
+GIN_DEVICE_INLINE gin_u128 ld16_fresh_at(const uint8_t* p) {
+#if GIN_HIP
+  return ld16_fresh(p + kOff);
+#else
+  gin_u128 v;
+  asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2+%3];" : "=l"(v.lo), "=l"(v.hi) : "l"(p), "n"(kOff));
+  return v;
+#endif
 }
 template <bool kFresh>
 GIN_DEVICE_INLINE gin_u128 ld16(const void* p) {
@@ -448,8 +479,17 @@ GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
 // otherwise), see row_split.
 // ------------------------------------------------------------------------------------------------
 constexpr int kExpandUnroll = 4;   // 16-byte vectors in flight per lane when copying
-constexpr int kReduceUnroll = 2;   // output vectors per lane per pass when reducing (x kReduceGroup rows in flight)
-constexpr int kReduceGroup = 4;    // rows (own + partials) whose loads are in flight together when reducing
+// Reductions (round 6): 4 output vectors per lane per pass (a pass covers 2 KB of a row per warp)
+// and rows in groups of 2 with all their loads in flight (8 x 16 bytes per lane, as before), so a
+// pass makes 64 bytes per lane in ceil(entries / 2) round trips. Rounds 2-5 used 2 x 4 (32 bytes per
+// lane in ceil(entries / 4) round trips): the producers reached ~300 GB/s at 4096 tokens and a
+// 2 KB segment at 128 tokens took two dependent passes. 4 x 4 and 4 x 3 need 140-150 registers
+// (ptxas: 88-160 byte stack frames at the 128-register cap of 512 threads).
+constexpr int kReduceUnroll = 4;   // output vectors per lane per pass
+#ifndef MOE_RG
+#define MOE_RG 2
+#endif
+constexpr int kReduceGroup = MOE_RG;    // rows (own + partials) whose loads are in flight together    // rows (own + partials) whose loads are in flight together
 
 // Work items: a list of n rows is cut into n * nseg items, item i = (row i / nseg, segment
 // i % nseg), so that a call with few rows per channel still keeps every warp of the block busy
@@ -461,9 +501,12 @@ struct RowSplit {
   int nseg;
   uint64_t segBytes;
 };
-GIN_DEVICE_INLINE RowSplit row_split(uint64_t rowBytes, int n) {
+// minSeg: at least that many segments where the row has enough warp passes (the combine consumer
+// asks for 2, see combine_items).
+GIN_DEVICE_INLINE RowSplit row_split(uint64_t rowBytes, int n, int minSeg = 1) {
   const uint64_t units = (rowBytes + 15) >> 4;  // 16-byte units (the last may be partial)
   uint64_t want = n > 0 ? (uint64_t)((MOE_WARPS + n - 1) / n) : 1ull;
+  if (want < (uint64_t)minSeg) want = (uint64_t)minSeg;
   const uint64_t maxSeg = units / GIN_WARP_SIZE > 0 ? units / GIN_WARP_SIZE : 1ull;
   if (want > maxSeg) want = maxSeg;
   uint64_t segUnits = (units + want - 1) / want;
@@ -478,6 +521,18 @@ GIN_DEVICE_INLINE void seg_range(const RowSplit& sp, int seg, uint64_t rowBytes,
   b1 = b0 + sp.segBytes < rowBytes ? b0 + sp.segBytes : rowBytes;
 }
 
+// Asks L2 to fetch [p, p + bytes) (p and bytes multiples of 16) without holding a register: the
+// reductions' extra memory-level parallelism beyond the loads that registers can hold (round 6).
+// A hint only (no data returned, no ordering); nothing on AMD.
+GIN_DEVICE_INLINE void prefetch_l2(const uint8_t* p, uint32_t bytes) {
+#if !GIN_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
 // Copies bytes [b0, b1) of one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none)
 // of dstBase. kFresh: the source was written during this kernel (window staging), so no
 // non-coherent loads.
@@ -487,6 +542,9 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
   const int lane = (int)gin_lane_id();
   if (fast) {
     const uint64_t vEnd = b1 >> 4;
+    // The whole segment into L2 at once (round 6): the loop below keeps only 2 KB per warp in
+    // flight, so a 14 KB row was 7 dependent HBM round trips; now the later ones hit L2.
+    if (lane == 0 && b1 - b0 > (uint64_t)GIN_WARP_SIZE * kExpandUnroll * 16) prefetch_l2(src + b0, (uint32_t)(b1 - b0));
     for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
       gin_u128 r[kExpandUnroll];
 #pragma unroll
@@ -524,6 +582,25 @@ GIN_DEVICE_INLINE void warp_expand_row(const uint8_t* src, uint8_t* dstBase, uin
   warp_expand_seg<kFresh>(src, dstBase, rowBytes, myRow, nTargets, fast, 0, rowBytes);
 }
 
+// Vectors u < nv of one reduction pass of this lane (p = its first vector; the next are a warp
+// width of vectors apart), all loads issued before any is used.
+template <bool kFresh, int U>
+struct PassLoader {
+  static GIN_DEVICE_INLINE void run(gin_u128* r, const uint8_t* p, int nv) {
+    PassLoader<kFresh, U - 1>::run(r, p, nv);
+    constexpr int kOff = (U - 1) * GIN_WARP_SIZE * 16;
+    if (nv > U - 1) r[U - 1] = kFresh ? ld16_fresh_at<kOff>(p) : ld16_stream_at<kOff>(p);
+  }
+};
+template <bool kFresh>
+struct PassLoader<kFresh, 0> {
+  static GIN_DEVICE_INLINE void run(gin_u128*, const uint8_t*, int) {}
+};
+template <bool kFresh>
+GIN_DEVICE_INLINE void load_pass(gin_u128 (&r)[kReduceUnroll], const uint8_t* p, int nv) {
+  PassLoader<kFresh, kReduceUnroll>::run(r, p, nv);
+}
+
 struct NoWait {
   GIN_DEVICE_INLINE void operator()() const {}
 };
@@ -531,10 +608,11 @@ struct NoWait {
 // Bytes [b0, b1) of out = bf16( sum_{k < nk, row_k >= 0} w_k * rowsBase[row_k]
 //                               + sum_{lanes j < nExtra, extra_j != 0} extra_j ), fp32 accumulation.
 // rowsBase rows are stable for the kernel; extra rows were written during it (window partials).
-// waitExtras() is called once by the whole warp after the first pass's own-row loads were issued
-// and before any extra row is read (it waits for the extras' flags and orders the warp), so the
-// own rows overlap the wait. Lane k holds (myRow, myW), lane j holds myExtra. Summation order =
-// lane order (fixed), own rows first.
+// waitExtras() is called once by the whole warp, right after the loads of the first group of own
+// rows were issued (before they are summed) and before any extra row is read or any byte of out
+// is stored: it waits for the extras' flags (consumer) or for the window's write-after-read flags
+// (producer) and orders the warp, so its flag round trips overlap the first loads. Lane k holds
+// (myRow, myW), lane j holds myExtra. Summation order = lane order (fixed), own rows first.
 template <class WaitExtras>
 GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowBytes, int myRow, float myW, int nk,
                                        const uint8_t* myExtra, int nExtra, uint8_t* out, bool fast, uint64_t b0,
@@ -543,73 +621,88 @@ GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowByte
   bool waited = false;
   if (fast) {
     const uint64_t vEnd = b1 >> 4;
-    const uint64_t rowMask = ballot(lane < nk && myRow >= 0);
-    const uint64_t extraMask = ballot(lane < nExtra && myExtra != nullptr);
+    const lanemask_t rowMask = (lanemask_t)ballot(lane < nk && myRow >= 0);
+    const lanemask_t extraMask = (lanemask_t)ballot(lane < nExtra && myExtra != nullptr);
+    // Lane k's own row k in L2 one pass ahead (and the first pass itself, whose groups after the
+    // first then hit L2): the loads of a pass are limited to kReduceGroup rows by registers.
+    const uint8_t* myRowPtr = lane < nk && myRow >= 0 ? rowsBase + (uint64_t)myRow * rowBytes : nullptr;
+    constexpr uint64_t kPassBytes = (uint64_t)GIN_WARP_SIZE * kReduceUnroll * 16;
+    if (myRowPtr != nullptr) prefetch_l2(myRowPtr + b0, (uint32_t)(b1 - b0 < kPassBytes ? b1 - b0 : kPassBytes));
     for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kReduceUnroll) {
+      {
+        const uint64_t nb0 = (v0 << 4) + kPassBytes;
+        if (myRowPtr != nullptr && nb0 < b1) prefetch_l2(myRowPtr + nb0, (uint32_t)(b1 - nb0 < kPassBytes ? b1 - nb0 : kPassBytes));
+      }
       float acc[kReduceUnroll][8];
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u)
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
       // Entries (own rows in lane order, then extras in lane order: a fixed summation order) in
-      // groups of kReduceGroup with all their loads in flight. The first pass issues the own rows,
-      // then waits for the extras (the own loads overlap the wait); later passes load own rows and
+      // groups of kReduceGroup with all their loads in flight; later passes load own rows and
       // extras together (one round trip per pass where they fit one group).
-      uint64_t mOwn = rowMask, mExt = waited ? extraMask : 0ull;
-      bool waitNow = !waited;
+      const uint64_t first = v0 + (uint64_t)lane;  // this lane's vectors: first + u * warp size
+      const int nv = first >= vEnd ? 0 : (int)moe_min_i(kReduceUnroll, (int)((vEnd - first + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE));
+      lanemask_t mOwn = rowMask, mExt = waited ? extraMask : 0u;
       for (;;) {
-        while (mOwn | mExt) {
-          const uint8_t* src[kReduceGroup];
-          float w[kReduceGroup];
-          bool has[kReduceGroup], fresh[kReduceGroup];
+        if ((mOwn | mExt) == 0) {
+          if (waited) break;
+          waitExtras();  // no own row in this segment: wait, then the extras
+          waited = true;
+          mExt = extraMask;
+          continue;
+        }
+        // Addresses first, loads next, weights last: the loads need only the row indices, so
+        // a weight still in flight (recvWeights, loaded with the rows) never delays them.
+        const uint8_t* src[kReduceGroup];
+        int wl[kReduceGroup];  // lane holding the entry's weight, or -1 (a partial: weight 1)
+        bool has[kReduceGroup], fresh[kReduceGroup];
 #pragma unroll
-          for (int g = 0; g < kReduceGroup; ++g) {
-            has[g] = (mOwn | mExt) != 0;
-            fresh[g] = mOwn == 0;
-            src[g] = rowsBase;
-            w[g] = 0.f;
-            if (mOwn) {
-              const int k = __ffsll((long long)mOwn) - 1;
-              mOwn &= mOwn - 1;
-              const int row = shfl_i(myRow, k);
-              w[g] = shfl_f(myW, k);
-              src[g] = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
-            } else if (mExt) {
-              const int j = __ffsll((long long)mExt) - 1;
-              mExt &= mExt - 1;
-              src[g] = shfl_ptr(myExtra, j);
-              w[g] = 1.f;
-            }
-          }
-          gin_u128 r[kReduceGroup][kReduceUnroll];
-#pragma unroll
-          for (int g = 0; g < kReduceGroup; ++g) {
-#pragma unroll
-            for (int u = 0; u < kReduceUnroll; ++u) {
-              const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-              if (has[g] && v < vEnd) r[g][u] = fresh[g] ? ld16_fresh(src[g] + (v << 4)) : gin_ld16_stream(src[g] + (v << 4));
-            }
-          }
-#pragma unroll
-          for (int g = 0; g < kReduceGroup; ++g) {
-#pragma unroll
-            for (int u = 0; u < kReduceUnroll; ++u) {
-              const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-              if (has[g] && v < vEnd) acc_bf16x8(acc[u], r[g][u], w[g]);
-            }
+        for (int g = 0; g < kReduceGroup; ++g) {
+          has[g] = (mOwn | mExt) != 0;
+          fresh[g] = mOwn == 0;
+          src[g] = rowsBase;
+          wl[g] = -1;
+          if (mOwn) {
+            const int k = lanemask_ffs(mOwn);
+            mOwn &= mOwn - 1;
+            const int row = shfl_i(myRow, k);
+            wl[g] = k;
+            src[g] = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
+          } else if (mExt) {
+            const int j = lanemask_ffs(mExt);
+            mExt &= mExt - 1;
+            src[g] = shfl_ptr(myExtra, j);
           }
         }
-        if (!waitNow) break;
-        waitExtras();
-        waited = true;
-        waitNow = false;
-        mExt = extraMask;
+        gin_u128 r[kReduceGroup][kReduceUnroll];
+#pragma unroll
+        for (int g = 0; g < kReduceGroup; ++g) {
+          const uint8_t* p = src[g] + (first << 4);
+          if (has[g]) {
+            if (fresh[g]) load_pass<true>(r[g], p, nv);
+            else load_pass<false>(r[g], p, nv);
+          }
+        }
+        if (!waited) {
+          // First group of the segment (own rows only): the wait's flag polls go out while its
+          // loads are in flight (round 5 polled only after summing them); the extras follow
+          // the own rows, so the summation order is unchanged.
+          waitExtras();
+          waited = true;
+          mExt = extraMask;
+        }
+#pragma unroll
+        for (int g = 0; g < kReduceGroup; ++g) {
+          const float wg = wl[g] >= 0 ? shfl_f(myW, wl[g]) : 1.f;  // wl[g] is warp-uniform
+#pragma unroll
+          for (int u = 0; u < kReduceUnroll; ++u)
+            if (has[g] && u < nv) acc_bf16x8(acc[u], r[g][u], wg);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < kReduceUnroll; ++u) {
-        const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-        if (v < vEnd) gin_st16(out + (v << 4), pack_bf16x8(acc[u]));
-      }
+      for (int u = 0; u < kReduceUnroll; ++u)
+        if (u < nv) gin_st16(out + ((first + (uint64_t)u * GIN_WARP_SIZE) << 4), pack_bf16x8(acc[u]));
     }
   } else {
     const uint64_t e0 = b0 >> 1, e1 = b1 >> 1;
@@ -804,6 +897,7 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
   if (lead)
     for (int i = tid; i < d.C * d.R; i += B) s.u.lead.histD[i] = 0;
   __syncthreads();
+  MOE_PROF(0, 8);  // (dispatch only) counters cleared
   int ev[MOE_MAX_TOPK];
   for (int t = tid; t < t1; t += B) {
     const bool own = t >= t0;
@@ -828,6 +922,7 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
     }
   }
   __syncthreads();
+  MOE_PROF(0, 9);  // ids walked (counts and masks)
   // Positions of the own tokens (ids again: L1 hits of this block's first walk).
   for (int i = tid; i < t1 - t0; i += B) {
     const int t = t0 + i;
@@ -1365,6 +1460,21 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;
     MOE_PROF(0, 0);
+    // Write-after-read on every remote rank's staging (ranges move between calls, so all of its
+    // receivers of the previous call must be done): thread i probes flag i now, under the routing
+    // (round 6); a flag not there yet is waited for only after the routing, before the barrier
+    // that precedes the sends. Round 5 had every warp poll all C flags (3 dependent acquires per
+    // lane at C = 66) between the positions and its first store.
+    const int warFlags = (d.R - 1) * d.C;
+    auto warFlag = [&](int i) -> const uint64_t* {
+      const int r = (d.rank + 1 + i / d.C) % d.R;
+      return (const uint64_t*)(ownWin + wl.dispConsumed) +
+             (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + (uint64_t)(i % d.C);
+    };
+    // The last threads probe (flag i: thread B - 1 - i, ...): an acquire holds back its thread's
+    // later loads, and at small T those threads have no token of the routing walk.
+    bool warSeen = true;  // every flag of this thread probed at >= n - 1
+    for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
     int t0, t1;
     token_range(d, c, t0, t1);
     int* histE = (int*)(workspace + ws.histE);
@@ -1411,10 +1521,14 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     }
 
     if (!small) layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
+    if (!warSeen)
+      for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
 #if GIN_HIP
     __threadfence();  // every wave's position stores before the one release below
 #endif
-    __syncthreads();  // positions (this block's global writes) visible to every warp
+    // Positions (this block's global writes) visible to every warp; and the write-after-read
+    // acquires above, then this barrier: every warp may store into the peers' staging.
+    __syncthreads();
     // Positions published and the own-item claim counter of this call reset (n << 32): the
     // barrier orders every thread's position stores before the release (cumulative). The last
     // warp releases it: at small T it has no send item, so the release's fence delays no send.
@@ -1426,19 +1540,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
       const int lo = s.prefD[r], cnt = s.cntD[r];
       if (cnt == 0) continue;
-      // WAR on d's staging: ranges move between calls, so wait for all of d's receivers. Each
-      // warp waits itself (lanes over the C flags) before its first store into d's window, after
-      // its first x loads were issued: the flag round trip overlaps them and no block barrier
-      // stands between positions and the first send (round 4: C threads + __syncthreads).
-      const uint64_t* consumed = (const uint64_t*)(ownWin + wl.dispConsumed) +
-                                 (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS;
-      bool warWaited = false;
-      auto waitWar = [&]() {
-        if (warWaited) return;
-        for (int cc = lane; cc < d.C; cc += GIN_WARP_SIZE) (void)gin_wait_geq(consumed + cc, seq - 1, errorFlags);
-        syncwarp();  // every lane's acquire before any lane's store into d's staging
-        warWaited = true;
-      };
       uint8_t* peerWin = (uint8_t*)peerBases[r];
       const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
       uint8_t* rowsBase = peerWin + wl.dispRows + sec * d.M * wl.rowStride;
@@ -1458,6 +1559,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         uint8_t* dst = rowsBase + (uint64_t)slot * wl.rowStride;
         if (fast) {
           const uint64_t vEnd = b1 >> 4;
+          if (lane == 0 && b1 - b0 > (uint64_t)GIN_WARP_SIZE * kExpandUnroll * 16) prefetch_l2(src + b0, (uint32_t)(b1 - b0));
           for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
             gin_u128 v[kExpandUnroll];
 #pragma unroll
@@ -1465,7 +1567,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
               const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
               if (vi < vEnd) v[u] = gin_ld16_stream(src + (vi << 4));
             }
-            waitWar();
 #pragma unroll
             for (int u = 0; u < kExpandUnroll; ++u) {
               const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
@@ -1473,10 +1574,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
             }
           }
         } else {
-          waitWar();
           gin_copy_bytes(dst + b0, src + b0, b1 - b0, (uint32_t)lane, GIN_WARP_SIZE);
         }
-        waitWar();  // (an empty fast-path segment cannot occur; kept for the metadata stores)
         if (seg == 0 && lane < d.K) {  // the slot's metadata travels with its segment 0
           const int e = topkIdx[(uint64_t)t * d.K + lane];
           const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
@@ -1642,6 +1741,114 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   if (tid == 0) state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] = seq;
 }
 
+// One combine role's items, shared by producers (kConsumer = false: the slots [first, first + n)
+// that source slotSrc sent us in this channel, partials into its window) and consumers
+// (kConsumer = true: tokens [first, first + n), y). Round 5 had two copies of this loop.
+// Per-lane metadata runs ahead of the rows (round 6): the next item's slotRows entry (and, for
+// the consumer, the tokenPos words two items ahead) are loaded while the current item reduces, so
+// an item's first row loads wait for nothing but their own addresses (round 5: slotRows ->
+// recvWeights -> rows, three dependent round trips per item; consumer: tokenPos -> slotRows ->
+// recvWeights -> rows). The weight of a row is loaded with the rows (warp_reduce_seg uses it last).
+struct CombineCtx {
+  // Kept in shared memory (one per block and source) and read where used: as registers, the
+  // context stood beside the 12 x 16-byte loads and 32 accumulators of a pass and spilled.
+  int R, rank, K, M;
+  uint64_t rowBytes;
+  const uint8_t* expertOut;
+  const float* recvWeights;
+  const int* slotRows;  // [R][M][K] recvX row of (received slot, k), from the dispatch
+  int capacity;         // rows of expertOut
+  bool fast;
+  uint64_t seqHi;
+  uint32_t* errorFlags;
+  int slotSrc;          // whose received slots the own rows come from (producer: the source; consumer: self)
+  uint8_t* out;         // row j of the items goes to out + (first + j) * outStride (first: argument)
+  uint64_t outStride;
+  uint64_t* progress;   // combProgress words of channel c, section 0 (+ warp; consumer: + section *
+                        // MOE_MAX_CHANNELS * MOE_MAX_WARPS): producer in the source's window, consumer in ours
+  const int* tokenPos;       // consumer only, and the fields below
+  const uint8_t* ownWin;
+  uint64_t combRows, rowStride;
+  const int* lo;  // [R] this channel's first slot at rank r (shared memory)
+  const int* hi;
+};
+
+template <bool kConsumer>
+GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, const RowSplit sp) {
+  const CombineCtx& d = cx;  // R, rank, K, M, rowBytes
+  const int lane = (int)gin_lane_id(), warp = (int)threadIdx.x / GIN_WARP_SIZE;
+  const int items = n * sp.nseg;
+  // Consumer, lane r < R: tokenPos[t][r] of item i's token (its slot at rank r, or -1).
+  auto posOf = [&](int i) -> int {
+    if (!kConsumer || i >= items || lane >= d.R) return -1;
+    return cx.tokenPos[(uint64_t)(first + i / sp.nseg) * d.R + (uint64_t)lane];
+  };
+  // Lane k < K: slotRows entry k of item i's slot (consumer: its own slot, from lane rank's pos).
+  auto rowOf = [&](int i, int pos) -> int {
+    if (i >= items) return -1;  // warp-uniform
+    const int slot = kConsumer ? shfl_i(pos, d.rank) : first + i / sp.nseg;
+    if (lane >= d.K || slot < 0 || slot >= d.M) return -1;
+    return cx.slotRows[((uint64_t)cx.slotSrc * d.M + (uint64_t)slot) * d.K + (uint64_t)lane];
+  };
+  int posC = posOf(warp), posN = posOf(warp + MOE_WARPS);
+  int rowC = rowOf(warp, posC);
+  int done = 0;
+  for (int i = warp; i < items; i += MOE_WARPS) {
+    const int rowN = rowOf(i + MOE_WARPS, posN);  // posN landed during the previous item
+    const int posNN = posOf(i + 2 * MOE_WARPS);
+    const int j = i / sp.nseg, seg = i - j * sp.nseg;
+    uint64_t b0, b1;
+    seg_range(sp, seg, d.rowBytes, b0, b1);
+    int row = rowC;
+    float wt = 0.f;
+    if (lane < d.K) {
+      if (row >= cx.capacity || row < -1) {
+        if (seg == 0) gin_error_set(cx.errorFlags, MOE_ERR_COUNTS);
+        row = -1;
+      }
+      if (row >= 0) wt = cx.recvWeights[row];
+    }
+    uint8_t* out = cx.out + (uint64_t)(first + j) * cx.outStride;
+    if (kConsumer) {
+      // Remote partials: lane r waits for the producer items of rank r that cover this segment
+      // (the producer's split follows from hi[r] - lo[r]).
+      const uint8_t* extra = nullptr;
+      const uint64_t* prog = nullptr;
+      int pi0 = 0, npi = 0;
+      if (lane < d.R && lane != d.rank && posC >= 0) {
+        const int pj = posC - cx.lo[lane];
+        if (pj < 0 || posC >= cx.hi[lane]) {
+          if (seg == 0) gin_error_set(cx.errorFlags, MOE_ERR_COUNTS);
+        } else {
+          const uint64_t sec = (uint64_t)moe_peer_section(lane, d.rank, d.R);
+          const RowSplit psp = row_split(d.rowBytes, cx.hi[lane] - cx.lo[lane]);
+          const int sA = (int)(b0 / psp.segBytes), sB = (int)((b1 - 1) / psp.segBytes);
+          prog = cx.progress + sec * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
+          pi0 = pj * psp.nseg + sA;
+          npi = sB - sA + 1;
+          extra = cx.ownWin + cx.combRows + (sec * d.M + (uint64_t)posC) * cx.rowStride;
+        }
+      }
+      auto waitPartials = [&]() {
+        for (int pi = pi0; pi < pi0 + npi; ++pi)
+          (void)gin_wait_geq(prog + pi % MOE_WARPS, cx.seqHi | (uint64_t)(pi / MOE_WARPS + 1), cx.errorFlags);
+        syncwarp();  // lane r's acquires, then the barrier: every lane may read r's partial
+        if (i == warp) MOE_PROF(1, 1);  // thread 0: warp 0's first partials landed
+      };
+      warp_reduce_seg(cx.expertOut, d.rowBytes, row, wt, d.K, extra, d.R, out, cx.fast, b0, b1, waitPartials);
+    } else {
+      // (write-after-read on the partial area: waited for in the kernel's prologue)
+      warp_reduce_seg(cx.expertOut, d.rowBytes, row, wt, d.K, nullptr, 0, out, cx.fast, b0, b1, NoWait{});
+      ++done;
+      syncwarp();  // every lane's partial stores before lane 0's release (cumulative)
+      if (lane == 0) gin_st_release_sys(cx.progress + warp, cx.seqHi | (uint64_t)done);
+    }
+    rowC = rowN;
+    posC = posN;
+    posN = posNN;
+  }
+}
+
 // ================================================================================================
 // moe_gin_combine. Grid 2*C blocks of MOE_THREADS, same C as the dispatch whose results it uses.
 //  producer c (blocks [0, C)), expert side: for each remote source s, the slots of s's channel c
@@ -1659,7 +1866,9 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
                 const uint64_t* peerBases, uint8_t* workspace, uint32_t* errorFlags, int32_t rank, int32_t nRanks,
                 int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ uint64_t sharedSeq;
-  __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS];
+  // Producer: [q] = the q-th remote source's slot count and channel range; consumer: [r] = rank r's.
+  __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS], srcSlots[MOE_MAX_RANKS];
+  __shared__ CombineCtx cxs[MOE_MAX_RANKS];
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
   if (expertOut == nullptr || recvWeights == nullptr || (y == nullptr && d.T > 0)) {
@@ -1677,143 +1886,114 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
   const int yRows = numTokens < 0 ? 0 : numTokens;
 
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
-  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
   const int* slotRows = (const int*)(workspace + ws.slotRows);
   const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
   uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);
-  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_COMBINE + blockIdx.x, &sharedSeq);
-  const uint64_t seqHi = seq << 32;
-  MOE_PROF(1, 0);
-
-  if ((int)blockIdx.x < d.C) {
-    // ------------------------------------------------------------------ producer (expert side)
-    const int c = (int)blockIdx.x;
+  // Channel boundaries into shared memory before load_seq's barrier (round 6: the same round trip
+  // as the call counter instead of one more after it). Producer: source q's slot count and this
+  // channel's slot range [a, b); consumer: this channel's slot range [lo, hi) at every rank.
+  // Per-role context (cxs[q]: producer, the q-th remote source; cxs[0]: consumer) likewise.
+  const bool producer = (int)blockIdx.x < d.C;
+  const int c = producer ? (int)blockIdx.x : (int)blockIdx.x - d.C;
+  if (producer) {
     const int* slotsFrom = (const int*)(workspace + ws.slotsFrom);
     const int* chanStartFrom = (const int*)(workspace + ws.chanStartFrom);
-    for (int q = 1; q < d.R; ++q) {
+    for (int q = 1 + tid; q < d.R; q += B) {
       const int src = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
-      const int S = slotsFrom[src];
-      const int a = chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + c];
-      const int b = chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + c + 1];
-      if (S < 0 || S > d.M || a < 0 || a > b || b > S) {
-        if (tid == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-        continue;
-      }
-      if (a == b) continue;
-      // WAR on s's partial area: each warp waits (lanes over the C flags) before its first store,
-      // with its first slotRows load in flight (round 4: C threads + __syncthreads first).
-      const uint64_t* consumed = (const uint64_t*)(ownWin + wl.combConsumed) +
-                                 (uint64_t)moe_peer_section(src, d.rank, d.R) * MOE_MAX_CHANNELS;
-      bool warWaited = false;
-      uint8_t* peerWin = (uint8_t*)peerBases[src];
-      const uint64_t sec = (uint64_t)moe_peer_section(d.rank, src, d.R);
-      uint8_t* partBase = peerWin + wl.combRows + sec * d.M * wl.rowStride;
-      uint64_t* progress = (uint64_t*)(peerWin + wl.combProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp;
-      // Items (slot j, segment), the split derived from b - a (the consumer derives the same).
-      const RowSplit sp = row_split(d.rowBytes, b - a);
-      const int items = (b - a) * sp.nseg;
-      int done = 0;
-      for (int i = warp; i < items; i += MOE_WARPS) {
-        const int j = i / sp.nseg, seg = i - j * sp.nseg;
-        uint64_t b0, b1;
-        seg_range(sp, seg, d.rowBytes, b0, b1);
-        const int slot = a + j;
-        int row = -1;
-        float wt = 0.f;
-        if (lane < d.K) row = slotRows[((uint64_t)src * d.M + slot) * d.K + lane];
-        if (!warWaited) {
-          for (int cc = lane; cc < d.C; cc += GIN_WARP_SIZE) (void)gin_wait_geq(consumed + cc, seq - 1, errorFlags);
-          syncwarp();  // every lane's acquire before any lane's store into s's window
-          warWaited = true;
-        }
-        if (lane < d.K) {
-          if (row >= capacity || row < -1) {
-            if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-            row = -1;
-          }
-          if (row >= 0) wt = recvWeights[row];
-        }
-        warp_reduce_seg((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, nullptr, 0,
-                        partBase + (uint64_t)slot * wl.rowStride, fast, b0, b1, NoWait{});
-        ++done;
-        syncwarp();  // every lane's partial stores before lane 0's release (cumulative)
-        if (lane == 0) gin_st_release_sys(progress, seqHi | (uint64_t)done);
-      }
+      srcSlots[q] = slotsFrom[src];
+      lo[q] = chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + c];
+      hi[q] = chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + c + 1];
     }
-    MOE_PROF_SYNC();
-    MOE_PROF(1, 1);
   } else {
-    // ------------------------------------------------------------------ consumer (source side)
-    const int c = (int)blockIdx.x - d.C;
-    const int* tokenPos = (const int*)(workspace + ws.tokenPos);
     const int* chanStartTo = (const int*)(workspace + ws.chanStartTo);
     for (int r = tid; r < d.R; r += B) {
       lo[r] = chanStartTo[r * (MOE_MAX_CHANNELS + 1) + c];
       hi[r] = chanStartTo[r * (MOE_MAX_CHANNELS + 1) + c + 1];
     }
-    __syncthreads();
+  }
+  for (int q = producer ? 1 + tid : tid; q < (producer ? d.R : 1); q += B) {
+    CombineCtx& x = cxs[q];
+    x.R = d.R;
+    x.rank = d.rank;
+    x.K = d.K;
+    x.M = d.M;
+    x.rowBytes = d.rowBytes;
+    x.expertOut = (const uint8_t*)expertOut;
+    x.recvWeights = recvWeights;
+    x.slotRows = slotRows;
+    x.capacity = capacity;
+    x.fast = fast;
+    x.errorFlags = errorFlags;
+    x.tokenPos = (const int*)(workspace + ws.tokenPos);
+    x.ownWin = ownWin;
+    x.combRows = wl.combRows;
+    x.rowStride = wl.rowStride;
+    x.lo = lo;
+    x.hi = hi;
+    if (producer) {
+      const int src = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
+      uint8_t* peerWin = (uint8_t*)peerBases[src];
+      const uint64_t sec = (uint64_t)moe_peer_section(d.rank, src, d.R);
+      x.slotSrc = src;
+      x.out = peerWin + wl.combRows + sec * d.M * wl.rowStride;
+      x.outStride = wl.rowStride;
+      x.progress = (uint64_t*)(peerWin + wl.combProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
+    } else {
+      x.slotSrc = d.rank;
+      x.out = (uint8_t*)y;
+      x.outStride = d.rowBytes;
+      x.progress = (uint64_t*)(ownWin + wl.combProgress) + (uint64_t)c * MOE_MAX_WARPS;
+    }
+  }
+  if (producer) {
+    // WAR on every remote source's partial area: its C consumers finished reading our partials of
+    // the previous call (n - 1 = this block's call counter, read by each waiting thread itself so
+    // that the waits overlap load_seq). One acquire per flag, all in flight together (the last
+    // threads: no prologue load of theirs is held back), then the barriers below: round 5 had
+    // every warp poll all C flags (3 dependent acquires per lane at C = 66) before its first store.
+    const int n = (d.R - 1) * d.C;
+    if (B - 1 - tid < n) {
+      const uint64_t prev = *(volatile uint64_t*)(state + MOE_STATE_SEQ_COMBINE + blockIdx.x);
+      for (int i = B - 1 - tid; i < n; i += B) {
+        const int q = 1 + i / d.C, cc = i % d.C;
+        const int src = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
+        const uint64_t* consumed = (const uint64_t*)(ownWin + wl.combConsumed) +
+                                   (uint64_t)moe_peer_section(src, d.rank, d.R) * MOE_MAX_CHANNELS + cc;
+        (void)gin_wait_geq(consumed, prev, errorFlags);
+      }
+    }
+  }
+  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_COMBINE + blockIdx.x, &sharedSeq);
+  if (tid < MOE_MAX_RANKS) cxs[tid].seqHi = seq << 32;  // read only after the barrier below
+  __syncthreads();  // the acquires above, then the barriers: every warp may store into the windows
+  MOE_PROF(1, 0);
+
+  if ((int)blockIdx.x < d.C) {
+    // ------------------------------------------------------------------ producer (expert side)
+    for (int q = 1; q < d.R; ++q) {
+      const int S = srcSlots[q], a = lo[q], b = hi[q];
+      if (S < 0 || S > d.M || a < 0 || a > b || b > S) {
+        if (tid == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        continue;
+      }
+      if (a == b) continue;
+      combine_items<false>(cxs[q], a, b - a, row_split(d.rowBytes, b - a));
+    }
+    MOE_PROF_SYNC();
+    MOE_PROF(1, 1);
+  } else {
+    // ------------------------------------------------------------------ consumer (source side)
     int t0, t1;
     token_range(d, c, t0, t1);
     if (t1 > yRows) t1 = yRows;  // never write past the y the caller passed
-    // Items (token, segment) over all warps; each producer's split follows from its slot count.
-    const RowSplit sp = t1 > t0 ? row_split(d.rowBytes, t1 - t0) : RowSplit{1, 16};
-    const int items = t1 > t0 ? (t1 - t0) * sp.nseg : 0;
-    for (int i = warp; i < items; i += MOE_WARPS) {
-      const int jt = i / sp.nseg, seg = i - jt * sp.nseg;
-      uint64_t b0, b1;
-      seg_range(sp, seg, d.rowBytes, b0, b1);
-      const int t = t0 + jt;
-      // Own experts: rows of this token's own slot, weights as dispatched.
-      int row = -1;
-      float wt = 0.f;
-      const int selfPos = tokenPos[(uint64_t)t * d.R + d.rank];
-      if (lane < d.K && selfPos >= 0 && selfPos < d.M) {
-        row = slotRows[((uint64_t)d.rank * d.M + selfPos) * d.K + lane];
-        if (row >= capacity || row < -1) {
-          if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-          row = -1;
-        }
-        if (row >= 0) wt = recvWeights[row];
-      }
-      // Remote partials: lane r waits (after the own rows' loads are in flight) for the producer
-      // items of rank r that cover this segment: the producer split comes from hi[r] - lo[r].
-      const uint8_t* extra = nullptr;
-      const uint64_t* progress = nullptr;
-      int pj = 0, sA = 0, sB = -1, pnseg = 1;
-      if (lane < d.R && lane != d.rank) {
-        const int pos = tokenPos[(uint64_t)t * d.R + lane];
-        if (pos >= 0) {
-          const int j = pos - lo[lane];
-          if (j < 0 || pos >= hi[lane]) {
-            if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-          } else {
-            const uint64_t sec = (uint64_t)moe_peer_section(lane, d.rank, d.R);
-            const RowSplit psp = row_split(d.rowBytes, hi[lane] - lo[lane]);
-            progress = (const uint64_t*)(ownWin + wl.combProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
-            pj = j;
-            pnseg = psp.nseg;
-            sA = (int)(b0 / psp.segBytes);
-            sB = (int)((b1 - 1) / psp.segBytes);
-            extra = ownWin + wl.combRows + (sec * d.M + (uint64_t)pos) * wl.rowStride;
-          }
-        }
-      }
-      auto waitPartials = [&]() {
-        if (progress != nullptr) {
-          for (int ps = sA; ps <= sB; ++ps) {
-            const int pi = pj * pnseg + ps;
-            (void)gin_wait_geq(progress + pi % MOE_WARPS, seqHi | (uint64_t)(pi / MOE_WARPS + 1), errorFlags);
-          }
-        }
-        syncwarp();  // lane r's acquires, then the barrier: every lane may read r's partial
-        if (i == warp) MOE_PROF(1, 1);  // thread 0: warp 0's first partials landed
-      };
-      warp_reduce_seg((const uint8_t*)expertOut, d.rowBytes, row, wt, d.K, extra, d.R,
-                      (uint8_t*)y + (uint64_t)t * d.rowBytes, fast, b0, b1, waitPartials);
-    }
+    // Items (token, segment) over all warps, at least 2 segments per row (round 6): after a
+    // token's partial lands, a warp has half a row left to reduce, not a whole one (the consumer's
+    // tail behind the producers at 4096 tokens was ~50 us). Each producer's split follows from
+    // its slot count (hi - lo).
+    if (t1 > t0) combine_items<true>(cxs[0], t0, t1 - t0, row_split(d.rowBytes, t1 - t0, 2));
     __syncthreads();
     MOE_PROF(1, 2);
     if (tid < d.R && tid != d.rank) {
