@@ -14,6 +14,10 @@
 //                payload bytes + an 8-byte sequence flag, each stored by one warp instruction
 //                (NVLink delivers it whole); 6.7 % extra bytes instead of LL's 100 %, still no
 //                handshake, fence or done flag.
+//   gin_a2a_ce_ready / gin_a2a_ce_self / gin_a2a_ce_done  the copy-engine variant for large uniform
+//                sizes: the host enqueues the remote slots as copy-engine copies between a ready
+//                handshake kernel and a done kernel, and the self slot as a kernel on a second
+//                stream (the copy engines move ~5 % more over NVLink than SM stores on H200).
 //
 // Signatures, window layout, grid rules, error bits and the memory-ordering arguments (including
 // the proof that the LL protocol needs no ready handshake) are in gin-kernels/KERNELS.md, section
@@ -640,7 +644,7 @@ constexpr uint64_t kLl128Payload = 120;    // payload bytes per line
 constexpr uint32_t kLl128LinesPerWarp = GIN_WARP_SIZE / 8;  // lines per warp instruction (8 lanes each)
 constexpr uint64_t kLl128ChunkLines = 8;   // chunk boundaries in lines (a multiple of kLl128LinesPerWarp)
 #ifndef GIN_LL128_UNROLL
-#define GIN_LL128_UNROLL 4
+#define GIN_LL128_UNROLL 2  // warp stores per round: 2 beat 4 and 8 at 64 KiB-16 MiB (a2a_test run 13)
 #endif
 static_assert(kLl128ChunkLines % kLl128LinesPerWarp == 0, "chunk boundaries on whole warp instructions");
 
@@ -950,4 +954,85 @@ gin_a2av_ll128(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCoun
   gin_a2a_detail::a2a_ll128<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
                                   recvCountsOffset, ll128Offset, ll128Capacity, ll128SeqState, rank, nranks,
                                   chunksPerPeer, maxChunksPerPeer, errorFlags);
+}
+
+// ================================================================================================
+// Copy-engine variant of the uniform all-to-all (large sizes). Per call, on the caller's stream S
+// and a second stream X of the same rank (KERNELS.md, "Copy-engine variant"):
+//   X (forked from S): gin_a2a_ce_self          the self slot, by SMs
+//   S: gin_a2a_ce_ready                          ready handshake with every peer
+//   S: one copy-engine copy per peer p           send + p*bytesPerPeer -> p's slot for this rank
+//   S (after joining X): gin_a2a_ce_done         done flag to every peer, wait for every peer's
+// Signals: the direct protocol's chunk-0 words ready[w][0] / done[w][0] and counters seqState[p][0]
+// (a copy-engine call is one direct call with one chunk on both sides of every pair), so the
+// variants may alternate call to call on one window.
+// ================================================================================================
+namespace gin_a2a_detail {
+
+// Grid 1, block >= nranks: one thread per peer.
+GIN_DEVICE_INLINE bool ce_args_ok(const uint64_t* peerBases, const uint64_t* seqState, int rank, int nranks,
+                                  int maxChunks, uint32_t* errorFlags) {
+  bool ok = peerBases != nullptr && seqState != nullptr && nranks >= 1 && rank >= 0 && rank < nranks &&
+            maxChunks >= 1 && gridDim.x == 1 && gridDim.y == 1 && gridDim.z == 1 && (int)blockDim.x >= nranks &&
+            blockDim.y == 1 && blockDim.z == 1 && peerBases[rank] != 0;
+  if (!ok && threadIdx.x == 0) gin_error_set(errorFlags, GIN_ERR_BAD_ARGS);
+  return ok;
+}
+
+}  // namespace gin_a2a_detail
+
+// Thread p (p != rank): s = ++seqState[p][0]; ready[rank][0] := s in p's window (release), then wait
+// ready[p][0] >= s in its own window: p's stream has passed every reader of its earlier results, so
+// the copy engine may overwrite p's slot. The copies are enqueued by the host after this kernel
+// whatever its outcome (a copy engine cannot be told to skip): a time-out here (a peer more than
+// GIN_WAIT_TIMEOUT_NS late) is reported through errorFlags, and that call's results are invalid.
+extern "C" __global__ void gin_a2a_ce_ready(const uint64_t* peerBases, uint64_t signalOffset, uint64_t* seqState,
+                                            int32_t rank, int32_t nranks, int32_t maxChunksPerPeer,
+                                            uint32_t* errorFlags) {
+  using namespace gin_a2a_detail;
+  if (!ce_args_ok(peerBases, seqState, rank, nranks, maxChunksPerPeer, errorFlags)) return;
+  const int p = (int)threadIdx.x;
+  if (p >= nranks || p == rank) return;
+  uint8_t* peerWin = (uint8_t*)peerBases[p];
+  if (peerWin == nullptr) {  // no load/store path to p: the copy-engine variant is LSA-only
+    gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+    return;
+  }
+  uint64_t* seq = seqState + (uint64_t)p * maxChunksPerPeer;
+  const uint64_t s = *seq + 1;
+  *seq = s;
+  const uint64_t* ownSig = (const uint64_t*)((const uint8_t*)peerBases[rank] + signalOffset);
+  gin_st_release_sys((uint64_t*)(peerWin + signalOffset) + (uint64_t)rank * maxChunksPerPeer, s);
+  (void)gin_wait_geq_acquire_polls(ownSig + (uint64_t)p * maxChunksPerPeer, s, errorFlags);
+}
+
+// Runs after this rank's copies into every peer completed (stream order: a completed copy has
+// written the peer's memory), so done[rank][0] := s in p's window (release) follows the data; then
+// waits done[p][0] >= s in its own window (acquire): p's data for this rank has landed when the
+// kernel ends, and stream order makes it visible to whatever runs next.
+extern "C" __global__ void gin_a2a_ce_done(const uint64_t* peerBases, uint64_t signalOffset, uint64_t* seqState,
+                                           int32_t rank, int32_t nranks, int32_t maxChunksPerPeer,
+                                           uint32_t* errorFlags) {
+  using namespace gin_a2a_detail;
+  if (!ce_args_ok(peerBases, seqState, rank, nranks, maxChunksPerPeer, errorFlags)) return;
+  const int p = (int)threadIdx.x;
+  if (p >= nranks || p == rank) return;
+  uint8_t* peerWin = (uint8_t*)peerBases[p];
+  if (peerWin == nullptr) return;  // reported by gin_a2a_ce_ready
+  const uint64_t s = seqState[(uint64_t)p * maxChunksPerPeer];  // advanced by this call's gin_a2a_ce_ready
+  const uint64_t doneBase = (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
+  const uint64_t* ownSig = (const uint64_t*)((const uint8_t*)peerBases[rank] + signalOffset);
+  gin_st_release_sys((uint64_t*)(peerWin + signalOffset) + doneBase + (uint64_t)rank * maxChunksPerPeer, s);
+  (void)gin_wait_geq_acquire_polls(ownSig + doneBase + (uint64_t)p * maxChunksPerPeer, s, errorFlags);
+}
+
+// Any 1-D grid, block <= 1024: the self slot, send + rank*bytesPerPeer -> own window
+// recvOffset + rank*slotBytes, any size and alignment, split in 256-byte-aligned block ranges.
+extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
+gin_a2a_ce_self(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
+                uint64_t slotBytes, int32_t rank) {
+  uint64_t lo, hi;
+  gin_a2a_detail::chunk_range(bytesPerPeer, (int)gridDim.x, (int)blockIdx.x, gin_a2a_detail::kDirectGranule, lo, hi);
+  uint8_t* dst = (uint8_t*)peerBases[rank] + recvOffset + (uint64_t)rank * slotBytes;
+  gin_copy_bytes(dst + lo, send + (uint64_t)rank * bytesPerPeer + lo, hi - lo, threadIdx.x, blockDim.x);
 }

@@ -51,21 +51,21 @@ constexpr uint64_t kGranule = 4096;
 //   A2A_SELF4         self slot copied by chunks/4 blocks of its group (the rest exit at once)
 //   A2A_NOSELF        diagnostic: no self copy at all (pure NVLink time; self slot NOT written)
 //   A2A_TMA4 / TMA8   remote copy by TMA bulk copies through shared memory, 4 x 32 KiB / 8 x 8 KiB
-//   A2A_LL128_U2 / U8 gin_a2a_ll128 with 2 / 8 warp stores per round per warp (library: 4)
+//   A2A_LL128_U4 / U8 gin_a2a_ll128 with 4 / 8 warp stores per round per warp (library: 2, the fastest in run 13)
 enum Kind {
   A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5,
   A2A_HINT = 6, A2A_SELF4 = 7, A2A_NOSELF = 8, A2A_TMA4 = 9, A2A_TMA8 = 10,
-  A2A_LL128 = 11, A2AV_LL128 = 12, A2A_LL128_U2 = 13, A2A_LL128_U8 = 14
+  A2A_LL128 = 11, A2AV_LL128 = 12, A2A_LL128_U4 = 13, A2A_LL128_U8 = 14
 };
 static const char* kind_name(int k) {
   static const char* names[] = {"gin_a2a",       "gin_a2av",       "gin_a2a_ll",      "gin_a2av_ll",
                                 "test_a2a_u4",   "test_a2a_u16",   "test_a2a_hint",   "test_a2a_self4",
                                 "test_a2a_noself", "test_a2a_tma4", "test_a2a_tma8", "gin_a2a_ll128",
-                                "gin_a2av_ll128", "test_a2a_ll128_u2", "test_a2a_ll128_u8"};
+                                "gin_a2av_ll128", "test_a2a_ll128_u4", "test_a2a_ll128_u8"};
   return names[k];
 }
 // Test-only kernels (timed and checked, never a library configuration).
-static bool is_variant(int k) { return (k >= A2A_U4 && k <= A2A_TMA8) || k >= A2A_LL128_U2; }
+static bool is_variant(int k) { return (k >= A2A_U4 && k <= A2A_TMA8) || k >= A2A_LL128_U4; }
 static bool is_tma(int k) { return k == A2A_TMA4 || k == A2A_TMA8; }
 
 using TmaCopy4x32K = gin_a2a_detail::TmaCopy<4, 32768>;
@@ -118,7 +118,7 @@ static uint32_t dyn_smem_of(int k) {
 }
 __host__ __device__ inline bool is_ll(int k) { return k == A2A_LL || k == A2AV_LL; }
 __host__ __device__ inline bool is_ll128(int k) {
-  return k == A2A_LL128 || k == A2AV_LL128 || k == A2A_LL128_U2 || k == A2A_LL128_U8;
+  return k == A2A_LL128 || k == A2AV_LL128 || k == A2A_LL128_U4 || k == A2A_LL128_U8;
 }
 __host__ __device__ inline bool is_v(int k) { return k == A2AV || k == A2AV_LL || k == A2AV_LL128; }
 static const char* protocol_name(int k) { return is_ll(k) ? "LL" : is_ll128(k) ? "LL128" : "direct"; }
@@ -471,9 +471,9 @@ static void launch(int r, const Call& c, cudaStream_t stream) {
                                                 kLl128Capacity, R.seqLl128, r, g_n, c.chunks, kMaxChunks,
                                                 R.errorFlags);
       break;
-    case A2A_LL128_U2:
+    case A2A_LL128_U4:
     case A2A_LL128_U8:
-      (c.kind == A2A_LL128_U2 ? test_a2a_ll128_variant<2> : test_a2a_ll128_variant<8>)<<<grid, block, 0, stream>>>(
+      (c.kind == A2A_LL128_U4 ? test_a2a_ll128_variant<4> : test_a2a_ll128_variant<8>)<<<grid, block, 0, stream>>>(
           send, c.bpp, R.peerBases, L.recvOffset, slot, L.ll128Offset, kLl128Capacity, R.seqLl128, r, g_n, c.chunks,
           kMaxChunks, R.errorFlags);
       break;
@@ -508,7 +508,7 @@ static bool grid_fits(const Call& c) {
                    : c.kind == A2AV_LL ? (const void*)gin_a2av_ll
                    : c.kind == A2A_LL128 ? (const void*)gin_a2a_ll128
                    : c.kind == A2AV_LL128 ? (const void*)gin_a2av_ll128
-                   : c.kind == A2A_LL128_U2 ? (const void*)test_a2a_ll128_variant<2>
+                   : c.kind == A2A_LL128_U4 ? (const void*)test_a2a_ll128_variant<4>
                    : c.kind == A2A_LL128_U8 ? (const void*)test_a2a_ll128_variant<8>
                                        : (const void*)direct_kernel_of(c.kind);
   CK(cudaSetDevice(0));
@@ -1196,7 +1196,7 @@ static const TimingCfg kTimingCfgs[] = {
     {A2A_LL, 1, 256},     {A2A_LL, 1, 512},     {A2A_LL, 2, 512},     {A2A_LL, 4, 512},     {A2A_LL, 8, 512},
     {A2A_LL, 16, 512},    {A2A_LL128, 1, 256},  {A2A_LL128, 1, 512},  {A2A_LL128, 2, 512},  {A2A_LL128, 4, 512},
     {A2A_LL128, 8, 512},  {A2A_LL128, 16, 256}, {A2A_LL128, 16, 512}, {A2A_LL128, 32, 256}, {A2A_LL128, 32, 512},
-    {A2A_LL128, 64, 512}, {A2A_LL128_U2, 16, 512}, {A2A_LL128_U2, 32, 512}, {A2A_LL128_U8, 8, 512},
+    {A2A_LL128, 64, 512}, {A2A_LL128_U4, 16, 512}, {A2A_LL128_U4, 32, 512}, {A2A_LL128_U8, 8, 512},
     {A2A_LL128_U8, 16, 512}, {A2A_LL128_U8, 32, 512}, {A2A, 1, 256},        {A2A, 1, 512},        {A2A, 2, 1024},       {A2A, 4, 1024},
     {A2A, 8, 1024},       {A2A, 16, 1024},      {A2A, 24, 1024},      {A2A, 32, 1024},      {A2A, 48, 1024},
     {A2A, 64, 1024},      {A2A, 8, 512},        {A2A, 16, 512},       {A2A, 32, 512},       {A2A, 64, 512},
@@ -1523,7 +1523,7 @@ int main(int argc, char** argv) {
       test_uniform(c);
     }
     // The LL128 unroll variants (timed below) on odd sizes and misaligned inputs.
-    for (int kind : {A2A_LL128_U2, A2A_LL128_U8})
+    for (int kind : {A2A_LL128_U4, A2A_LL128_U8})
       for (uint64_t bpp : {1ull, 241ull, 65536ull + 1, 1000003ull, 4ull << 20})
         for (int misalign : {0, 13}) {
           Call c;

@@ -65,6 +65,9 @@ public final class AllToAll implements AutoCloseable {
         return this;
     }
 
+    /** The launch plan a GIN call of {@code bytesPerPeer} takes on local rank 0 (for reports); {@code null} for HOST. */
+    public Plan plan(long bytesPerPeer) { return gin == null ? null : gin.plan(bytesPerPeer, protocol, 0, true); }
+
     /** The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result. */
     public DeviceBuffer output(int localIndex) {
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
@@ -122,7 +125,7 @@ public final class AllToAll implements AutoCloseable {
     }
 
     private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
-        Plan plan = gin.plan(bytesPerPeer, protocol, i);
+        Plan plan = gin.plan(bytesPerPeer, protocol, i, true);
         GinState.Rank r = gin.ranks.get(i);
         lastBytesPerPeer[i] = bytesPerPeer;
         int n = gin.nranks;
@@ -142,6 +145,8 @@ public final class AllToAll implements AutoCloseable {
                     .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll")).setLong(6, gin.llCapacity).setPointer(7, r.llSeq.address())
                     .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
             r.ll.launch(s, cfg, a);
+        } else if (plan.protocol() == Protocol.COPY_ENGINE) {
+            launchCopyEngine(r, plan, in, bytesPerPeer, peerBases, s);
         } else if (plan.protocol() == Protocol.LL128) {
             KernelArgs a = r.ll128Args;
             a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
@@ -155,6 +160,31 @@ public final class AllToAll implements AutoCloseable {
                     .setInt(7, r.comm.rank()).setInt(8, n).setInt(9, plan.chunksPerPeer()).setInt(10, Plan.MAX_CHUNKS_PER_PEER).setPointer(11, r.errors.buffer().address());
             r.direct.launch(s, cfg, a);
         }
+    }
+
+    /**
+     * The copy-engine variant (KERNELS.md, a2a.cu): the self slot by a kernel on the rank's second
+     * stream, forked from {@code s}; on {@code s} the ready handshake, one copy-engine copy per peer
+     * into its receive slot for this rank, then (joined) the done kernel.
+     */
+    private void launchCopyEngine(GinState.Rank r, Plan plan, DeviceBuffer in, long bytesPerPeer, long peerBases, Stream s) {
+        int n = gin.nranks, me = r.comm.rank();
+        long recv = gin.offset("recv");
+        r.ceFork.record(s);
+        r.ceSide.waitFor(r.ceFork);
+        r.ceSelfArgs.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, recv)
+                .setLong(4, bytesPerPeer).setInt(5, me);
+        r.ceSelf.launch(r.ceSide, LaunchConfig.of(plan.chunksPerPeer(), plan.threads()), r.ceSelfArgs);
+        r.ceSignalArgs.setPointer(0, peerBases).setLong(1, gin.offset("signals")).setPointer(2, r.seq.address()).setInt(3, me)
+                .setInt(4, n).setInt(5, Plan.MAX_CHUNKS_PER_PEER).setPointer(6, r.errors.buffer().address());
+        LaunchConfig onePerPeer = LaunchConfig.of(1, Math.max(32, (n + 31) / 32 * 32));
+        r.ceReady.launch(s, onePerPeer, r.ceSignalArgs);
+        for (int p = 0; p < n; p++) {
+            if (p != me) r.peerRecv[p].slice(me * bytesPerPeer, bytesPerPeer).copyFrom(in.slice(p * bytesPerPeer, bytesPerPeer), s);
+        }
+        r.ceJoin.record(r.ceSide);
+        s.waitFor(r.ceJoin);
+        r.ceDone.launch(s, onePerPeer, r.ceSignalArgs);
     }
 
     /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments). */

@@ -86,7 +86,7 @@ public final class AllToAllV implements AutoCloseable {
         if (gin.hybrid) throw new UnsupportedOperationException("all-to-all-v with peers on other nodes (GIN) is not available yet: use Backend.HOST");
         // counts are on the device: size the launch by capacity so every rank launches the same grid
         for (int i = 0; i < local; i++) {
-            Plan plan = gin.plan(capacityPerPeer, protocol, i);
+            Plan plan = gin.plan(capacityPerPeer, protocol, i, false);
             GinState.Rank r = gin.ranks.get(i);
             DeviceBuffer in = inputs.get(i);
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads());

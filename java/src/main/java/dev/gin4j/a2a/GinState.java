@@ -35,7 +35,7 @@ final class GinState implements AutoCloseable {
     final long slotCapacity;   // bytes per source slot in "recv"
     final long llCapacity;     // LL staging capacity per source
     final long ll128Capacity;  // LL128 staging capacity per source
-    final boolean ll128Auto;   // AUTO may pick LL128: NVIDIA only (not validated on AMD)
+    final boolean nvidia;      // AUTO may pick LL128 and the copy engines: NVIDIA only (not validated on AMD)
     final SymmetricWindow window;
     final PeerTable peers;       // LSA only; null for the hybrid kernel, which asks NCCL itself
     final boolean hybrid;        // some peer is reachable only through GIN
@@ -47,8 +47,12 @@ final class GinState implements AutoCloseable {
     static final class Rank {
         final Communicator comm;
         final CodeObject code;
-        final Kernel direct, ll, directV, llV, ll128, ll128V;
-        final KernelArgs directArgs, llArgs, directVArgs, llVArgs, ll128Args, ll128VArgs;
+        final Kernel direct, ll, directV, llV, ll128, ll128V, ceReady, ceDone, ceSelf;
+        final KernelArgs directArgs, llArgs, directVArgs, llVArgs, ll128Args, ll128VArgs, ceSignalArgs, ceSelfArgs;
+        // copy-engine variant: the self slot runs on a second stream, forked from and joined to the caller's
+        final Stream ceSide;
+        final dev.gin4j.gpu.Event ceFork, ceJoin;
+        DeviceBuffer[] peerRecv;  // each peer's "recv" region as mapped in this process (null for self), LSA only
         final DeviceBuffer seq, llSeq, ll128Seq;
         final KernelErrors errors;
         final java.util.Map<Long, Integer> residentBlocks = new java.util.concurrent.ConcurrentHashMap<>();
@@ -98,6 +102,16 @@ final class GinState implements AutoCloseable {
             // gin_a2a_ll128 / gin_a2av_ll128: the LL signatures, with the LL128 staging, capacity and counters
             ll128Args = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
             ll128VArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+            ceReady = code.kernel("gin_a2a_ce_ready");
+            ceDone = code.kernel("gin_a2a_ce_done");
+            ceSelf = code.kernel("gin_a2a_ce_self");
+            // gin_a2a_ce_ready / gin_a2a_ce_done(peerBases, signalOffset, seqState, rank, nranks, maxChunks, errorFlags)
+            ceSignalArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I32, I32, I32, POINTER);
+            // gin_a2a_ce_self(send, bytesPerPeer, peerBases, recvOffset, slotBytes, rank)
+            ceSelfArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I32);
+            ceSide = d.createStream();
+            ceFork = d.createEvent(false);
+            ceJoin = d.createEvent(false);
             long seqBytes = 8L * comm.size() * Plan.MAX_CHUNKS_PER_PEER;
             seq = d.allocate(seqBytes, arena);
             llSeq = d.allocate(seqBytes, arena);
@@ -147,7 +161,7 @@ final class GinState implements AutoCloseable {
         this.slotCapacity = slotCapacity;
         this.llCapacity = Math.max(64, Math.min(slotCapacity, Plan.LL_MAX_BYTES_PER_PEER));
         this.ll128Capacity = Math.max(120, Math.min(slotCapacity, Plan.LL128_MAX_BYTES_PER_PEER));
-        this.ll128Auto = group.rank(0).device().runtime().isCuda();
+        this.nvidia = group.rank(0).device().runtime().isCuda();
         this.hybrid = needsGin(group);
         this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, hybrid));
         DeviceComm dc = null;
@@ -168,6 +182,18 @@ final class GinState implements AutoCloseable {
                     s.synchronize();
                 }
             }
+            if (peers != null) {
+                long recvOffset = offset("recv"), recvBytes = window.layout().region("recv").size();
+                for (Rank r : ranks) {
+                    long[] bases = peers.bases(r.comm.localIndex());
+                    r.peerRecv = new DeviceBuffer[nranks];
+                    for (int p = 0; p < nranks; p++) {
+                        // physically on GPU p; the copy engine of this rank's GPU reaches it over NVLink
+                        if (p != r.comm.rank() && bases[p] != 0)
+                            r.peerRecv[p] = DeviceBuffer.wrap(r.comm.device(), java.lang.foreign.MemorySegment.ofAddress(bases[p] + recvOffset).reinterpret(recvBytes, arena, null));
+                    }
+                }
+            }
             // no rank may start signalling before every rank has zeroed its window (and reset its GIN signals)
             group.allGatherLongs(new long[group.localCount()]);
         } catch (RuntimeException e) {
@@ -181,15 +207,19 @@ final class GinState implements AutoCloseable {
 
     /**
      * The launch shape for {@code bytesPerPeer} on local rank {@code localIndex}: by size (or the
-     * forced protocol), direct where the LL / LL128 staging is too small or the hybrid kernel runs,
-     * and shrunk to what the GPU holds resident.
+     * forced protocol), direct where the LL / LL128 staging is too small, the hybrid kernel runs or
+     * the copy engines cannot ({@code uniform} false: all-to-all-v), and shrunk to what the GPU
+     * holds resident.
      */
-    Plan plan(long bytesPerPeer, Protocol protocol, int localIndex) {
-        Plan plan = Plan.choose(bytesPerPeer, protocol, ll128Auto);
+    Plan plan(long bytesPerPeer, Protocol protocol, int localIndex, boolean uniform) {
+        Plan plan = Plan.choose(bytesPerPeer, protocol, nvidia);
         boolean tooBig = (plan.protocol() == Protocol.LL && bytesPerPeer > llCapacity)
                 || (plan.protocol() == Protocol.LL128 && bytesPerPeer > ll128Capacity);
-        if (tooBig || hybrid) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
-        return fit(plan, localIndex);
+        // the host enqueues the copy engines' copies, so it must know the sizes: uniform only
+        boolean noCopyEngine = plan.protocol() == Protocol.COPY_ENGINE && !uniform;
+        if (tooBig || hybrid || noCopyEngine) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
+        // the copy-engine kernels' blocks never wait for each other: no residency limit
+        return plan.protocol() == Protocol.COPY_ENGINE ? plan : fit(plan, localIndex);
     }
 
     /**
@@ -216,6 +246,9 @@ final class GinState implements AutoCloseable {
 
     @Override public void close() {
         for (Rank r : ranks) {
+            r.ceSide.close();
+            r.ceFork.close();
+            r.ceJoin.close();
             r.code.close();
             if (r.hybridCode != null) r.hybridCode.close();
         }

@@ -16,5 +16,14 @@ public enum Protocol {
      */
     LL128,
     /** Larger messages: 16-byte stores straight into the peer's receive slot, per-chunk ready and done flags. */
-    DIRECT
+    DIRECT,
+    /**
+     * The largest uniform messages: the copy engines move the remote slots (they carry ~5 % more over
+     * H200's NVLink than SM stores), enqueued between a ready-handshake kernel and a done kernel; a
+     * kernel on a second stream copies the self slot. Uniform all-to-all only (all-to-all-v runs
+     * {@link #DIRECT}: its counts live on the device); LSA peers only. {@link #AUTO} picks it on
+     * NVIDIA only. If a peer is late past the kernels' time-out, the copies still run (an engine
+     * cannot be told to skip): the error is reported and that call's results are invalid.
+     */
+    COPY_ENGINE
 }

@@ -103,7 +103,7 @@ public final class A2aSweep {
                     Arrays.sort(us);
                     double med = us[iters / 2];
                     double alg = size / (med * 1e-6) / 1e9;
-                    String plan = b == Backend.GIN ? describe(Plan.choose(perPeer, protocol)) : "ncclAlltoAll";
+                    String plan = b == Backend.GIN ? describe(a.plan(perPeer)) : "ncclAlltoAll";
                     Arrays.sort(cpu);
                     Row r = new Row(size, b, plan, med, us[0], alg, alg * (n - 1) / n, cpu[iters / 2], pipe);
                     rows.add(r);
@@ -118,7 +118,10 @@ public final class A2aSweep {
         return rows;
     }
 
-    static String describe(Plan p) { return p.protocol() + " " + p.chunksPerPeer() + "x" + p.threads(); }
+    static String describe(Plan p) {
+        return p.protocol() == dev.gin4j.a2a.Protocol.COPY_ENGINE ? "COPY_ENGINE +self " + p.chunksPerPeer() + "x" + p.threads()
+                : p.protocol() + " " + p.chunksPerPeer() + "x" + p.threads();
+    }
 
     static void fillRandom(DeviceBuffer b, SplittableRandom random, Arena arena) {
         long chunk = Math.min(b.byteSize(), 64L << 20);

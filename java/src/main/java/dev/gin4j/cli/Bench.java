@@ -21,7 +21,7 @@ final class Bench {
         if (args.length == 0 || args[0].equals("--help")) {
             out.println("""
                     usage: gin4j bench a2a [--min 4K] [--max 1G] [--factor 4] [--iters 20] [--warmup 5]
-                                           [--backends GIN,HOST] [--protocol auto|ll|direct] [--out a2a.json]
+                                           [--backends GIN,HOST] [--protocol auto|ll|ll128|direct|copy_engine] [--out a2a.json]
                            gin4j bench moe [--tokens 128,4096] [--shapes deepseek-v3,qwen3-30b-a3b,mixtral] [--iters 20] [--out moe.json]
                     One process drives every local GPU. Sizes are bytes each rank sends in total.""");
             return 0;

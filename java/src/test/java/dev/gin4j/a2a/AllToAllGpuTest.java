@@ -105,6 +105,7 @@ class AllToAllGpuTest {
                 if (b <= Plan.LL_MAX_BYTES_PER_PEER) protocols.add(Protocol.LL);
                 if (b <= Plan.LL128_MAX_BYTES_PER_PEER && ll128Validated) protocols.add(Protocol.LL128);
                 if (b <= Plan.LL128_MAX_BYTES_PER_PEER) protocols.add(Protocol.DIRECT);
+                protocols.add(Protocol.COPY_ENGINE);  // any size (AUTO takes it above COPY_ENGINE_MIN_BYTES_PER_PEER on NVIDIA)
                 for (Protocol p : protocols) {
                     poison(ginA, b * n);
                     ginA.protocol(p).run(in, b, streams);
@@ -149,7 +150,8 @@ class AllToAllGpuTest {
     @Test void backToBackAndGraphReplaysStayCorrect() {
         long b = 40_000;
         try (AllToAll a = AllToAll.create(group, 1 << 20, Backend.GIN)) {
-            List<Protocol> protocols = ll128Validated ? List.of(Protocol.LL, Protocol.LL128, Protocol.DIRECT) : List.of(Protocol.LL, Protocol.DIRECT);
+            List<Protocol> protocols = ll128Validated ? List.of(Protocol.LL, Protocol.LL128, Protocol.DIRECT, Protocol.COPY_ENGINE)
+                    : List.of(Protocol.LL, Protocol.DIRECT, Protocol.COPY_ENGINE);
             for (Protocol p : protocols) {
                 a.protocol(p);
                 byte[][] d0 = new byte[n][], d1 = new byte[n][];
@@ -184,14 +186,15 @@ class AllToAllGpuTest {
     }
 
     /**
-     * Protocols switched from call to call on one window (LL, LL128, direct share the receive
-     * slots, each has its own staging and counters): 200 calls each checked, then 1000 back to back
+     * Protocols switched from call to call on one window (LL, LL128, direct and the copy engines
+     * share the receive slots; LL and LL128 have their own staging and counters, the copy engines
+     * share the direct protocol's signals): 200 calls each checked, then 1000 back to back
      * without a host sync, checked at the end. Sizes around LL128's 120-byte lines and odd ones.
      */
     @Test void switchingProtocolsCallToCallStaysCorrect() {
         Gpus.skipUnless(ll128Validated, "LL128 is not validated on AMD: protocol switching with LL128 skipped");
         long[] sizes = {1, 119, 120, 121, 240, 241, 4096 + 3, 65536, 100_003, 262_144};
-        Protocol[] protocols = {Protocol.LL, Protocol.LL128, Protocol.DIRECT, Protocol.AUTO};
+        Protocol[] protocols = {Protocol.LL, Protocol.LL128, Protocol.DIRECT, Protocol.COPY_ENGINE, Protocol.AUTO};
         try (AllToAll a = AllToAll.create(group, 300_000, Backend.GIN)) {
             List<List<DeviceBuffer>> inputs = new ArrayList<>();
             List<byte[][]> datas = new ArrayList<>();
@@ -241,6 +244,19 @@ class AllToAllGpuTest {
             for (long[] row : over) Arrays.fill(row, 241);
             over[1][0] = cap + 1;
             check(gv, over, cap, 98, true);
+        }
+    }
+
+    /** All-to-all-v cannot use the copy engines (the host does not know the counts): forcing them runs the direct protocol. */
+    @Test void allToAllVForcedCopyEngineRunsDirect() {
+        long cap = 100_000;
+        try (AllToAllV gv = AllToAllV.create(group, cap, Backend.GIN)) {
+            gv.protocol(Protocol.COPY_ENGINE);
+            for (int round = 0; round < 3; round++) {
+                long[][] cnt = new long[n][n];
+                for (int i = 0; i < n; i++) for (int p = 0; p < n; p++) cnt[i][p] = random.nextInt(4) == 0 ? 0 : random.nextLong(cap + 1);
+                check(gv, cnt, cap, round, false);
+            }
         }
     }
 

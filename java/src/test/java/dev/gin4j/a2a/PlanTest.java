@@ -13,6 +13,10 @@ class PlanTest {
         assertEquals(Protocol.LL128, Plan.choose(Plan.LL128_MIN_BYTES_PER_PEER + 1, Protocol.AUTO, true).protocol());
         assertEquals(Protocol.LL128, Plan.choose(Plan.LL128_MAX_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
         assertEquals(Protocol.DIRECT, Plan.choose(Plan.LL128_MAX_BYTES_PER_PEER + 1, Protocol.AUTO, true).protocol());
+        assertEquals(Protocol.DIRECT, Plan.choose(Plan.COPY_ENGINE_MIN_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
+        Plan ce = Plan.choose(Plan.COPY_ENGINE_MIN_BYTES_PER_PEER + 1, Protocol.AUTO, true);
+        assertEquals(Protocol.COPY_ENGINE, ce.protocol());
+        assertEquals(Plan.COPY_ENGINE_SELF_BLOCKS, ce.chunksPerPeer(), "copy engines: chunksPerPeer is the self-copy grid");
         // the two-argument form is the NVIDIA choice
         assertEquals(Protocol.LL128, Plan.choose(512 * 1024, Protocol.AUTO).protocol());
     }
@@ -23,6 +27,7 @@ class PlanTest {
             assertNotEquals(Protocol.LL128, p, "AUTO on AMD at " + b + " bytes per peer");
             assertEquals(b <= Plan.LL_MAX_BYTES_PER_PEER ? Protocol.LL : Protocol.DIRECT, p, b + " bytes per peer");
         }
+        assertEquals(Protocol.DIRECT, Plan.choose(1L << 30, Protocol.AUTO, false).protocol(), "AUTO on AMD never picks the copy engines");
         // forcing stays possible (an experiment on AMD)
         assertEquals(Protocol.LL128, Plan.choose(1 << 20, Protocol.LL128, false).protocol());
     }

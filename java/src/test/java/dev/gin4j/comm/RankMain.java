@@ -91,7 +91,7 @@ public final class RankMain {
         }
     }
 
-    /** GIN and HOST uniform all-to-all across processes, several sizes, checked against every rank's data. */
+    /** GIN (by size, and through the copy engines) and HOST uniform all-to-all across processes, several sizes, checked against every rank's data. */
     private static void allToAll(CommGroup g, int rank, long seed, Arena arena) {
         Device d = g.rank(0).device();
         int world = g.worldSize();
@@ -100,7 +100,9 @@ public final class RankMain {
              dev.gin4j.a2a.AllToAll host = dev.gin4j.a2a.AllToAll.create(g, 1 << 22, dev.gin4j.a2a.Backend.HOST)) {
             int call = 0;
             for (long perPeer : new long[] {1, 4095, 65536, 1 << 22}) {
-                for (dev.gin4j.a2a.AllToAll a : List.of(gin, host)) {
+                // GIN by size, GIN through the copy engines (peer windows mapped by NCCL in this process), HOST
+                for (int variant = 0; variant < 3; variant++) {
+                    dev.gin4j.a2a.AllToAll a = variant == 2 ? host : gin.protocol(variant == 0 ? dev.gin4j.a2a.Protocol.AUTO : dev.gin4j.a2a.Protocol.COPY_ENGINE);
                     long tag = seed + 1000 * (++call);
                     byte[] mine = dataOf(tag, rank, (int) (perPeer * world));
                     DeviceBuffer in = d.allocate(mine.length, arena);
@@ -112,7 +114,7 @@ public final class RankMain {
                     for (int src = 0; src < world; src++) {
                         byte[] theirs = dataOf(tag, src, (int) (perPeer * world));
                         if (!Arrays.equals(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer), got, (int) (src * perPeer), (int) ((src + 1) * perPeer))) {
-                            throw new AssertionError(a.backend() + " all-to-all of " + perPeer + " bytes per peer: rank " + rank + " got wrong bytes from " + src);
+                            throw new AssertionError(a.backend() + (variant == 1 ? " (copy engines)" : "") + " all-to-all of " + perPeer + " bytes per peer: rank " + rank + " got wrong bytes from " + src);
                         }
                     }
                 }
