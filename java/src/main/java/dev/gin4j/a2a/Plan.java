@@ -7,12 +7,17 @@ package dev.gin4j.a2a;
 public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
     /** Largest per-peer message the LL protocol is used for by default, and the LL staging capacity. */
     public static final long LL_MAX_BYTES_PER_PEER = 128 * 1024;
-    /** Where {@link Protocol#AUTO} switches from LL to LL128 (NVIDIA only; a2a_test run 13: LL wins up to 16 KiB per rank, LL128 from 64 KiB). */
-    public static final long LL128_MIN_BYTES_PER_PEER = 16 * 1024;
-    /** Largest per-peer message LL128 is used for by default, and the LL128 staging capacity (run 13: direct wins from 4 MiB per rank). */
-    public static final long LL128_MAX_BYTES_PER_PEER = 1024 * 1024;
-    /** Above this per-peer size {@link Protocol#AUTO} uses the copy engines (NVIDIA only; nvlink_probe run 12: they win from 32 MiB per peer). */
-    public static final long COPY_ENGINE_MIN_BYTES_PER_PEER = 16L * 1024 * 1024;
+    /**
+     * Largest per-peer message {@link Protocol#AUTO} sends with LL128 on NVIDIA, and the LL128 staging
+     * capacity (a2a_test run 14, pipelined: LL128 beats LL from 4 KiB and direct up to 4 MiB per rank).
+     */
+    public static final long LL128_MAX_BYTES_PER_PEER = 2L * 1024 * 1024;
+    /**
+     * Above this per-peer size {@link Protocol#AUTO} uses the copy engines on NVIDIA (bench a2a run 14,
+     * pipelined: direct 101 vs 107 us at 64 MiB per rank, copy engines 363 vs 375 us at 256 MiB and
+     * 1392 vs 1473 us at 1 GiB).
+     */
+    public static final long COPY_ENGINE_MIN_BYTES_PER_PEER = 64L * 1024 * 1024;
     /** Blocks of the self-slot copy kernel of {@link Protocol#COPY_ENGINE} (nvlink_probe: 16-32 keep up with the engines). */
     public static final int COPY_ENGINE_SELF_BLOCKS = 32;
     public static final int MAX_CHUNKS_PER_PEER = 64;
@@ -44,10 +49,12 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
             return new Plan(p, 16, 512);
         }
         if (p == Protocol.LL128) {
-            // a2a_test run 13, pipelined: 16x512 best at 32 KiB per peer, 32x512 at 128 KiB-2 MiB per peer
-            if (bytesPerPeer <= 4 * 1024) return new Plan(p, 1, 256);
-            if (bytesPerPeer <= 64 * 1024) return new Plan(p, 16, 512);
-            return new Plan(p, 32, 512);
+            // a2a_test run 14, pipelined, best per size (per peer): 2 KiB 1x256, 8 KiB 4x512, 32 KiB 16x256, 128 KiB 32x256, 512 KiB-2 MiB 64x512
+            if (bytesPerPeer <= 2 * 1024) return new Plan(p, 1, 256);
+            if (bytesPerPeer <= 8 * 1024) return new Plan(p, 4, 512);
+            if (bytesPerPeer <= 32 * 1024) return new Plan(p, 16, 256);
+            if (bytesPerPeer <= 128 * 1024) return new Plan(p, 32, 256);
+            return new Plan(p, 64, 512);
         }
         // measured on 2 H200 (gin-kernels/test/a2a_test timing table): many small CTAs win up to 16 MiB per rank
         if (bytesPerPeer <= 64 * 1024) return new Plan(p, 1, 512);
@@ -58,7 +65,6 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
 
     private static Protocol auto(long bytesPerPeer, boolean nvidia) {
         if (!nvidia) return bytesPerPeer <= LL_MAX_BYTES_PER_PEER ? Protocol.LL : Protocol.DIRECT;
-        if (bytesPerPeer <= LL128_MIN_BYTES_PER_PEER) return Protocol.LL;
         if (bytesPerPeer <= LL128_MAX_BYTES_PER_PEER) return Protocol.LL128;
         return bytesPerPeer <= COPY_ENGINE_MIN_BYTES_PER_PEER ? Protocol.DIRECT : Protocol.COPY_ENGINE;
     }

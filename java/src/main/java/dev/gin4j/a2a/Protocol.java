@@ -6,10 +6,14 @@ package dev.gin4j.a2a;
  */
 public enum Protocol {
     AUTO,
-    /** Small messages: 8-byte words that carry their own flag into a double-buffered staging area; one one-way latency. */
+    /**
+     * Small messages: 8-byte words that carry their own flag into a double-buffered staging area; one one-way
+     * latency, twice the bytes. {@link #AUTO}'s choice up to 128 KiB per peer on AMD; on NVIDIA LL128 was faster
+     * at every size measured (4 KiB and up).
+     */
     LL,
     /**
-     * Medium messages: 128-byte lines of 120 payload bytes and an 8-byte flag, each stored by one warp
+     * Small and medium messages (up to 2 MiB per peer under {@link #AUTO} on NVIDIA): 128-byte lines of 120 payload bytes and an 8-byte flag, each stored by one warp
      * instruction, into a double-buffered staging area; one one-way latency, 6.7 % extra bytes. Relies on
      * NVLink delivering such a line whole (as NCCL's LL128 does on sm_90); not validated on AMD, so
      * {@link #AUTO} never picks it there (forcing it on AMD is an experiment, not a supported mode).

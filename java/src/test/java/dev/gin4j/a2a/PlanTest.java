@@ -7,10 +7,9 @@ import static org.junit.jupiter.api.Assertions.*;
 
 /** Protocol choice and window layout of the GIN all-to-all, without a GPU. */
 class PlanTest {
-    @Test void autoPicksLlThenLl128ThenDirectOnNvidia() {
-        assertEquals(Protocol.LL, Plan.choose(0, Protocol.AUTO, true).protocol());
-        assertEquals(Protocol.LL, Plan.choose(Plan.LL128_MIN_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
-        assertEquals(Protocol.LL128, Plan.choose(Plan.LL128_MIN_BYTES_PER_PEER + 1, Protocol.AUTO, true).protocol());
+    @Test void autoPicksLl128ThenDirectThenCopyEnginesOnNvidia() {
+        assertEquals(Protocol.LL128, Plan.choose(0, Protocol.AUTO, true).protocol());
+        assertEquals(Protocol.LL128, Plan.choose(4096, Protocol.AUTO, true).protocol());
         assertEquals(Protocol.LL128, Plan.choose(Plan.LL128_MAX_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
         assertEquals(Protocol.DIRECT, Plan.choose(Plan.LL128_MAX_BYTES_PER_PEER + 1, Protocol.AUTO, true).protocol());
         assertEquals(Protocol.DIRECT, Plan.choose(Plan.COPY_ENGINE_MIN_BYTES_PER_PEER, Protocol.AUTO, true).protocol());
@@ -37,7 +36,7 @@ class PlanTest {
             Plan p = Plan.choose(b, Protocol.LL128);
             assertEquals(Protocol.LL128, p.protocol());
             assertTrue(p.threads() <= 512 && p.threads() % 64 == 0, "LL128 threads " + p.threads() + " at " + b);
-            assertTrue(p.chunksPerPeer() >= 1 && p.chunksPerPeer() <= 32, "LL128 chunks " + p.chunksPerPeer() + " at " + b);
+            assertTrue(p.chunksPerPeer() >= 1 && p.chunksPerPeer() <= Plan.MAX_CHUNKS_PER_PEER, "LL128 chunks " + p.chunksPerPeer() + " at " + b);
         }
         assertThrows(IllegalArgumentException.class, () -> new Plan(Protocol.LL128, 4, 1024));
         assertDoesNotThrow(() -> new Plan(Protocol.DIRECT, 4, 1024));
