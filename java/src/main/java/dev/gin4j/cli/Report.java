@@ -37,7 +37,7 @@ final class Report {
                     g == null || h == null ? "-" : String.format(Locale.ROOT, "%.2fx, %.2fx", h.medianUs() / g.medianUs(), h.pipelinedUs() / g.pipelinedUs()));
         }
         out.println("(size = bytes each rank sends; busBw = size/time*(n-1)/n from the per-call median; per call = device events around each call,"
-                + " slowest rank, median; pipelined = calls back to back / count, as nccl-tests times)");
+                + " slowest rank, median; pipelined = calls back to back / count after one untimed call, median of " + A2aSweep.PIPELINED_BATCHES + " batches, as nccl-tests times)");
     }
 
     static String a2aJson(List<A2aSweep.Row> rows, GpuRuntime rt) {
