@@ -79,6 +79,18 @@ GIN_DEVICE_INLINE void chunk_range(uint64_t n, int chunks, int c, uint64_t granu
   if (hi > n) hi = n;
 }
 
+// The self slot: bytes [lo, hi) of this rank's own message copied locally, stream-ordered against
+// the rank's own readers (no flags); a2av chunk 0 also records the count.
+template <bool kVarCounts, int kUnroll = GIN_COPY_UNROLL>
+GIN_DEVICE_INLINE void copy_self(const uint64_t* peerBases, int rank, const uint8_t* send, uint64_t srcOffset,
+                                 uint64_t count, uint64_t lo, uint64_t hi, uint64_t recvOffset, uint64_t slotBytes,
+                                 uint64_t recvCountsOffset, int c, uint32_t tid, uint32_t nthreads) {
+  uint8_t* ownWin = (uint8_t*)peerBases[rank];
+  gin_copy_bytes<kUnroll>(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
+                          nthreads);
+  if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
+}
+
 // Checks shared by every entry point. All blocks reach the same verdict (arguments are uniform);
 // block 0 reports it.
 GIN_DEVICE_INLINE bool args_ok(const uint64_t* peerBases, const uint64_t* seqState, int rank, int nranks,
@@ -111,6 +123,28 @@ GIN_DEVICE_INLINE uint32_t resolve_count(const uint64_t* sendCounts, const uint6
     err |= GIN_ERR_COUNT_CLAMPED;
   }
   return err;
+}
+
+// This call's message to peer p: its byte count and where it starts in `send`, clamped to
+// `capacity` (a2av: also to the send buffer); chunk 0's thread 0 reports any clamping. Returns
+// false for a uniform call of 0 bytes, which every rank skips without advancing a sequence.
+template <bool kVarCounts>
+GIN_DEVICE_INLINE bool resolve_message(const uint64_t* sendCounts, const uint64_t* sendOffsets, uint64_t sendBytes,
+                                       uint64_t bytesPerPeer, int p, uint64_t capacity, int c, uint32_t tid,
+                                       uint32_t* errorFlags, uint64_t& count, uint64_t& srcOffset) {
+  if (kVarCounts) {
+    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, capacity, count, srcOffset);
+    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
+    return true;
+  }
+  if (bytesPerPeer == 0) return false;
+  count = bytesPerPeer;
+  srcOffset = (uint64_t)p * bytesPerPeer;
+  if (count > capacity) {
+    count = capacity;
+    if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
+  }
+  return true;
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -294,17 +328,9 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
   const int p = peer_of_group((int)(blockIdx.x / (uint32_t)chunks), rank, nranks);
 
   uint64_t count, srcOffset;
-  if (kVarCounts) {
-    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, slotBytes, count, srcOffset);
-    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
-  } else {
-    count = bytesPerPeer;
-    srcOffset = (uint64_t)p * bytesPerPeer;
-    if (count > slotBytes) {
-      count = slotBytes;
-      if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
-    }
-  }
+  if (!resolve_message<kVarCounts>(sendCounts, sendOffsets, sendBytes, bytesPerPeer, p, slotBytes, c, tid, errorFlags,
+                                   count, srcOffset))
+    return;
   uint64_t lo, hi;
   chunk_range(count, chunks, c, kDirectGranule, lo, hi);
 
@@ -316,9 +342,8 @@ GIN_DEVICE_INLINE void a2a_direct(const uint8_t* send, uint64_t sendBytes, uint6
       if (c >= selfBlocks) return;
       chunk_range(count, selfBlocks, c, kDirectGranule, lo, hi);
     }
-    gin_copy_bytes<kUnroll>(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo,
-                            tid, nthreads);
-    if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
+    copy_self<kVarCounts, kUnroll>(peerBases, rank, send, srcOffset, count, lo, hi, recvOffset, slotBytes,
+                                   recvCountsOffset, c, tid, nthreads);
     return;
   }
   // Uniform sizes are known to both sides: an empty chunk is skipped by both, so its counters
@@ -526,27 +551,15 @@ GIN_DEVICE_INLINE void a2a_ll(const uint8_t* send, uint64_t sendBytes, uint64_t 
   const uint64_t capacity = slotBytes < llCapacity ? slotBytes : llCapacity;
 
   uint64_t count, srcOffset;
-  if (kVarCounts) {
-    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, capacity, count, srcOffset);
-    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
-  } else {
-    // Uniform calls of 0 bytes are skipped by every rank without advancing the sequence.
-    if (bytesPerPeer == 0) return;
-    count = bytesPerPeer;
-    srcOffset = (uint64_t)p * bytesPerPeer;
-    if (count > capacity) {
-      count = capacity;
-      if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
-    }
-  }
+  if (!resolve_message<kVarCounts>(sendCounts, sendOffsets, sendBytes, bytesPerPeer, p, capacity, c, tid, errorFlags,
+                                   count, srcOffset))
+    return;
 
-  if (p == rank) {
-    uint8_t* ownWin = (uint8_t*)peerBases[rank];
+  if (p == rank) {  // self slot: a local copy, stream-ordered against this rank's readers
     uint64_t lo, hi;
     chunk_range(count, chunks, c, kDirectGranule, lo, hi);
-    gin_copy_bytes(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
-                   nthreads);
-    if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
+    copy_self<kVarCounts>(peerBases, rank, send, srcOffset, count, lo, hi, recvOffset, slotBytes, recvCountsOffset, c,
+                          tid, nthreads);
     return;
   }
   // Critical path of a small call: the sequence number, the peer's address and the first payload
@@ -813,26 +826,15 @@ GIN_DEVICE_INLINE void a2a_ll128(const uint8_t* send, uint64_t sendBytes, uint64
   const uint64_t capacity = slotBytes < llCapacity ? slotBytes : llCapacity;
 
   uint64_t count, srcOffset;
-  if (kVarCounts) {
-    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, capacity, count, srcOffset);
-    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
-  } else {
-    if (bytesPerPeer == 0) return;  // skipped by every rank without advancing the sequence
-    count = bytesPerPeer;
-    srcOffset = (uint64_t)p * bytesPerPeer;
-    if (count > capacity) {
-      count = capacity;
-      if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
-    }
-  }
+  if (!resolve_message<kVarCounts>(sendCounts, sendOffsets, sendBytes, bytesPerPeer, p, capacity, c, tid, errorFlags,
+                                   count, srcOffset))
+    return;
 
   if (p == rank) {  // self slot: a local copy, stream-ordered against this rank's readers
-    uint8_t* ownWin = (uint8_t*)peerBases[rank];
     uint64_t lo, hi;
     chunk_range(count, chunks, c, kDirectGranule, lo, hi);
-    gin_copy_bytes(ownWin + recvOffset + (uint64_t)rank * slotBytes + lo, send + srcOffset + lo, hi - lo, tid,
-                   nthreads);
-    if (kVarCounts && c == 0 && tid == 0) ((uint64_t*)(ownWin + recvCountsOffset))[rank] = count;
+    copy_self<kVarCounts>(peerBases, rank, send, srcOffset, count, lo, hi, recvOffset, slotBytes, recvCountsOffset, c,
+                          tid, nthreads);
     return;
   }
   // Sequence number, peer address and the first payload loads are independent; every thread
@@ -1031,8 +1033,9 @@ extern "C" __global__ void gin_a2a_ce_done(const uint64_t* peerBases, uint64_t s
 extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
 gin_a2a_ce_self(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
                 uint64_t slotBytes, int32_t rank) {
+  using namespace gin_a2a_detail;
   uint64_t lo, hi;
-  gin_a2a_detail::chunk_range(bytesPerPeer, (int)gridDim.x, (int)blockIdx.x, gin_a2a_detail::kDirectGranule, lo, hi);
-  uint8_t* dst = (uint8_t*)peerBases[rank] + recvOffset + (uint64_t)rank * slotBytes;
-  gin_copy_bytes(dst + lo, send + (uint64_t)rank * bytesPerPeer + lo, hi - lo, threadIdx.x, blockDim.x);
+  chunk_range(bytesPerPeer, (int)gridDim.x, (int)blockIdx.x, kDirectGranule, lo, hi);
+  copy_self<false>(peerBases, rank, send, (uint64_t)rank * bytesPerPeer, bytesPerPeer, lo, hi, recvOffset, slotBytes, 0,
+                   (int)blockIdx.x, threadIdx.x, blockDim.x);
 }
