@@ -533,25 +533,37 @@ GIN_DEVICE_INLINE void prefetch_l2(const uint8_t* p, uint32_t bytes) {
 #endif
 }
 
+// This lane's vectors of the copy pass starting at vector v0 of a segment ending at vEnd.
+template <bool kFresh>
+GIN_DEVICE_INLINE void expand_load_pass(gin_u128 (&r)[kExpandUnroll], const uint8_t* src, uint64_t v0, uint64_t vEnd) {
+  const int lane = (int)gin_lane_id();
+#pragma unroll
+  for (int u = 0; u < kExpandUnroll; ++u) {
+    const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
+    if (v < vEnd) r[u] = ld16<kFresh>(src + (v << 4));
+  }
+}
+
 // Copies bytes [b0, b1) of one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none)
 // of dstBase. kFresh: the source was written during this kernel (window staging), so no
-// non-coherent loads.
+// non-coherent loads. pass0Loaded (fast path only): r already holds the segment's first pass
+// (expand_load_pass(r, src, b0 >> 4, b1 >> 4)), issued by the caller together with the item's
+// metadata loads (round 7: one load round trip per item instead of three).
 template <bool kFresh>
 GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
-                                       int nTargets, bool fast, uint64_t b0, uint64_t b1) {
+                                       int nTargets, bool fast, uint64_t b0, uint64_t b1,
+                                       gin_u128 (&r)[kExpandUnroll], bool pass0Loaded) {
   const int lane = (int)gin_lane_id();
   if (fast) {
     const uint64_t vEnd = b1 >> 4;
-    // The whole segment into L2 at once (round 6): the loop below keeps only 2 KB per warp in
-    // flight, so a 14 KB row was 7 dependent HBM round trips; now the later ones hit L2.
-    if (lane == 0 && b1 - b0 > (uint64_t)GIN_WARP_SIZE * kExpandUnroll * 16) prefetch_l2(src + b0, (uint32_t)(b1 - b0));
-    for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
-      gin_u128 r[kExpandUnroll];
-#pragma unroll
-      for (int u = 0; u < kExpandUnroll; ++u) {
-        const uint64_t v = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-        if (v < vEnd) r[u] = ld16<kFresh>(src + (v << 4));
-      }
+    constexpr uint64_t kPassVecs = (uint64_t)GIN_WARP_SIZE * kExpandUnroll;
+    for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += kPassVecs) {
+      // The next pass into L2 while this one is copied (round 7; round 6 prefetched the whole
+      // segment at its start: at 4096 tokens a warp copies a 14 KB row in ~40 us, so most of
+      // the prefetched lines were evicted before use and read from HBM twice).
+      const uint64_t nv0 = v0 + kPassVecs;
+      if (lane == 0 && nv0 < vEnd) prefetch_l2(src + (nv0 << 4), (uint32_t)((vEnd - nv0 < kPassVecs ? vEnd - nv0 : kPassVecs) << 4));
+      if (!(pass0Loaded && v0 == (b0 >> 4))) expand_load_pass<kFresh>(r, src, v0, vEnd);
       for (int k = 0; k < nTargets; ++k) {
         const int row = shfl_i(myRow, k);
         if (row < 0) continue;
@@ -574,6 +586,12 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
       for (uint64_t i = e0 + (uint64_t)lane; i < e1; i += GIN_WARP_SIZE) dst[i] = ld_u16<kFresh>(s16 + i);
     }
   }
+}
+template <bool kFresh>
+GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
+                                       int nTargets, bool fast, uint64_t b0, uint64_t b1) {
+  gin_u128 r[kExpandUnroll];
+  warp_expand_seg<kFresh>(src, dstBase, rowBytes, myRow, nTargets, fast, b0, b1, r, false);
 }
 
 template <bool kFresh>
@@ -753,6 +771,7 @@ struct LayoutSmem {
   int cntD[MOE_MAX_RANKS];    // this block's tokens per destination
   int runD[MOE_MAX_RANKS];
   int prefD[MOE_MAX_RANKS];   // tokens of lower blocks per destination (= this channel's first slot)
+  uint32_t maskD[MOE_MAX_RANKS];  // small layout: bit i = own token t0 + i goes to rank r (slot order)
   union {
     struct {
       uint32_t bits[MOE_TILE_WORDS];  // [E][chunks] token masks
@@ -883,8 +902,13 @@ GIN_DEVICE_INLINE void layout_direct(LayoutSmem& s, const int* topkIdx, const Di
 // layout_direct + layout_positions; ends with cntE / cntD holding counts again and prefD = runD.
 GIN_DEVICE_INLINE bool layout_is_small(const Dims& d, int t0, int t1) { return layout_is_direct(d) && t1 - t0 <= 32; }
 
+// underWalk() is called by every thread between the clearing barrier and the id walk (the
+// dispatch's write-after-read probes: their acquires then overlap the walk instead of delaying
+// the first barrier, round 7).
+template <class UnderWalk>
 GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
-                                           int* slotInExpert, int* tokenPos, int* sendList, uint32_t* errorFlags) {
+                                           int* slotInExpert, int* tokenPos, int* sendList, uint32_t* errorFlags,
+                                           const UnderWalk& underWalk) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   for (int e = tid; e < d.E; e += B) {
     s.cntE[e] = 0;
@@ -898,6 +922,7 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
     for (int i = tid; i < d.C * d.R; i += B) s.u.lead.histD[i] = 0;
   __syncthreads();
   MOE_PROF(0, 8);  // (dispatch only) counters cleared
+  underWalk();
   int ev[MOE_MAX_TOPK];
   for (int t = tid; t < t1; t += B) {
     const bool own = t >= t0;
@@ -947,6 +972,7 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
   __syncthreads();  // masks read; back to counts
   for (int e = tid; e < d.E; e += B) s.cntE[e] = __popc((uint32_t)s.cntE[e]);
   for (int r = tid; r < d.R; r += B) {
+    s.maskD[r] = (uint32_t)s.cntD[r];  // the senders' slot -> token map (no sendList round trip)
     s.cntD[r] = __popc((uint32_t)s.cntD[r]);
     s.prefD[r] = s.runD[r];
   }
@@ -1314,16 +1340,23 @@ GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, con
   const int slot = ow.lo + j;
   // sendList / slotInExpert were written by sender c during this kernel: coherent loads.
   const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
+  const bool tokenOk = t >= 0 && t < d.T;
+  const uint8_t* src = (const uint8_t*)x + (uint64_t)(tokenOk ? t : 0) * d.rowBytes;
+  // The row's first pass, the ids, positions and weights in flight together (round 7: the weight
+  // waited for the ids and the row for the weight's store, 3 round trips after sendList).
+  gin_u128 pass[kExpandUnroll];
+  if (fast && tokenOk) expand_load_pass<false>(pass, src, b0 >> 4, b1 >> 4);
   int row = -1;
   float wt = 0.f;
-  if (lane < d.K && t >= 0 && t < d.T) {
+  if (lane < d.K && tokenOk) {
     const int e = topkIdx[(uint64_t)t * d.K + lane];
     const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
+    const float w = topkWeights[(uint64_t)t * d.K + lane];
     if (sl >= 0 && e / d.L == d.rank) {
       const int le = e - d.rank * d.L;
       if (sl < rs.cnt[d.rank * d.L + le]) {
         row = rs.rowBase[d.rank * d.L + le] + sl;
-        wt = topkWeights[(uint64_t)t * d.K + lane];
+        wt = w;
       } else if (seg == 0) {
         gin_error_set(errorFlags, MOE_ERR_COUNTS);
       }
@@ -1333,9 +1366,7 @@ GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, con
     if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
     if (row >= 0) recvWeights[row] = wt;
   }
-  if (t >= 0 && t < d.T)
-    warp_expand_seg<false>((const uint8_t*)x + (uint64_t)t * d.rowBytes, (uint8_t*)recvX, d.rowBytes, row, d.K, fast,
-                           b0, b1);
+  if (tokenOk) warp_expand_seg<false>(src, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
   return true;
 }
 
@@ -1431,6 +1462,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
                  int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
+  __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
   if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||
@@ -1474,7 +1506,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     // The last threads probe (flag i: thread B - 1 - i, ...): an acquire holds back its thread's
     // later loads, and at small T those threads have no token of the routing walk.
     bool warSeen = true;  // every flag of this thread probed at >= n - 1
-    for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
+    auto probeWar = [&]() {
+      for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
+    };
     int t0, t1;
     token_range(d, c, t0, t1);
     int* histE = (int*)(workspace + ws.histE);
@@ -1483,12 +1517,16 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     const bool direct = layout_is_direct(d);
     const bool small = layout_is_small(d, t0, t1);
     if (small) {
-      layout_direct_small(s, topkIdx, d, t0, t1, c == d.C - 1, slotInExpert, tokenPos, sendList, errorFlags);
+      // Probes under the id walk (round 7; round 6 probed before the clearing barrier, where the
+      // acquires' latency was most of the 2.2 us to "counters cleared" at 128 tokens).
+      layout_direct_small(s, topkIdx, d, t0, t1, c == d.C - 1, slotInExpert, tokenPos, sendList, errorFlags, probeWar);
       MOE_PROF(0, 1);  // routing counted and positions written
     } else if (direct) {
+      probeWar();
       layout_direct(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags);
       MOE_PROF(0, 1);
     } else {
+      probeWar();
       layout_histogram(s, topkIdx, d, t0, t1, histE + (uint64_t)c * d.E, histD + (uint64_t)c * d.R, errorFlags);
       publish_local(claimWord, (seq << 32) - 1);
       MOE_PROF(0, 1);
@@ -1554,12 +1592,33 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         uint64_t b0, b1;
         seg_range(sp, seg, d.rowBytes, b0, b1);
         const int slot = lo + j;
-        const int t = ld_fresh_i32(sendList + (uint64_t)r * d.M + slot);
+        int t;
+        if (small) {
+          // Small layout: slot lo + j is the own token of the j-th set bit of maskD[r] (round 7:
+          // from shared memory instead of one sendList round trip before the row loads).
+          uint32_t m = s.maskD[r];
+          for (int q = 0; q < j; ++q) m &= m - 1u;
+          t = t0 + __ffs((int)m) - 1;
+        } else {
+          t = ld_fresh_i32(sendList + (uint64_t)r * d.M + slot);
+        }
         const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
         uint8_t* dst = rowsBase + (uint64_t)slot * wl.rowStride;
+        // Segment 0 carries the slot's metadata: its loads go out with the row's (round 7; they
+        // followed the row copy, two more round trips before segment 0's release, and every
+        // other segment of the slot waits for segment 0 at the receiver).
+        int me = -1, msl = -1;
+        float mw = 0.f;
+        if (seg == 0 && lane < d.K) {
+          me = topkIdx[(uint64_t)t * d.K + lane];
+          msl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
+          mw = topkWeights[(uint64_t)t * d.K + lane];
+        }
         if (fast) {
           const uint64_t vEnd = b1 >> 4;
-          if (lane == 0 && b1 - b0 > (uint64_t)GIN_WARP_SIZE * kExpandUnroll * 16) prefetch_l2(src + b0, (uint32_t)(b1 - b0));
+          // No L2 prefetch here (round 7): the sends are NVLink-bound at ~0.3 GB/s per warp, so
+          // round 6's whole-row prefetch sat in L2 for ~50 us and was mostly evicted before the
+          // loads came (x read twice from HBM; sends' max 195 -> 205 us at 4096 tokens).
           for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
             gin_u128 v[kExpandUnroll];
 #pragma unroll
@@ -1577,13 +1636,11 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           gin_copy_bytes(dst + b0, src + b0, b1 - b0, (uint32_t)lane, GIN_WARP_SIZE);
         }
         if (seg == 0 && lane < d.K) {  // the slot's metadata travels with its segment 0
-          const int e = topkIdx[(uint64_t)t * d.K + lane];
-          const int sl = ld_fresh_i32(slotInExpert + (uint64_t)t * d.K + lane);
-          const bool mine = sl >= 0 && e / d.L == r;  // sl >= 0 implies e is a validated id
+          const bool mine = msl >= 0 && me / d.L == r;  // sl >= 0 implies e is a validated id
           int* meta = (int*)(metaBase + (uint64_t)slot * wl.metaStride);
-          meta[lane] = mine ? e - r * d.L : -1;
-          meta[d.K + lane] = mine ? sl : -1;
-          ((float*)meta)[2 * d.K + lane] = mine ? topkWeights[(uint64_t)t * d.K + lane] : 0.f;
+          meta[lane] = mine ? me - r * d.L : -1;
+          meta[d.K + lane] = mine ? msl : -1;
+          ((float*)meta)[2 * d.K + lane] = mine ? mw : 0.f;
         }
         ++done;
         // bar.warp.sync orders every lane's stores before lane 0's release (cumulative), and the
@@ -1599,9 +1656,21 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     // non-blocking probe: a sender never waits for the leader, a higher block, or a peer's leader)
     // the sender joins receiver c in claiming own-token items; otherwise receiver c does every
     // own item. The tables are double-buffered, so these reads need no consumed flag.
+    // Round 7: not even the probe when receiver c already claimed every own item (the claim
+    // counter has reached this channel's own items, known from the layout: slots to ourselves
+    // = cntD[rank]); at 128 tokens the probe cost ~4 us after the sends and found nothing left.
+    if (tid == 0) {
+      const int ownSlots = s.cntD[d.rank];
+      const int ownItems = ownSlots * row_split(d.rowBytes, ownSlots).nseg;
+      // This call's claims only (the reset to n << 32 is another warp's store, unordered with
+      // this load: an older value means "probe", as before). Skipping is always safe: receiver c
+      // takes every own item left at its end.
+      const uint64_t w = gin_ld_relaxed_sys(claimWord);
+      sharedOwnLeft = (w >> 32) == seq && (int)(uint32_t)w >= ownItems ? 0 : 1;
+    }
     __syncthreads();  // every warp is done with sm.lay before sm.rcv (same storage) is written
     RecvSmem& rs = sm.rcv;
-    const bool takeOwn = recv_tables(rs, d, c, ownWin, wl, seq, false, nullptr, errorFlags);
+    const bool takeOwn = sharedOwnLeft != 0 && recv_tables(rs, d, c, ownWin, wl, seq, false, nullptr, errorFlags);
     if (takeOwn) {
       MOE_PROF(0, 6);
       const OwnWork ow = own_work(rs, d);
@@ -1699,22 +1768,28 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         (void)gin_wait_geq(progress + i0 % MOE_WARPS, seqHi | (uint64_t)(i0 / MOE_WARPS + 1), errorFlags);
       syncwarp();
       if (g == warp) MOE_PROF(0, 2);  // thread 0: warp 0's first item landed
+      // The staging segment's first pass and the slot's metadata in flight together (round 7:
+      // metadata -> weight -> staging were three dependent round trips per item).
+      const uint8_t* stageRow = rowsBase + (uint64_t)slot * wl.rowStride;
+      gin_u128 pass[kExpandUnroll];
+      if (fast) expand_load_pass<true>(pass, stageRow, b0 >> 4, b1 >> 4);
       int row = -1;
       float wt = 0.f;
       if (lane < d.K) {
         const int* meta = (const int*)(metaBase + (uint64_t)slot * wl.metaStride);
         const int le = ld_fresh_i32(meta + lane);
         const int sl = ld_fresh_i32(meta + d.K + lane);
+        const int wbits = ld_fresh_i32(meta + 2 * d.K + lane);
         if (le >= 0 && le < d.L && sl >= 0 && sl < s.cnt[src * d.L + le]) {
           row = s.rowBase[src * d.L + le] + sl;
-          wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
+          wt = __int_as_float(wbits);
         } else if (le != -1) {
           if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
         }
         if (seg == 0) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
       }
       if (seg == 0 && row >= 0) recvWeights[row] = wt;
-      warp_expand_seg<true>(rowsBase + (uint64_t)slot * wl.rowStride, recvBase, d.rowBytes, row, d.K, fast, b0, b1);
+      warp_expand_seg<true>(stageRow, recvBase, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
     }
     // The own items nobody took yet (sender c is a lower block: waiting for its positions keeps
     // progress).

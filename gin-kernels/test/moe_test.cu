@@ -939,7 +939,7 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
        {{8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
-        {6, "tables read (joins own items)"}, {7, "own items done / end"}}},
+        {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{1, "count tables read"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
