@@ -1463,6 +1463,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
   __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
+  MOE_PROF(0, 10);  // entry, before the checks and load_seq (round 7: the time before "start")
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
   if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||
@@ -1944,6 +1945,7 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
   // Producer: [q] = the q-th remote source's slot count and channel range; consumer: [r] = rank r's.
   __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS], srcSlots[MOE_MAX_RANKS];
   __shared__ CombineCtx cxs[MOE_MAX_RANKS];
+  MOE_PROF(1, 10);  // entry, before the prologue (write-after-read waits, ranges, load_seq)
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
   if (expertOut == nullptr || recvWeights == nullptr || (y == nullptr && d.T > 0)) {

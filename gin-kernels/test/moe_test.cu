@@ -936,15 +936,16 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
+       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
-       {{1, "count tables read"}, {2, "warp 0: first remote item landed"},
+       {{10, "entry (before checks, load_seq)"}, {1, "count tables read"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
-      {"combine producer", 1, 0, C, {{1, "partials sent"}}},
-      {"combine consumer", 1, C, 2 * C, {{1, "warp 0: first partials landed"}, {2, "y done"}}},
+      {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
+      {"combine consumer", 1, C, 2 * C,
+       {{10, "entry (before the prologue)"}, {1, "warp 0: first partials landed"}, {2, "y done"}}},
   };
   printf("  profile %s (gated call %.1f us, slowest rank):\n", what, gatedUs);
   for (int r = 0; r < s.R; ++r) {
@@ -967,9 +968,9 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
              r, role.name, st.empty() ? 0.0 : st[st.size() / 2], st.empty() ? 0.0 : st.back(), st.size(),
              (lastStart - ref) * 1e-3);
       for (auto& sl : role.slots) {
-        std::vector<double> v;
+        std::vector<double> v;  // signed: the entry stamps precede the reference (first "start")
         for (int b = role.b0; b < role.b1; ++b)
-          if (at(role.kernel, b, sl.first)) v.push_back((at(role.kernel, b, sl.first) - ref) * 1e-3);
+          if (at(role.kernel, b, sl.first)) v.push_back((double)(int64_t)(at(role.kernel, b, sl.first) - ref) * 1e-3);
         if (v.empty()) continue;
         std::sort(v.begin(), v.end());
         printf("    rank %d %-18s %-36s med %6.2f max %6.2f us (%zu blocks)\n", r, role.name, sl.second,
