@@ -11,12 +11,14 @@ import dev.gin4j.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Event;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -51,7 +53,7 @@ final class GinState implements AutoCloseable {
         final KernelArgs directArgs, llArgs, directVArgs, llVArgs, ll128Args, ll128VArgs, ceSignalArgs, ceSelfArgs;
         // copy-engine variant: the self slot runs on a second stream, forked from and joined to the caller's
         final Stream ceSide;
-        final dev.gin4j.gpu.Event ceFork, ceJoin;
+        final Event ceFork, ceJoin;
         DeviceBuffer[] peerRecv;  // each peer's "recv" region as mapped in this process (null for self), LSA only
         final DeviceBuffer seq, llSeq, ll128Seq;
         final KernelErrors errors;
@@ -190,7 +192,7 @@ final class GinState implements AutoCloseable {
                     for (int p = 0; p < nranks; p++) {
                         // physically on GPU p; the copy engine of this rank's GPU reaches it over NVLink
                         if (p != r.comm.rank() && bases[p] != 0)
-                            r.peerRecv[p] = DeviceBuffer.wrap(r.comm.device(), java.lang.foreign.MemorySegment.ofAddress(bases[p] + recvOffset).reinterpret(recvBytes, arena, null));
+                            r.peerRecv[p] = DeviceBuffer.wrap(r.comm.device(), MemorySegment.ofAddress(bases[p] + recvOffset).reinterpret(recvBytes, arena, null));
                     }
                 }
             }
