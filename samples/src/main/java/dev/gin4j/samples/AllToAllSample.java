@@ -41,7 +41,11 @@ public final class AllToAllSample {
             a2a.checkErrors(streams);
             MemorySegment got = arena.allocate(4L * count * n);
             a2a.result(0).copyToHost(got);
-            for (int s = 0; s < n; s++) System.out.println("rank 0 got " + got.getAtIndex(ValueLayout.JAVA_FLOAT, (long) s * count) + " from rank " + s);
+            for (int s = 0; s < n; s++) {
+                float v = got.getAtIndex(ValueLayout.JAVA_FLOAT, (long) s * count);
+                System.out.println("rank 0 got " + v + " from rank " + s + " (expected " + 100f * s + ")");
+                if (v != 100f * s) throw new IllegalStateException("wrong value from rank " + s);
+            }
             streams.forEach(Stream::close);
         }
     }

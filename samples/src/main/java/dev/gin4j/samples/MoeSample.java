@@ -54,7 +54,9 @@ public final class MoeSample {
             moe.checkErrors(streams);
             byte[] first = y.getFirst().slice(0, 2).toByteArray();
             int bits = ((first[1] & 0xff) << 8 | (first[0] & 0xff)) << 16;
-            System.out.println("y[0][0] on rank 0 = " + Float.intBitsToFloat(bits) + " (expected 0.75)");
+            float y00 = Float.intBitsToFloat(bits);
+            System.out.println("y[0][0] on rank 0 = " + y00 + " (expected 0.75)");
+            if (y00 != 0.75f) throw new IllegalStateException("combine returned " + y00 + ", expected 0.75");
             streams.forEach(Stream::close);
         }
     }
