@@ -104,6 +104,21 @@ __host__ __device__ inline int moe_peer_section(int writer, int owner, int nRank
 
 __host__ __device__ inline int moe_min_i(int a, int b) { return a < b ? a : b; }
 
+// Token-indexed dispatch (round 8) for small instances: M*K <= MOE_TOKEN_PATH_IDS ids and at most
+// 32 tokens per channel (ceil(M/C) <= 32). Decided from (M, K, C) alone, which every rank and
+// every call of an instance share, never from T (T may differ per call and per rank).
+#ifndef MOE_TOKEN_PATH_IDS
+#define MOE_TOKEN_PATH_IDS 4096  // overridable only to test both paths at small sizes (host emulation)
+#endif
+__host__ __device__ inline bool moe_token_path_sizes(int K, int M) {
+  return (int64_t)M * (int64_t)K <= (int64_t)MOE_TOKEN_PATH_IDS;
+}
+__host__ __device__ inline bool moe_token_path(int K, int M, int C) {
+  return moe_token_path_sizes(K, M) && C >= 1 && (M + C - 1) / C <= 32;
+}
+// LL words per token in the id lists: two 16-bit ids per word (0xffff = masked).
+__host__ __device__ inline int moe_id_words(int K) { return (K + 1) / 2; }
+
 // Rows this rank can receive: every source token once per local expert it picked.
 __host__ __device__ inline uint64_t moe_recv_capacity_rows(int R, int E, int K, int M) {
   int L = E / R;
@@ -122,6 +137,10 @@ struct MoeWindowLayout {
   uint64_t dispConsumed;  // uint64 [R-1][MOE_MAX_CHANNELS]
   uint64_t combProgress;  // uint64 [R-1][MOE_MAX_CHANNELS][MOE_MAX_WARPS]
   uint64_t combConsumed;  // uint64 [R-1][MOE_MAX_CHANNELS]
+  uint64_t dispIds;       // token path only (else 0 bytes): [2 call parities][R sources][idsStride] LL
+                          // words (call << 32 | payload): word 0 = T, then token t's ids at words
+                          // 1 + t*ceil(K/2) + k/2 (16-bit half k % 2); zeroed with the flags
+  uint64_t idsStride;
   uint64_t flagsBytes, totalBytes;
 };
 
@@ -152,6 +171,10 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   o += 8ull * P * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
   w.combConsumed = o;
   o += 8ull * P * MOE_MAX_CHANNELS;
+  w.idsStride = moe_token_path_sizes(K, M) ? moe_align_up(8ull * (1ull + (uint64_t)M * (uint64_t)moe_id_words(K)), 16) : 0;
+  o = moe_align_up(o, 256);
+  w.dispIds = o;
+  o += 2ull * (uint64_t)R * w.idsStride;
   o = moe_align_up(o, 256);
   w.flagsBytes = o - w.flagsOffset;
   w.totalBytes = o;
@@ -399,18 +422,8 @@ GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) {
   t1 = (int)((int64_t)(c + 1) * d.T / d.C);
 }
 
-// Validated expert ids of token t: ids < -1 or >= E, and repeats of an earlier slot, become -1.
-GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, int* ev, bool report,
-                                     uint32_t* errorFlags) {
-  // Fully unrolled with constant indices (loops break at K), so ev[] stays in registers: with a
-  // dynamic index it lived in local memory and the dependent compare chain cost ~1-3 us per token
-  // (round 3's routing: 21-33 us at 4096 tokens). Callers index ev[] the same way.
-  const int* row = topkIdx + (uint64_t)t * (uint64_t)d.K;
-#pragma unroll
-  for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-    if (k >= d.K) break;
-    ev[k] = row[k];  // all loads issued before the first compare
-  }
+// ev[0..K) in place: ids < -1 or >= E, and repeats of an earlier slot, become -1. True if any did.
+GIN_DEVICE_INLINE bool validate_experts(int* ev, const Dims& d) {
   bool bad = false;
 #pragma unroll
   for (int k = 0; k < MOE_MAX_TOPK; ++k) {
@@ -430,8 +443,73 @@ GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, i
     }
     ev[k] = e;
   }
-  if (bad && report) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
+  return bad;
 }
+
+// Validated expert ids of token t: ids < -1 or >= E, and repeats of an earlier slot, become -1.
+GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, int* ev, bool report,
+                                     uint32_t* errorFlags) {
+  // Fully unrolled with constant indices (loops break at K), so ev[] stays in registers: with a
+  // dynamic index it lived in local memory and the dependent compare chain cost ~1-3 us per token
+  // (round 3's routing: 21-33 us at 4096 tokens). Callers index ev[] the same way.
+  const int* row = topkIdx + (uint64_t)t * (uint64_t)d.K;
+#pragma unroll
+  for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+    if (k >= d.K) break;
+    ev[k] = row[k];  // all loads issued before the first compare
+  }
+  if (validate_experts(ev, d) && report) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
+}
+
+// Token-path id list of a token: raw ids of ev[0..K) from the LL words of call seq (ids as the
+// sender validated them), polled until tagged; false after a timeout (ids then masked).
+GIN_DEVICE_INLINE bool token_experts_ll(const uint64_t* words, const Dims& d, uint64_t seq, int* ev,
+                                        uint32_t* errorFlags) {
+  constexpr int kMaxWords = (MOE_MAX_TOPK + 1) / 2;
+  const int nw = moe_id_words(d.K);
+  // Payloads go straight into ev[] (32-bit registers, as token_experts uses) and the tags into a
+  // mask: fewer live registers than holding the 64-bit words.
+  uint32_t stale = 0u;
+#pragma unroll
+  for (int i = 0; i < kMaxWords; ++i) {
+    if (i >= nw) break;
+    const uint64_t w = gin_ld_relaxed_sys(words + i);
+    if ((uint32_t)(w >> 32) != (uint32_t)seq) stale |= 1u << i;
+    ev[2 * i] = (int)(uint32_t)w;
+  }
+  bool ok = true;
+  if (stale != 0u) {
+#pragma unroll
+    for (int i = 0; i < kMaxWords; ++i) {
+      if (i >= nw) break;
+      if (((stale >> i) & 1u) == 0u) continue;
+      uint64_t start = 0;
+      for (uint32_t spins = 0;; ++spins) {
+        const uint64_t w = gin_ld_relaxed_sys(words + i);
+        if ((uint32_t)(w >> 32) == (uint32_t)seq) {
+          ev[2 * i] = (int)(uint32_t)w;
+          break;
+        }
+        if (gin_wait_timed_out(spins, start, errorFlags)) {
+          ok = false;
+          ev[2 * i] = -1;  // both ids masked
+          break;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int i = kMaxWords - 1; i >= 0; --i) {  // unpack in place, high slot first
+    if (i >= nw) continue;
+    const uint32_t v = (uint32_t)ev[2 * i];
+    if (2 * i + 1 < MOE_MAX_TOPK) ev[2 * i + 1] = (v >> 16) == 0xffffu ? -1 : (int)(v >> 16);
+    ev[2 * i] = (v & 0xffffu) == 0xffffu ? -1 : (int)(v & 0xffffu);
+  }
+  (void)validate_experts(ev, d);  // the sender's rule again: never trust a peer's list blindly
+  return ok;
+}
+
+
 
 // In-place exclusive scan of a[0..n) in shared memory by the whole block; returns the total.
 // tmp: at least blockDim.x / warp size ints of shared memory. Must be called by every thread of the
@@ -803,9 +881,39 @@ struct RecvSmem {
   int ok;
 };
 
+// Token-path receiver (round 8): the layout of every source's tokens at this rank, computed here
+// from the sources' id lists, restricted to this rank's experts and to what channel c needs.
+struct TpRecvSmem {
+  int cnt[MOE_MAX_EXPERTS];        // [R][L] rows from source s for local expert e
+  int rowBase[MOE_MAX_EXPERTS];    // [R][L] recvX row of channel c's first row of (s, e)
+  int run[MOE_MAX_EXPERTS];        // [R][L] rows of s's tokens before channel c
+  uint32_t mask[MOE_MAX_EXPERTS];  // [R][L] bit j: s's token t0s + j (channel c) picked e
+  int hist[MOE_MAX_RANKS * MOE_MAX_CHANNELS];  // receiver 0: [s][channel] tokens of s coming here
+  int Ts[MOE_MAX_RANKS];           // T of each source in this call
+  int t0s[MOE_MAX_RANKS];          // channel c's first token of source s
+  int runD[MOE_MAX_RANKS];         // s's tokens before channel c coming here (= channel's first slot)
+  uint32_t maskD[MOE_MAX_RANKS];   // bit j: s's token t0s + j comes here
+  int slots[MOE_MAX_RANKS];        // s's tokens coming here
+  int nseg[MOE_MAX_RANKS];
+  unsigned long long segBytes[MOE_MAX_RANKS];
+  int itemEnd[MOE_MAX_RANKS + 1];  // end of the q-th source's items (q = 0: self, then rank + q)
+  // Per remote source, in shared memory rather than registers through the item loop (the window
+  // offsets as live 64-bit registers cost the kernel a stack frame on sm_90): its staging rows,
+  // metadata, channel-c progress words (section of s in this window) and id list of this call.
+  const uint8_t* stage[MOE_MAX_RANKS];
+  const uint8_t* meta[MOE_MAX_RANKS];
+  const uint64_t* prog[MOE_MAX_RANKS];
+  const uint64_t* ids[MOE_MAX_RANKS];
+  int* slotRows;  // workspace arrays written here (likewise parked in shared memory)
+  int* slotsFrom;
+  int* chanStartFrom;
+  int scanTmp[MOE_THREADS];
+};
+
 union DispatchSmem {
   LayoutSmem lay;
   RecvSmem rcv;
+  TpRecvSmem tp;
 };
 
 // Step 1: histogram of the block's tokens into smem and into this block's rows of histE / histD.
@@ -905,10 +1013,16 @@ GIN_DEVICE_INLINE bool layout_is_small(const Dims& d, int t0, int t1) { return l
 // underWalk() is called by every thread between the clearing barrier and the id walk (the
 // dispatch's write-after-read probes: their acquires then overlap the walk instead of delaying
 // the first barrier, round 7).
-template <class UnderWalk>
-GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
-                                           int* slotInExpert, int* tokenPos, int* sendList, uint32_t* errorFlags,
-                                           const UnderWalk& underWalk) {
+// Token path (round 8): the walk and the positions as two calls, the sends in between.
+// onOwn(t, ev) is called in the walk for each own token with its validated ids (the id lists go
+// out from there); after small_walk, cntD[r] holds the own tokens' masks (bit i = token t0 + i
+// goes to r), after small_positions counts again (and maskD the masks).
+struct NoOwnToken {
+  GIN_DEVICE_INLINE void operator()(int, const int*) const {}
+};
+template <class UnderWalk, class OnOwn>
+GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
+                                  uint32_t* errorFlags, const UnderWalk& underWalk, const OnOwn& onOwn) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   for (int e = tid; e < d.E; e += B) {
     s.cntE[e] = 0;
@@ -927,6 +1041,7 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
   for (int t = tid; t < t1; t += B) {
     const bool own = t >= t0;
     token_experts(topkIdx, t, d, ev, own, errorFlags);  // each token reported by its own block only
+    if (own) onOwn(t, ev);
     const int bit = (int)(1u << ((t - t0) & 31));
     uint32_t destMask = 0;
 #pragma unroll
@@ -948,6 +1063,11 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
   }
   __syncthreads();
   MOE_PROF(0, 9);  // ids walked (counts and masks)
+}
+GIN_DEVICE_INLINE void small_positions(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1,
+                                       int* slotInExpert, int* tokenPos, int* sendList) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  int ev[MOE_MAX_TOPK];
   // Positions of the own tokens (ids again: L1 hits of this block's first walk).
   for (int i = tid; i < t1 - t0; i += B) {
     const int t = t0 + i;
@@ -977,6 +1097,15 @@ GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, co
     s.prefD[r] = s.runD[r];
   }
   __syncthreads();
+}
+
+
+template <class UnderWalk>
+GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
+                                           int* slotInExpert, int* tokenPos, int* sendList, uint32_t* errorFlags,
+                                           const UnderWalk& underWalk) {
+  small_walk(s, topkIdx, d, t0, t1, lead, errorFlags, underWalk, NoOwnToken());
+  small_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
 }
 
 // Publishes this block's histogram rows (written by all threads) with one release.
@@ -1044,8 +1173,10 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
 // for j in [0, C], into smem (u.lead) and workspace chanStartTo; totals into expertCount/tokensTo.
 // histD: the published rows (two-level layout), or nullptr when layout_direct already filled
 // u.lead.histD.
+// cntIsMask: called between small_walk and small_positions (token path), where cntE holds the
+// own tokens' masks.
 GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const int* histD, int* expertCount,
-                                          int* tokensTo, int* chanStartTo) {
+                                          int* tokensTo, int* chanStartTo, bool cntIsMask = false) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int last = d.C - 1;
   if (histD != nullptr) {
@@ -1083,7 +1214,7 @@ GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const in
       }
     }
   }
-  for (int e = tid; e < d.E; e += B) expertCount[e] = s.runE[e] + s.cntE[e];
+  for (int e = tid; e < d.E; e += B) expertCount[e] = s.runE[e] + (cntIsMask ? __popc((uint32_t)s.cntE[e]) : s.cntE[e]);
   __syncthreads();
   for (int r = tid; r < d.R; r += B) tokensTo[r] = s.u.lead.chanStart[r * (d.C + 1) + d.C];
 }
@@ -1173,6 +1304,11 @@ GIN_DEVICE_INLINE uint64_t* count_table(const uint8_t* win, const MoeWindowLayou
   return (uint64_t*)(win + wl.counts + ((seq & 1ull) * (uint64_t)R + (uint64_t)src) * wl.countStride);
 }
 GIN_DEVICE_INLINE bool ll_tag_ok(uint64_t w, uint64_t seq) { return (uint32_t)(w >> 32) == (uint32_t)seq; }
+// Token path: source src's id list of call seq in the window at win (word 0 = T, then the ids);
+// double-buffered by call parity exactly like the count tables (same write-after-read argument).
+GIN_DEVICE_INLINE uint64_t* ids_area(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, uint64_t seq) {
+  return (uint64_t*)(win + wl.dispIds + ((seq & 1ull) * (uint64_t)R + (uint64_t)src) * wl.idsStride);
+}
 // One table word of call seq into out: block = poll until it is there (timeout: out = 0, false),
 // otherwise one probe (false when it is not there yet).
 GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block, uint32_t* errorFlags, int& out) {
@@ -1454,6 +1590,10 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 //             then it releases dispConsumed[rank][c] = n into every remote source's window (staging
 //             WAR). Sender c, when the tables were already there after its sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
+// Token path (round 8; moe_token_path: M*K <= 4096 and <= 32 tokens per channel, the same choice
+// on every rank): senders push their tokens' ids (LL words, by call parity) and then each row to
+// staging slot = token index right after the id walk; receivers lay out every source themselves;
+// the senders' positions follow their sends. Same outputs and workspace arrays (KERNELS.md).
 // ================================================================================================
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
 moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
@@ -1463,6 +1603,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
   __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
+  // Token-path sender: the positions' output arrays, parked here across the sends (held in
+  // registers through the send loop they cost the kernel a stack frame on sm_90).
+  __shared__ int* tpPositions[3];
   MOE_PROF(0, 10);  // entry, before the checks and load_seq (round 7: the time before "start")
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
@@ -1485,10 +1628,362 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   int* sendList = (int*)(workspace + ws.sendList);
   uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(recvX, 16);
+  const bool tokenPath = moe_token_path(d.K, d.M, d.C);
   const uint64_t seq = load_seq(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x, &sharedSeq);
   const uint64_t seqHi = seq << 32;
 
-  if ((int)blockIdx.x < d.C) {
+  if (tokenPath && (int)blockIdx.x < d.C) {
+    // ------------------------------------------------------------------ token-path sender (round 8)
+    // Rows go out at once, into the receiver's staging slot = the token's own index (a token goes
+    // to rank r iff one of its ids is in r's range), after the token's ids as LL words into every
+    // remote rank's id list; the receivers run the layout themselves. The small layout's one id
+    // walk (which also gives the own tokens' destination masks, and pushes their ids) comes
+    // first; its positions (tokenPos, slotInExpert, sendList; the last block's totals and
+    // chanStartTo), which only the combine and the HOST-identical arrays need, after the sends.
+    LayoutSmem& s = sm.lay;
+    const int c = (int)blockIdx.x;
+    MOE_PROF(0, 0);
+    int t0, t1;
+    token_range(d, c, t0, t1);
+    // Write-after-read on the remote staging: as in the layout path (all of r's receivers of the
+    // previous call are done; one acquire per flag by the last threads, waited for if missing).
+    const int warFlags = (d.R - 1) * d.C;
+    auto warFlag = [&](int i) -> const uint64_t* {
+      const int r = (d.rank + 1 + i / d.C) % d.R;
+      return (const uint64_t*)(ownWin + wl.dispConsumed) +
+             (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + (uint64_t)(i % d.C);
+    };
+    bool warSeen = true;
+    const int nw = moe_id_words(d.K);
+    // Before the walk: T into every remote rank's id list (word 0), the write-after-read probes.
+    auto underWalk = [&]() {
+      if (c == 0 && tid == B - GIN_WARP_SIZE)
+        for (int r = 0; r < d.R; ++r)
+          if (r != d.rank)
+            gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
+      for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
+    };
+    // In the walk, per own token: its validated ids, two per LL word (0xffff = masked), to every
+    // remote rank (each of their receivers walks every source's list; a token that goes
+    // elsewhere counts nothing there).
+    auto onOwn = [&](int t, const int* ev) {
+      for (int q = 1; q < d.R; ++q) {
+        const int r = (d.rank + q) % d.R;
+        uint64_t* dst = ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
+#pragma unroll
+        for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
+          if (i >= nw) break;
+          const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
+          const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
+          gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
+        }
+      }
+    };
+    small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, underWalk, onOwn);
+    // The last block's totals and chanStartTo before its sends (after them they cost the kernel a
+    // stack frame on sm_90; ~1 us later sends for one channel of 66).
+    if (c == d.C - 1) {
+      layout_lead_totals(s, d, nullptr, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
+                         (int*)(workspace + ws.chanStartTo), true);
+      if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
+    }
+    // After the walk (cntD[r] = mask of the own tokens going to r): the sends, then the positions.
+    {
+      if (!warSeen)
+        for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
+      if (tid == 0) {
+        tpPositions[0] = slotInExpert;
+        tpPositions[1] = tokenPos;
+        tpPositions[2] = sendList;
+      }
+      __syncthreads();  // the write-after-read acquires before any staging store
+      MOE_PROF(0, 11);
+      for (int q = 1; q < d.R; ++q) {
+        const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
+        const uint32_t mr = (uint32_t)s.cntD[r];
+        const int cnt = __popc(mr);
+        if (cnt == 0) continue;
+        // Section base in r's window (staging rows, metadata and progress words are offsets from
+        // it: fewer live 64-bit registers, the row offsets are 32-bit since 2H < 2^32).
+        uint8_t* peerWin = (uint8_t*)peerBases[r];
+        const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
+        // Items as in the layout path: the channel's tokens to r in token order (cnt of them),
+        // row_split(rowBytes, cnt); warp w sends items w, w+W, ... and counts them in its word.
+        const RowSplit sp = row_split(d.rowBytes, cnt);
+        const int items = cnt * sp.nseg;
+        int done = 0;
+        for (int i = warp; i < items; i += MOE_WARPS) {
+          const int j = i / sp.nseg, seg = i - j * sp.nseg;
+          uint64_t b0, b1;
+          seg_range(sp, seg, d.rowBytes, b0, b1);
+          uint32_t m = mr;
+          for (int u = 0; u < j; ++u) m &= m - 1u;
+          const int t = t0 + __ffs((int)m) - 1;
+          const uint64_t slotIx = sec * (uint64_t)d.M + (uint64_t)t;  // staging slot = token index
+          const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
+          uint8_t* dst = peerWin + wl.dispRows + slotIx * wl.rowStride;
+          float mw = 0.f;
+          if (seg == 0 && lane < d.K) mw = topkWeights[(uint64_t)t * d.K + lane];  // with the row's loads
+          if (fast) {
+            const uint32_t vEnd = (uint32_t)(b1 >> 4);
+            for (uint32_t v0 = (uint32_t)(b0 >> 4); v0 < vEnd; v0 += GIN_WARP_SIZE * kExpandUnroll) {
+              gin_u128 v[kExpandUnroll];
+#pragma unroll
+              for (int u = 0; u < kExpandUnroll; ++u) {
+                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
+                if (vi < vEnd) v[u] = gin_ld16_stream(src + ((uint64_t)vi << 4));
+              }
+#pragma unroll
+              for (int u = 0; u < kExpandUnroll; ++u) {
+                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
+                if (vi < vEnd) gin_st16(dst + ((uint64_t)vi << 4), v[u]);
+              }
+            }
+          } else {
+            // Any hidden size / alignment (rare): element by element, like warp_expand_seg's
+            // slow path (gin_copy_bytes here cost the kernel a stack frame on sm_90).
+            const uint16_t* s16 = (const uint16_t*)src;
+            uint16_t* d16 = (uint16_t*)dst;
+            for (uint32_t e = (uint32_t)(b0 >> 1) + (uint32_t)lane; e < (uint32_t)(b1 >> 1); e += GIN_WARP_SIZE) d16[e] = s16[e];
+          }
+          // Segment 0 carries the token's weights (the receiver has the ids already).
+          if (seg == 0 && lane < d.K)
+            ((float*)(peerWin + wl.dispMeta + slotIx * wl.metaStride))[2 * d.K + lane] = mw;
+          ++done;
+          syncwarp();  // every lane's stores, then lane 0's release (cumulative)
+          if (lane == 0)
+            gin_st_release_sys((uint64_t*)(peerWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp,
+                               seqHi | (uint64_t)done);
+        }
+      }
+      MOE_PROF_SYNC();
+      MOE_PROF(0, 5);
+    }
+    small_positions(s, topkIdx, d, t0, t1, *(int* volatile*)&tpPositions[0], *(int* volatile*)&tpPositions[1],
+                    *(int* volatile*)&tpPositions[2]);
+    MOE_PROF_SYNC();
+    MOE_PROF(0, 12);
+  } else if (tokenPath) {
+    // ------------------------------------------------------------------ token-path receiver (round 8)
+    // Every source's id list (own: topkIdx) -> this rank's layout of every source restricted to
+    // what channel c needs: rows per (source, local expert) for rowBase, and for s's tokens of
+    // channel c (token range by s's T) the rows before them (run) and bit masks (mask), the slots
+    // before them (runD) and which come here (maskD). Slots, rows and slotRows come out exactly as
+    // the layout path's (positions by token order per source). Receiver 0 also writes recvCounts,
+    // slotsFrom and chanStartFrom.
+    TpRecvSmem& s = sm.tp;
+    const int c = (int)blockIdx.x - d.C;
+    MOE_PROF(0, 0);
+    if (tid < d.R) {
+      int T = d.T;
+      if (tid != d.rank) {
+        (void)ll_table_get(ids_area(ownWin, wl, tid, d.R, seq), seq, true, errorFlags, T);
+        if (T < 0 || T > d.M) {
+          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          T = 0;
+        }
+      }
+      s.Ts[tid] = T;
+      s.t0s[tid] = (int)((int64_t)c * T / d.C);
+      const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
+      s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
+      s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
+      s.prog[tid] = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
+      s.ids[tid] = ids_area(ownWin, wl, tid, d.R, seq) + 1;
+      if (tid == 0) {
+        s.slotRows = (int*)(workspace + ws.slotRows);
+        s.slotsFrom = (int*)(workspace + ws.slotsFrom);
+        s.chanStartFrom = (int*)(workspace + ws.chanStartFrom);
+      }
+      s.runD[tid] = 0;
+      s.maskD[tid] = 0u;
+      s.slots[tid] = 0;
+    }
+    for (int i = tid; i < d.R * d.L; i += B) {
+      s.cnt[i] = 0;
+      s.run[i] = 0;
+      s.mask[i] = 0u;
+    }
+    if (c == 0)
+      for (int i = tid; i < d.R * d.C; i += B) s.hist[i] = 0;
+    __syncthreads();
+    const int nw = moe_id_words(d.K);
+    int total = 0;
+    for (int r = 0; r < d.R; ++r) total += s.Ts[r];
+    for (int f = tid; f < total; f += B) {
+      int src = 0, t = f;
+      while (t >= s.Ts[src]) t -= s.Ts[src++];
+      int ev[MOE_MAX_TOPK];
+      if (src == d.rank) token_experts(topkIdx, t, d, ev, false, nullptr);
+      else (void)token_experts_ll(ids_area(ownWin, wl, src, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw, d, seq, ev, errorFlags);
+      const int Tsrc = s.Ts[src], ct0 = s.t0s[src], ct1 = (int)((int64_t)(c + 1) * Tsrc / d.C);
+      const bool before = t < ct0, inCh = !before && t < ct1;
+      const uint32_t bit = inCh ? 1u << (t - ct0) : 0u;
+      bool here = false;
+#pragma unroll
+      for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+        if (k >= d.K) break;
+        const int e = ev[k];
+        if (e < 0 || e / d.L != d.rank) continue;
+        here = true;
+        const int i = src * d.L + (e - d.rank * d.L);
+        atomicAdd(&s.cnt[i], 1);
+        if (before) atomicAdd(&s.run[i], 1);
+        else if (inCh) atomicOr(&s.mask[i], bit);
+      }
+      if (here) {
+        atomicAdd(&s.slots[src], 1);
+        if (before) atomicAdd(&s.runD[src], 1);
+        else if (inCh) atomicOr(&s.maskD[src], bit);
+        if (c == 0) atomicAdd(&s.hist[src * d.C + (int)(((int64_t)(t + 1) * d.C - 1) / Tsrc)], 1);
+      }
+    }
+    __syncthreads();
+    // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e] + run[s][e] (channel c's first row).
+    for (int e = tid; e < d.L; e += B) {
+      int tot = 0;
+      for (int src = 0; src < d.R; ++src) tot += s.cnt[src * d.L + e];
+      s.rowBase[e] = tot;
+      if (c == 0) recvCounts[e] = tot;
+    }
+    __syncthreads();
+    block_exclusive_scan(s.rowBase, d.L, s.scanTmp);
+    for (int e = tid; e < d.L; e += B) {
+      int run = s.rowBase[e];
+      for (int src = 0; src < d.R; ++src) {
+        s.rowBase[src * d.L + e] = run + s.run[src * d.L + e];
+        run += s.cnt[src * d.L + e];
+      }
+    }
+    if (tid == 0) {
+      s.itemEnd[0] = 0;
+      for (int q = 0; q < d.R; ++q) {  // own tokens first: they wait for nothing
+        const int src = (d.rank + q) % d.R;
+        const int n = __popc(s.maskD[src]);
+        const RowSplit sp = row_split(d.rowBytes, n);
+        s.nseg[src] = sp.nseg;
+        s.segBytes[src] = sp.segBytes;
+        s.itemEnd[q + 1] = s.itemEnd[q] + n * sp.nseg;
+      }
+    }
+    __syncthreads();
+    MOE_PROF(0, 11);
+    if (c == 0) {
+      // What the combine reads: slots per source and their channel boundaries (one warp per
+      // source, a shuffle scan over the channels' counts). Before the items: after them, its
+      // pointers held through the item loop cost the kernel a stack frame on sm_90.
+      int* slotsFrom = *(int* volatile*)&s.slotsFrom;
+      int* chanStartFrom = *(int* volatile*)&s.chanStartFrom;
+      const int nwarps = B / GIN_WARP_SIZE;
+      const int per = (d.C + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE;
+      for (int src = warp; src < d.R; src += nwarps) {
+        const int j0 = moe_min_i(d.C, lane * per), j1 = moe_min_i(d.C, j0 + per);
+        int sum = 0;
+        for (int jj = j0; jj < j1; ++jj) sum += s.hist[src * d.C + jj];
+        int inc = sum;
+#pragma unroll
+        for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+          const int v = shfl_up_i(inc, off);
+          if (lane >= off) inc += v;
+        }
+        int run = inc - sum;
+        for (int jj = j0; jj < j1; ++jj) {
+          chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + jj] = run;
+          run += s.hist[src * d.C + jj];
+        }
+        if (lane == 0) {
+          chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + d.C] = s.slots[src];
+          slotsFrom[src] = s.slots[src];
+        }
+      }
+    }
+    int* slotRows = *(int* volatile*)&s.slotRows;
+    const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+    const int totalItems = s.itemEnd[d.R];
+    bool firstRemote = true;
+    for (int g = warp; g < totalItems; g += MOE_WARPS) {
+      int q = 0;
+      while (g >= s.itemEnd[q + 1]) ++q;
+      const int src = (d.rank + q) % d.R;
+      const bool self = q == 0;
+      const int i = g - s.itemEnd[q];
+      RowSplit sp;
+      sp.nseg = s.nseg[src];
+      sp.segBytes = s.segBytes[src];
+      const int j = i / sp.nseg, seg = i - j * sp.nseg;
+      uint64_t b0, b1;
+      seg_range(sp, seg, d.rowBytes, b0, b1);
+      uint32_t m = s.maskD[src];
+      for (int u = 0; u < j; ++u) m &= m - 1u;
+      const int bit = __ffs((int)m) - 1;
+      const int t = s.t0s[src] + bit;
+      const int slot = s.runD[src] + j;
+      // Lane k's id of token t (before any flag: the ids are here), validated like token_experts
+      // (range, then a repeat of an earlier slot's id is masked).
+      int e = -1;
+      if (lane < d.K) {
+        if (self) {
+          e = topkIdx[(uint64_t)t * d.K + lane];
+        } else {
+          const uint64_t w = gin_ld_relaxed_sys(s.ids[src] + (uint32_t)(t * nw + (lane >> 1)));
+          const uint32_t v = (uint32_t)(w >> (16 * (lane & 1))) & 0xffffu;
+          e = v == 0xffffu ? -1 : (int)v;
+        }
+        if (e < 0 || e >= d.E) e = -1;
+      }
+      bool dup = false;
+      for (int k = 0; k < d.K; ++k) {
+        const int o = shfl_i(e, k);
+        if (k < lane && e >= 0 && o == e) dup = true;
+      }
+      int row = -1;
+      if (e >= 0 && !dup && e / d.L == d.rank) {
+        const int ix = src * d.L + (e - d.rank * d.L);
+        row = s.rowBase[ix] + __popc(s.mask[ix] & ((1u << bit) - 1u));
+        if (row < 0 || row >= capacity) {
+          if (seg == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          row = -1;
+        }
+      }
+      gin_u128 pass[kExpandUnroll];
+      float wt = 0.f;
+      if (self) {
+        const uint8_t* xRow = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
+        if (fast) expand_load_pass<false>(pass, xRow, b0 >> 4, b1 >> 4);
+        if (seg == 0 && row >= 0) wt = topkWeights[(uint64_t)t * d.K + lane];
+        if (seg == 0) {
+          if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
+          if (row >= 0) recvWeights[row] = wt;
+        }
+        warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+      } else {
+        if (lane == 0) (void)gin_wait_geq(s.prog[src] + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
+        syncwarp();
+        if (firstRemote) {
+          if (warp == 0) MOE_PROF(0, 2);  // thread 0: warp 0's first remote item landed
+          firstRemote = false;
+        }
+        const uint8_t* stageRow = s.stage[src] + (uint64_t)t * (uint32_t)wl.rowStride;
+        if (fast) expand_load_pass<true>(pass, stageRow, b0 >> 4, b1 >> 4);
+        if (seg == 0 && row >= 0) {
+          const int* meta = (const int*)(s.meta[src] + (uint64_t)t * (uint32_t)wl.metaStride);
+          wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
+        }
+        if (seg == 0) {
+          if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
+          if (row >= 0) recvWeights[row] = wt;
+        }
+        warp_expand_seg<true>(stageRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+      }
+    }
+    __syncthreads();
+    MOE_PROF(0, 3);
+    if (tid < d.R && tid != d.rank) {  // staging write-after-read release, as in the layout path
+      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
+                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
+      gin_st_release_sys(f, seq);
+    }
+  } else if ((int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ sender / layout block
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;

@@ -753,8 +753,9 @@ static void run_case(const Case& cs, std::mt19937_64& rng) {
 // the real dispatch, fake experts, combine, and a second combine; every result copied aside on the
 // device, all checked at the end.
 // ------------------------------------------------------------------------------------------------
-static void run_back_to_back(std::mt19937_64& rng, int rounds) {
-  Case cs{"back-to-back", 32, 4, 264, 96, 5, {96}, UNIFORM, 0.1};
+// channels = 5: the token path (<= 32 tokens per channel, round 8); 2: the layout path (48).
+static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels) {
+  Case cs{channels <= 2 ? "back-to-back layout path" : "back-to-back token path", 32, 4, 264, 96, channels, {96}, UNIFORM, 0.1};
   if (cs.E % gNumGpus != 0) cs.E = 16 * gNumGpus;
   Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, false);
   printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d, %d rounds\n", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C,
@@ -939,9 +940,11 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
        {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
-        {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"}}},
+        {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
+        {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: own layout done / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
-       {{10, "entry (before checks, load_seq)"}, {1, "count tables read"}, {2, "warp 0: first remote item landed"},
+       {{10, "entry (before checks, load_seq)"}, {1, "count tables read"},
+        {11, "token path: every source's ids walked"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C,
@@ -1181,6 +1184,11 @@ int main(int argc, char** argv) {
         // T*K > 16384 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
         // one-level one (each block counts the lower tokens itself). Same positions either way.
         {"two-level layout T*K > 16384", 16 * R, 8, 64, 9000, Cd, {9000, 2000}, UNIFORM, 0.05},
+        // Round 8: maxTokens*K = 4096 is the token path's limit (Qwen-like above sits on it); one
+        // token more takes the layout path. And a token-path instance with <= 32 tokens per
+        // channel at few channels (C = 4, M = 128).
+        {"layout path M*K = 4104", 16 * R, 8, 256, 513, Cd, {513, 400}, UNIFORM, 0.05},
+        {"token path 32 per channel", 16 * R, 8, 256, 128, 4, {128, 127}, UNIFORM, 0.05},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
@@ -1189,7 +1197,8 @@ int main(int argc, char** argv) {
       }
       run_case(cs, rng);
     }
-    run_back_to_back(rng, 200);
+    run_back_to_back(rng, 200, 5);
+    run_back_to_back(rng, 100, 2);
     printf("\n%d passed, %d failed\n", gPassed, gFailed);
   }
   if (bench) run_bench(rng, channels);
