@@ -252,13 +252,6 @@ namespace moe_detail {
 // ------------------------------------------------------------------------------------------------
 // Small portable helpers.
 // ------------------------------------------------------------------------------------------------
-GIN_DEVICE_INLINE int shfl_i(int v, int src) {
-#if GIN_HIP
-  return __shfl(v, src);
-#else
-  return __shfl_sync(0xffffffffu, v, src);
-#endif
-}
 GIN_DEVICE_INLINE int shfl_up_i(int v, int delta) {
 #if GIN_HIP
   return __shfl_up(v, (unsigned)delta);
@@ -266,11 +259,11 @@ GIN_DEVICE_INLINE int shfl_up_i(int v, int delta) {
   return __shfl_up_sync(0xffffffffu, v, (unsigned)delta);
 #endif
 }
-GIN_DEVICE_INLINE float shfl_f(float v, int src) { return __int_as_float(shfl_i(__float_as_int(v), src)); }
+GIN_DEVICE_INLINE float shfl_f(float v, int src) { return __int_as_float(gin_shfl_int(__float_as_int(v), src)); }
 GIN_DEVICE_INLINE const uint8_t* shfl_ptr(const uint8_t* p, int src) {
   uint64_t u = (uint64_t)(uintptr_t)p;
-  uint32_t lo = (uint32_t)shfl_i((int)(uint32_t)u, src);
-  uint32_t hi = (uint32_t)shfl_i((int)(uint32_t)(u >> 32), src);
+  uint32_t lo = (uint32_t)gin_shfl_int((int)(uint32_t)u, src);
+  uint32_t hi = (uint32_t)gin_shfl_int((int)(uint32_t)(u >> 32), src);
   return (const uint8_t*)(uintptr_t)(((uint64_t)hi << 32) | lo);
 }
 
@@ -643,7 +636,7 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
       if (lane == 0 && nv0 < vEnd) prefetch_l2(src + (nv0 << 4), (uint32_t)((vEnd - nv0 < kPassVecs ? vEnd - nv0 : kPassVecs) << 4));
       if (!(pass0Loaded && v0 == (b0 >> 4))) expand_load_pass<kFresh>(r, src, v0, vEnd);
       for (int k = 0; k < nTargets; ++k) {
-        const int row = shfl_i(myRow, k);
+        const int row = gin_shfl_int(myRow, k);
         if (row < 0) continue;
         uint8_t* dst = dstBase + (uint64_t)row * rowBytes;
 #pragma unroll
@@ -658,7 +651,7 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
     const uint64_t e0 = b0 >> 1, e1 = b1 >> 1;
     const uint16_t* s16 = (const uint16_t*)src;
     for (int k = 0; k < nTargets; ++k) {
-      const int row = shfl_i(myRow, k);
+      const int row = gin_shfl_int(myRow, k);
       if (row < 0) continue;
       uint16_t* dst = (uint16_t*)(dstBase + (uint64_t)row * rowBytes);
       for (uint64_t i = e0 + (uint64_t)lane; i < e1; i += GIN_WARP_SIZE) dst[i] = ld_u16<kFresh>(s16 + i);
@@ -762,7 +755,7 @@ GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowByte
           if (mOwn) {
             const int k = lanemask_ffs(mOwn);
             mOwn &= mOwn - 1;
-            const int row = shfl_i(myRow, k);
+            const int row = gin_shfl_int(myRow, k);
             wl[g] = k;
             src[g] = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
           } else if (mExt) {
@@ -807,7 +800,7 @@ GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowByte
       const uint64_t i = i0 + (uint64_t)lane;
       float acc = 0.f;
       for (int k = 0; k < nk; ++k) {
-        const int row = shfl_i(myRow, k);
+        const int row = gin_shfl_int(myRow, k);
         const float w = shfl_f(myW, k);
         if (row < 0 || i >= e1) continue;
         acc += w * bf16_to_f32(((const uint16_t*)(rowsBase + (uint64_t)row * rowBytes))[i]);
@@ -1207,7 +1200,7 @@ GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const in
         chanStartTo[r * (MOE_MAX_CHANNELS + 1) + j] = run;
         run += s.u.lead.histD[j * d.R + r];
       }
-      const int total = shfl_i(inc, GIN_WARP_SIZE - 1);
+      const int total = gin_shfl_int(inc, GIN_WARP_SIZE - 1);
       if (lane == 0) {
         s.u.lead.chanStart[r * (d.C + 1) + d.C] = total;
         chanStartTo[r * (MOE_MAX_CHANNELS + 1) + d.C] = total;
@@ -1327,12 +1320,6 @@ GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block,
   return true;
 }
 
-GIN_DEVICE_INLINE unsigned long long shfl_u64(unsigned long long v, int src) {
-  const uint32_t lo = (uint32_t)shfl_i((int)(uint32_t)v, src);
-  const uint32_t hi = (uint32_t)shfl_i((int)(uint32_t)(v >> 32), src);
-  return ((unsigned long long)hi << 32) | lo;
-}
-
 // Count tables of every source of call seq (LL words in this rank's window): cnt, slots, channel
 // c's slot range per source, validation (a source whose numbers cannot be right contributes
 // nothing, never out of bounds) and rowBase[s][e] = expertStart[e] + sum_{s'<s} cnt[s'][e].
@@ -1400,7 +1387,7 @@ GIN_DEVICE_INLINE bool recv_tables(RecvSmem& s, const Dims& d, int c, const uint
       else sum += (unsigned long long)v;
     }
 #pragma unroll
-    for (int off = GIN_WARP_SIZE / 2; off > 0; off >>= 1) sum += shfl_u64(sum, lane ^ off);
+    for (int off = GIN_WARP_SIZE / 2; off > 0; off >>= 1) sum += gin_shfl_u64(sum, lane ^ off);
     const bool anyBad = moe_detail::ballot(bad) != 0ull;
     if (lane == 0) {
       s.sum[src] = sum;
@@ -1468,7 +1455,7 @@ GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, con
   const int lane = (int)gin_lane_id();
   int i = 0;
   if (lane == 0) i = (int)(uint32_t)atomicAdd((unsigned long long*)claimWord, 1ull);
-  i = shfl_i(i, 0);
+  i = gin_shfl_int(i, 0);
   if (i >= ow.items) return false;
   const int j = i / ow.sp.nseg, seg = i - j * ow.sp.nseg;
   uint64_t b0, b1;
@@ -1933,7 +1920,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       }
       bool dup = false;
       for (int k = 0; k < d.K; ++k) {
-        const int o = shfl_i(e, k);
+        const int o = gin_shfl_int(e, k);
         if (k < lane && e >= 0 && o == e) dup = true;
       }
       int row = -1;
@@ -2221,7 +2208,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       if (ownState == 0) {
         int seen = 0;
         if (lane == 0) seen = gin_ld_acquire_sys(claimWord) >= (seq << 32) ? 1 : 0;
-        seen = shfl_i(seen, 0);
+        seen = gin_shfl_int(seen, 0);
         syncwarp();  // lane 0's acquire, then the barrier: every lane may read the positions
         if (!seen) return false;
         ownState = 1;
@@ -2357,7 +2344,7 @@ GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, con
   // Lane k < K: slotRows entry k of item i's slot (consumer: its own slot, from lane rank's pos).
   auto rowOf = [&](int i, int pos) -> int {
     if (i >= items) return -1;  // warp-uniform
-    const int slot = kConsumer ? shfl_i(pos, d.rank) : first + i / sp.nseg;
+    const int slot = kConsumer ? gin_shfl_int(pos, d.rank) : first + i / sp.nseg;
     if (lane >= d.K || slot < 0 || slot >= d.M) return -1;
     return cx.slotRows[((uint64_t)cx.slotSrc * d.M + (uint64_t)slot) * d.K + (uint64_t)lane];
   };
@@ -2633,6 +2620,19 @@ moe_host_layout(const int32_t* topkIdx, int32_t numTokens, uint8_t* workspace, u
   if (tid == 0) state[MOE_STATE_SEQ_LAYOUT + blockIdx.x] = seq;
 }
 
+// HOST backend: the send-row position of token t's slot k (its expert's send offset + the token's
+// slot in that expert), or -1 for a masked slot; an impossible position sets MOE_ERR_COUNTS.
+GIN_DEVICE_INLINE int host_send_row(const int* slotInExpert, const int* expertOffset, const int32_t* topkIdx,
+                                    const Dims& d, uint64_t t, int k, uint64_t capacity, uint32_t* errorFlags) {
+  const int sl = slotInExpert[t * d.K + k];
+  if (sl < 0) return -1;
+  const int e = topkIdx[t * d.K + k];
+  const int64_t p = (e >= 0 && e < d.E) ? (int64_t)expertOffset[e] + sl : -1;
+  if (p >= 0 && (uint64_t)p < capacity) return (int)p;
+  gin_error_set(errorFlags, MOE_ERR_COUNTS);
+  return -1;
+}
+
 // moe_host_pack: sendRows[expertOffset[e] + slotInExpert[t][k]] = x[t], sendWeights[same] =
 // topkWeights[t][k] for every non-masked (t, k). One warp per token; any grid, any block size that
 // is a multiple of the warp size (<= 1024).
@@ -2655,20 +2655,8 @@ GIN_KERNEL void moe_host_pack(const uint16_t* x, const int32_t* topkIdx, const f
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(sendRows, 16);
   for (uint64_t t = (uint64_t)blockIdx.x * (blockDim.x / GIN_WARP_SIZE) + threadIdx.x / GIN_WARP_SIZE;
        t < (uint64_t)d.T; t += warpsTotal) {
-    int pos = -1;
-    if (lane < d.K) {
-      const int sl = slotInExpert[t * d.K + lane];
-      if (sl >= 0) {
-        const int e = topkIdx[t * d.K + lane];
-        const int64_t p = (int64_t)expertOffset[e] + sl;
-        if (e >= 0 && e < d.E && p >= 0 && (uint64_t)p < capacity) {
-          pos = (int)p;
-          sendWeights[pos] = topkWeights[t * d.K + lane];
-        } else {
-          gin_error_set(errorFlags, MOE_ERR_COUNTS);
-        }
-      }
-    }
+    const int pos = lane < d.K ? host_send_row(slotInExpert, expertOffset, topkIdx, d, t, lane, capacity, errorFlags) : -1;
+    if (pos >= 0) sendWeights[pos] = topkWeights[t * d.K + lane];
     warp_expand_row<false>((const uint8_t*)x + t * d.rowBytes, (uint8_t*)sendRows, d.rowBytes, pos, d.K, fast);
   }
 }
@@ -2790,21 +2778,8 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(returned, 16) && gin_is_aligned(y, 16);
   for (uint64_t t = (uint64_t)blockIdx.x * (blockDim.x / GIN_WARP_SIZE) + threadIdx.x / GIN_WARP_SIZE;
        t < (uint64_t)d.T; t += warpsTotal) {
-    int pos = -1;
-    float w = 0.f;
-    if (lane < d.K) {
-      const int sl = slotInExpert[t * d.K + lane];
-      if (sl >= 0) {
-        const int e = topkIdx[t * d.K + lane];
-        const int64_t p = (int64_t)expertOffset[e] + sl;
-        if (e >= 0 && e < d.E && p >= 0 && (uint64_t)p < capacity) {
-          pos = (int)p;
-          w = topkWeights[t * d.K + lane];
-        } else {
-          gin_error_set(errorFlags, MOE_ERR_COUNTS);
-        }
-      }
-    }
+    const int pos = lane < d.K ? host_send_row(slotInExpert, expertOffset, topkIdx, d, t, lane, capacity, errorFlags) : -1;
+    const float w = pos >= 0 ? topkWeights[t * d.K + lane] : 0.f;
     warp_reduce_row((const uint8_t*)returned, d.rowBytes, pos, w, d.K, (uint8_t*)y + t * d.rowBytes, fast);
   }
 }

@@ -1203,6 +1203,16 @@ static const TimingCfg kTimingCfgs[] = {
     {A2A, 96, 512},       {A2A, 128, 512}};
 
 // Whether a configuration is worth timing at c.bpp (capacity, enough bytes per chunk, grid fits).
+// The call a timing configuration makes at bpp bytes per peer.
+static Call call_of(const TimingCfg& f, uint64_t bpp) {
+  Call c;
+  c.kind = f.kind;
+  c.chunks = f.chunks;
+  c.threads = f.threads;
+  c.bpp = bpp;
+  return c;
+}
+
 static bool timing_cfg_applies(const Call& c) {
   if (is_ll(c.kind) && c.bpp > kLlCapacity) return false;
   if (is_ll128(c.kind) && c.bpp > kLl128Capacity) return false;
@@ -1231,11 +1241,7 @@ static void pipelined_table(bool quick) {
     double best[3] = {1e30, 1e30, 1e30};
     Call bestCall[3];
     for (const TimingCfg& f : kTimingCfgs) {
-      Call c;
-      c.kind = f.kind;
-      c.chunks = f.chunks;
-      c.threads = f.threads;
-      c.bpp = bpp;
+      Call c = call_of(f, bpp);
       if (!timing_cfg_applies(c)) continue;
       (void)time_call_pipelined(c, 20);
       std::vector<double> t;
@@ -1295,11 +1301,7 @@ static void timing_table(bool quick) {
     double best = 1e30, bestLl = 1e30, bestLl128 = 1e30, bestDirect = 1e30;
     Call bestCall;
     for (const TimingCfg& f : kTimingCfgs) {
-      Call c;
-      c.kind = f.kind;
-      c.chunks = f.chunks;
-      c.threads = f.threads;
-      c.bpp = bpp;
+      Call c = call_of(f, bpp);
       if (!timing_cfg_applies(c)) continue;
       double us = time_call(c, 5, 20);
       bool ok = verify_timing_output(c, run);
