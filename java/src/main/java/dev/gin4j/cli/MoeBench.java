@@ -2,10 +2,14 @@ package dev.gin4j.cli;
 
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.comm.CommGroup;
+import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Event;
 import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.Kernel;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.moe.MoeAllToAll;
 import dev.gin4j.moe.MoeConfig;
 import dev.gin4j.moe.MoeDispatch;
@@ -54,7 +58,10 @@ final class MoeBench {
         Path json = Path.of(Bench.option(args, "--out", "moe.json"));
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();
+        double[] floor;
         try (CommGroup g = Bench.openGroup(rt)) {
+            floor = launchFloor(g.rank(0).device());
+            for (int i = 0; i < floor.length; i++) floor[i] = Bench.slowest(g, floor[i]);
             for (Shape shape : SHAPES) {
                 if (!names.contains(shape.name())) continue;
                 for (int tokens : tokenCounts) {
@@ -87,7 +94,13 @@ final class MoeBench {
                 + " around each call, the launch included; pipelined = " + PIPELINED + " dispatches back to back after one untimed one, then " + PIPELINED
                 + " combines of the last one, device time / " + PIPELINED + ", median of " + BATCHES + " batches, the nccl-tests way; wall us/call = System.nanoTime around"
                 + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls)");
-        StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size() + ",\n  \"rows\": [\n");
+        out.printf(Locale.ROOT, "launch floor, same thread and loop (%d launches back to back, median of %d batches, slowest rank): empty kernel 1 x 1 %.2f us,"
+                + " empty kernel %d x %d %.2f us of thread CPU per launch; making the device current %.2f us%n",
+                PIPELINED, FLOOR_BATCHES, floor[0], FLOOR_GRID, FLOOR_BLOCK, floor[1], floor[2]);
+        StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size()
+                + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_%dx%d_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f",
+                        floor[0], FLOOR_GRID, FLOOR_BLOCK, floor[1], floor[2])
+                + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
             sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"crossing_bytes\": %d}%s%n",
@@ -185,6 +198,37 @@ final class MoeBench {
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);
+        }
+    }
+
+    static final int FLOOR_BATCHES = 50, FLOOR_GRID = 132, FLOOR_BLOCK = 512;
+
+    /**
+     * What the driver alone costs this thread, measured like the pipelined calls above: CPU time per
+     * launch of the empty kernel (1 x 1, and the GIN kernels' grid), and per cuCtxSetCurrent /
+     * hipSetDevice, which every launch does first. The gap between these and a GIN call is ours.
+     */
+    static double[] launchFloor(Device d) {
+        ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("basic")) {
+            Kernel empty = code.kernel("gin_empty");
+            KernelArgs none = KernelArgs.of(a);
+            LaunchConfig small = LaunchConfig.of(1, 1), big = LaunchConfig.of(FLOOR_GRID, FLOOR_BLOCK);
+            for (int i = 0; i < 2000; i++) { empty.launch(s, i % 2 == 0 ? small : big, none); d.makeCurrent(); }  // compiled code only
+            s.synchronize();
+            double[][] v = new double[3][FLOOR_BATCHES];
+            for (int b = 0; b < FLOOR_BATCHES; b++) {
+                long c0 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < PIPELINED; i++) empty.launch(s, small, none);
+                long c1 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < PIPELINED; i++) empty.launch(s, big, none);
+                long c2 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < PIPELINED; i++) d.makeCurrent();
+                long c3 = cpu.getCurrentThreadCpuTime();
+                s.synchronize();
+                v[0][b] = (c1 - c0) / 1e3 / PIPELINED; v[1][b] = (c2 - c1) / 1e3 / PIPELINED; v[2][b] = (c3 - c2) / 1e3 / PIPELINED;
+            }
+            return new double[] {median(v[0]), median(v[1]), median(v[2])};
         }
     }
 
