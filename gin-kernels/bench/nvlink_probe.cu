@@ -9,6 +9,10 @@
 // and, shaped like a 2-rank all-to-all of 2N bytes per rank (N crosses, N stays):
 //   a2a push: one kernel copies both halves (the local one and the remote one, as gin_a2a does)
 //   a2a ce:   the copy engine moves the remote half while a kernel on a second stream copies the local one
+// and two ways to load the link from more than one engine at once (does the link carry more than
+// either engine alone?):
+//   ce x2:    two cudaMemcpyPeerAsync of half the bytes each, on two streams
+//   ce + push: the copy engine moves P % of the bytes while a kernel on a second stream pushes the rest
 // for several grid sizes, with both GPUs released together by a gate kernel. Every result is
 // checked element by element against the source (fresh random data, poisoned destinations).
 //
@@ -83,9 +87,10 @@ __global__ void __launch_bounds__(1024) copy16_pair(const uint4* __restrict__ s0
   for (; i < n; i += stride) dst[i] = src[i];
 }
 
-enum Mode { PUSH, PULL, CE, A2A_PUSH, A2A_CE };
+enum Mode { PUSH, PULL, CE, A2A_PUSH, A2A_CE, CE2, CE_PUSH };
 static const char* kModeName[] = {"push (SM stores to the peer)", "pull (SM loads from the peer)", "copy engine (cudaMemcpyPeerAsync)",
-                                  "a2a push (one kernel, both halves)", "a2a ce (CE remote + kernel local)"};
+                                  "a2a push (one kernel, both halves)", "a2a ce (CE remote + kernel local)", "ce x2 (two copies, two streams)",
+                                  "ce + push"};
 
 int main(int argc, char** argv) {
   const uint64_t mib = argc > 1 ? strtoull(argv[1], nullptr, 10) : 128;
@@ -127,7 +132,7 @@ int main(int argc, char** argv) {
   printf("nvlink_probe: %s x2, %llu MiB from each GPU to the other at the same time; GB/s = bytes per direction / time (slowest GPU); a2a modes: 2N bytes per rank, N of them cross\n",
          prop.name, (unsigned long long)mib);
   printf("%-36s %6s %7s | %9s %8s | %s\n", "mode", "CTAs", "threads", "median us", "GB/s", "check");
-  struct Cfg { Mode mode; int ctas, threads; };
+  struct Cfg { Mode mode; int ctas, threads, cePercent = 0; };
   std::vector<Cfg> cfgs;
   for (Mode m : {PUSH, PULL})
     for (int ctas : {32, 66, 132, 264})
@@ -135,6 +140,9 @@ int main(int argc, char** argv) {
   cfgs.push_back({CE, 0, 0});
   for (int ctas : {132, 264}) cfgs.push_back({A2A_PUSH, ctas, 512});
   for (int ctas : {16, 32, 66}) cfgs.push_back({A2A_CE, ctas, 512});
+  cfgs.push_back({CE2, 0, 0});
+  for (int pct : {60, 75, 85, 92})
+    for (int ctas : {16, 32, 66}) cfgs.push_back({CE_PUSH, ctas, 512, pct});
 
   for (const Cfg& c : cfgs) {
     std::vector<float> times;
@@ -160,7 +168,17 @@ int main(int argc, char** argv) {
         else if (c.mode == PULL) copy16<<<c.ctas, c.threads, 0, st[g]>>>(src[1 - g], dst[g], units);   // g loads remotely
         else if (c.mode == CE) CK(cudaMemcpyPeerAsync(dst[1 - g], 1 - g, src[g], g, bytes, st[g]));
         else if (c.mode == A2A_PUSH) copy16_pair<<<c.ctas, c.threads, 0, st[g]>>>(src[g], dst[1 - g], src[g], local[g], units);
-        else {  // A2A_CE: fork a side stream for the local half, join before the end event
+        else if (c.mode == CE2 || c.mode == CE_PUSH) {  // the first part by the copy engine on st, the rest on side
+          const uint64_t ceUnits = c.mode == CE2 ? units / 2 : units * c.cePercent / 100;
+          CK(cudaEventRecord(fork[g], st[g]));
+          CK(cudaStreamWaitEvent(side[g], fork[g], 0));
+          CK(cudaMemcpyPeerAsync(dst[1 - g], 1 - g, src[g], g, ceUnits * 16, st[g]));
+          if (c.mode == CE2) CK(cudaMemcpyPeerAsync(dst[1 - g] + ceUnits, 1 - g, src[g] + ceUnits, g, (units - ceUnits) * 16, side[g]));
+          else copy16<<<c.ctas, c.threads, 0, side[g]>>>(src[g] + ceUnits, dst[1 - g] + ceUnits, units - ceUnits);
+          CK(cudaGetLastError());
+          CK(cudaEventRecord(join[g], side[g]));
+          CK(cudaStreamWaitEvent(st[g], join[g], 0));
+        } else {  // A2A_CE: fork a side stream for the local half, join before the end event
           CK(cudaEventRecord(fork[g], st[g]));
           CK(cudaStreamWaitEvent(side[g], fork[g], 0));
           copy16<<<c.ctas, c.threads, 0, side[g]>>>(src[g], local[g], units);
@@ -200,8 +218,10 @@ int main(int argc, char** argv) {
     std::sort(times.begin(), times.end());
     float med = times[times.size() / 2];
     if (badTotal) ++failures;
-    printf("%-36s %6d %7d | %9.1f %8.1f | %s\n", kModeName[c.mode], c.ctas, c.threads, med, bytes / (med * 1e3),
-           badTotal ? "MISMATCH" : "ok");
+    char name[64];
+    if (c.mode == CE_PUSH) snprintf(name, sizeof name, "ce %d %% + push %d %%", c.cePercent, 100 - c.cePercent);
+    else snprintf(name, sizeof name, "%s", kModeName[c.mode]);
+    printf("%-36s %6d %7d | %9.1f %8.1f | %s\n", name, c.ctas, c.threads, med, bytes / (med * 1e3), badTotal ? "MISMATCH" : "ok");
   }
   printf("nvlink_probe: %s\n", failures ? "FAILED (mismatches above)" : "all results checked, every 16-byte unit");
   return failures ? 1 : 0;

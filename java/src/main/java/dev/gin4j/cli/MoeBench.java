@@ -7,6 +7,7 @@ import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Event;
 import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.Graph;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
@@ -39,7 +40,8 @@ import java.util.SplittableRandom;
 final class MoeBench {
     record Shape(String name, int hidden, int experts, int topK) {}
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
-               double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, long crossingBytes) {}
+               double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
+               long crossingBytes) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8), new Shape("qwen3-30b-a3b", 2048, 128, 8), new Shape("mixtral", 4096, 8, 2));
 
@@ -70,7 +72,8 @@ final class MoeBench {
                         Row r = new Row(m.shape(), m.tokens(), m.backend(), Bench.slowest(g, m.dispatchUs()), Bench.slowest(g, m.combineUs()),
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
                                 Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
-                                Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()), m.crossingBytes());
+                                Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
+                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()), m.crossingBytes());
                         rows.add(r);
                         if (Bench.reports(g)) out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)%n",
                                 shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
@@ -84,27 +87,28 @@ final class MoeBench {
         out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call");
         for (int i = 0; i + 1 < rows.size(); i += 2) {
             Row gr = rows.get(i), hr = rows.get(i + 1);
-            out.printf(Locale.ROOT, "%-14s %7d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f%n", gr.shape(), gr.tokens(),
+            out.printf(Locale.ROOT, "%-14s %7d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f | %16.1f | %.1f%n", gr.shape(), gr.tokens(),
                     gr.dispatchUs(), gr.crossingBytes() / (gr.dispatchUs() * 1e3), gr.combineUs(), gr.crossingBytes() / (gr.combineUs() * 1e3),
                     hr.dispatchUs(), hr.combineUs(), (hr.dispatchUs() + hr.combineUs()) / (gr.dispatchUs() + gr.combineUs()),
                     gr.dispatchPipeUs(), gr.combinePipeUs(), hr.dispatchPipeUs(), hr.combinePipeUs(), gr.dispatchCpuUs(), gr.combineCpuUs(),
-                    gr.dispatchThreadCpuUs(), gr.combineThreadCpuUs());
+                    gr.dispatchThreadCpuUs(), gr.combineThreadCpuUs(), gr.graphUs(), gr.graphThreadCpuUs());
         }
         out.println("(GB/s: tokens x remote ranks they go to x 2H bytes, per rank, over the call time; time = slowest rank, median of device events"
                 + " around each call, the launch included; pipelined = " + PIPELINED + " dispatches back to back after one untimed one, then " + PIPELINED
                 + " combines of the last one, device time / " + PIPELINED + ", median of " + BATCHES + " batches, the nccl-tests way; wall us/call = System.nanoTime around"
-                + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls)");
-        out.printf(Locale.ROOT, "launch floor, same thread and loop (%d launches back to back, median of %d batches, slowest rank): empty kernel 1 x 1 %.2f us,"
-                + " empty kernel %d x %d %.2f us of thread CPU per launch; making the device current %.2f us%n",
-                PIPELINED, FLOOR_BATCHES, floor[0], FLOOR_GRID, FLOOR_BLOCK, floor[1], floor[2]);
+                + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls; graph = dispatch + combine captured"
+                + " in one CUDA graph per GPU, " + PIPELINED + " replays back to back, device time and thread CPU per replay, median of " + BATCHES + " batches)");
+        out.printf(Locale.ROOT, "launch floor, same thread and loop (%d launches back to back, median of %d batches, slowest rank): empty kernel %.2f us"
+                + " of thread CPU per launch on an idle GPU, %.2f us queued behind a busy one; making the device current %.2f us%n",
+                PIPELINED, FLOOR_BATCHES, floor[0], floor[1], floor[2]);
         StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size()
-                + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_%dx%d_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f",
-                        floor[0], FLOOR_GRID, FLOOR_BLOCK, floor[1], floor[2])
+                + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_busy_gpu_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f",
+                        floor[0], floor[1], floor[2])
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"crossing_bytes\": %d}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.crossingBytes(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %.2f, \"graph_thread_cpu_us\": %.2f, \"crossing_bytes\": %d}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.graphUs(), r.graphThreadCpuUs(), r.crossingBytes(), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
@@ -192,41 +196,83 @@ final class MoeBench {
                 dc[batch] = (c1 - c0) / 1e3 / PIPELINED / local;
                 cc[batch] = (c3 - c2) / 1e3 / PIPELINED / local;
             }
+            double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
-                    median(dc), median(cc), crossing / local);
+                    median(dc), median(cc), graph[0], graph[1], crossing / local);
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);
         }
     }
 
-    static final int FLOOR_BATCHES = 50, FLOOR_GRID = 132, FLOOR_BLOCK = 512;
+    /**
+     * A model step captured in a CUDA graph: dispatch + combine captured once per GPU, then replayed
+     * back to back. Returns device us and the thread's CPU us per replay (per GPU).
+     */
+    static double[] graphReplays(MoeAllToAll moe, List<DeviceBuffer> xs, List<DeviceBuffer> ids, List<DeviceBuffer> ws, int[] tk,
+                                 List<DeviceBuffer> outs, List<Stream> streams, List<Event> e0, List<Event> e1) {
+        int local = streams.size();
+        ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+        List<Graph> graphs = new ArrayList<>();
+        try {
+            for (Stream s : streams) s.beginCapture();
+            moe.combine(moe.dispatch(xs, ids, ws, tk, streams), outs, streams);
+            for (Stream s : streams) graphs.add(s.endCapture());
+            double[] us = new double[BATCHES], cpuUs = new double[BATCHES];
+            for (int batch = 0; batch < BATCHES; batch++) {
+                for (int i = 0; i < local; i++) graphs.get(i).launch(streams.get(i));  // untimed, as above
+                for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
+                long c0 = cpu.getCurrentThreadCpuTime();
+                for (int it = 0; it < PIPELINED; it++) for (int i = 0; i < local; i++) graphs.get(i).launch(streams.get(i));
+                long c1 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
+                for (int i = 0; i < local; i++) {
+                    e1.get(i).synchronize();
+                    us[batch] = Math.max(us[batch], e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
+                }
+                cpuUs[batch] = (c1 - c0) / 1e3 / PIPELINED / local;
+            }
+            return new double[] {median(us), median(cpuUs)};
+        } finally {
+            graphs.forEach(Graph::close);
+        }
+    }
+
+    static final int FLOOR_BATCHES = 50;
+    static final long BUSY_BYTES = 256L << 20;
 
     /**
      * What the driver alone costs this thread, measured like the pipelined calls above: CPU time per
-     * launch of the empty kernel (1 x 1, and the GIN kernels' grid), and per cuCtxSetCurrent /
-     * hipSetDevice, which every launch does first. The gap between these and a GIN call is ours.
+     * launch of the empty kernel 1 x 1 on an idle GPU and queued behind a busy one (a 256 MiB fill,
+     * as the pipelined GIN calls queue behind each other), and per cuCtxSetCurrent / hipSetDevice,
+     * which every launch does first. The gap between these and a GIN call is ours.
      */
     static double[] launchFloor(Device d) {
         ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
         try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("basic")) {
-            Kernel empty = code.kernel("gin_empty");
+            Kernel empty = code.kernel("gin_empty"), fill = code.kernel("gin_fill_u32");
             KernelArgs none = KernelArgs.of(a);
-            LaunchConfig small = LaunchConfig.of(1, 1), big = LaunchConfig.of(FLOOR_GRID, FLOOR_BLOCK);
-            for (int i = 0; i < 2000; i++) { empty.launch(s, i % 2 == 0 ? small : big, none); d.makeCurrent(); }  // compiled code only
+            DeviceBuffer busy = d.allocate(BUSY_BYTES, a);
+            KernelArgs fillArgs = KernelArgs.of(a, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32)
+                    .setPointer(0, busy).setLong(1, BUSY_BYTES / 4).setInt(2, 7);
+            LaunchConfig one = LaunchConfig.of(1, 1), fillGrid = LaunchConfig.of(4 * d.multiprocessors(), 256);
+            for (int i = 0; i < 2000; i++) { empty.launch(s, one, none); d.makeCurrent(); }  // compiled code only
             s.synchronize();
             double[][] v = new double[3][FLOOR_BATCHES];
             for (int b = 0; b < FLOOR_BATCHES; b++) {
                 long c0 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < PIPELINED; i++) empty.launch(s, small, none);
+                for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
                 long c1 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < PIPELINED; i++) empty.launch(s, big, none);
-                long c2 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < PIPELINED; i++) d.makeCurrent();
-                long c3 = cpu.getCurrentThreadCpuTime();
                 s.synchronize();
-                v[0][b] = (c1 - c0) / 1e3 / PIPELINED; v[1][b] = (c2 - c1) / 1e3 / PIPELINED; v[2][b] = (c3 - c2) / 1e3 / PIPELINED;
+                fill.launch(s, fillGrid, fillArgs);
+                long c2 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
+                long c3 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < PIPELINED; i++) d.makeCurrent();
+                long c4 = cpu.getCurrentThreadCpuTime();
+                s.synchronize();
+                v[0][b] = (c1 - c0) / 1e3 / PIPELINED; v[1][b] = (c3 - c2) / 1e3 / PIPELINED; v[2][b] = (c4 - c3) / 1e3 / PIPELINED;
             }
             return new double[] {median(v[0]), median(v[1]), median(v[2])};
         }
