@@ -99,11 +99,12 @@ final class MoeBench {
                 + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls; graph = dispatch + combine captured"
                 + " in one CUDA graph per GPU, " + PIPELINED + " replays back to back, device time and thread CPU per replay, median of " + BATCHES + " batches)");
         out.printf(Locale.ROOT, "launch floor, same thread and loop (%d launches back to back, median of %d batches, slowest rank): empty kernel %.2f us"
-                + " of thread CPU per launch on an idle GPU, %.2f us queued behind a busy one; making the device current %.2f us%n",
-                PIPELINED, FLOOR_BATCHES, floor[0], floor[1], floor[2]);
+                + " of thread CPU per launch on an idle GPU, %.2f us queued behind a busy one; making the device current %.2f us;"
+                + " replaying a captured graph of the empty kernel %.2f us%n",
+                PIPELINED, FLOOR_BATCHES, floor[0], floor[1], floor[2], floor[3]);
         StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size()
-                + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_busy_gpu_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f",
-                        floor[0], floor[1], floor[2])
+                + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_busy_gpu_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f,\n  \"empty_graph_replay_thread_cpu_us\": %.3f",
+                        floor[0], floor[1], floor[2], floor[3])
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
@@ -216,9 +217,13 @@ final class MoeBench {
         ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
         List<Graph> graphs = new ArrayList<>();
         try {
-            for (Stream s : streams) s.beginCapture();
-            moe.combine(moe.dispatch(xs, ids, ws, tk, streams), outs, streams);
-            for (Stream s : streams) graphs.add(s.endCapture());
+            // one GPU at a time: CUDA instantiates no graph while another stream of the thread captures
+            for (int i = 0; i < local; i++) {
+                Stream s = streams.get(i);
+                s.beginCapture();
+                moe.combine(moe.dispatch(i, xs.get(i), ids.get(i), ws.get(i), tk[i], s), outs.get(i), s);
+                graphs.add(s.endCapture());
+            }
             double[] us = new double[BATCHES], cpuUs = new double[BATCHES];
             for (int batch = 0; batch < BATCHES; batch++) {
                 for (int i = 0; i < local; i++) graphs.get(i).launch(streams.get(i));  // untimed, as above
@@ -245,8 +250,9 @@ final class MoeBench {
     /**
      * What the driver alone costs this thread, measured like the pipelined calls above: CPU time per
      * launch of the empty kernel 1 x 1 on an idle GPU and queued behind a busy one (a 256 MiB fill,
-     * as the pipelined GIN calls queue behind each other), and per cuCtxSetCurrent / hipSetDevice,
-     * which every launch does first. The gap between these and a GIN call is ours.
+     * as the pipelined GIN calls queue behind each other), per cuCtxSetCurrent / hipSetDevice (what
+     * a launch would pay if it switched devices every time; it only asks), and per replay of a
+     * captured graph holding the empty kernel. The gap between a launch and a GIN call is ours.
      */
     static double[] launchFloor(Device d) {
         ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
@@ -257,24 +263,31 @@ final class MoeBench {
             KernelArgs fillArgs = KernelArgs.of(a, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32)
                     .setPointer(0, busy).setLong(1, BUSY_BYTES / 4).setInt(2, 7);
             LaunchConfig one = LaunchConfig.of(1, 1), fillGrid = LaunchConfig.of(4 * d.multiprocessors(), 256);
-            for (int i = 0; i < 2000; i++) { empty.launch(s, one, none); d.makeCurrent(); }  // compiled code only
-            s.synchronize();
-            double[][] v = new double[3][FLOOR_BATCHES];
-            for (int b = 0; b < FLOOR_BATCHES; b++) {
-                long c0 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
-                long c1 = cpu.getCurrentThreadCpuTime();
+            s.beginCapture();
+            empty.launch(s, one, none);
+            try (Graph graph = s.endCapture()) {
+                for (int i = 0; i < 2000; i++) { empty.launch(s, one, none); d.makeCurrent(); graph.launch(s); }  // compiled code only
                 s.synchronize();
-                fill.launch(s, fillGrid, fillArgs);
-                long c2 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
-                long c3 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < PIPELINED; i++) d.makeCurrent();
-                long c4 = cpu.getCurrentThreadCpuTime();
-                s.synchronize();
-                v[0][b] = (c1 - c0) / 1e3 / PIPELINED; v[1][b] = (c3 - c2) / 1e3 / PIPELINED; v[2][b] = (c4 - c3) / 1e3 / PIPELINED;
+                double[][] v = new double[4][FLOOR_BATCHES];
+                for (int b = 0; b < FLOOR_BATCHES; b++) {
+                    long c0 = cpu.getCurrentThreadCpuTime();
+                    for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
+                    long c1 = cpu.getCurrentThreadCpuTime();
+                    s.synchronize();
+                    fill.launch(s, fillGrid, fillArgs);
+                    long c2 = cpu.getCurrentThreadCpuTime();
+                    for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
+                    long c3 = cpu.getCurrentThreadCpuTime();
+                    for (int i = 0; i < PIPELINED; i++) d.makeCurrent();
+                    long c4 = cpu.getCurrentThreadCpuTime();
+                    for (int i = 0; i < PIPELINED; i++) graph.launch(s);
+                    long c5 = cpu.getCurrentThreadCpuTime();
+                    s.synchronize();
+                    v[0][b] = (c1 - c0) / 1e3 / PIPELINED; v[1][b] = (c3 - c2) / 1e3 / PIPELINED; v[2][b] = (c4 - c3) / 1e3 / PIPELINED;
+                    v[3][b] = (c5 - c4) / 1e3 / PIPELINED;
+                }
+                return new double[] {median(v[0]), median(v[1]), median(v[2]), median(v[3])};
             }
-            return new double[] {median(v[0]), median(v[1]), median(v[2])};
         }
     }
 

@@ -57,7 +57,7 @@ public final class Kernel {
                     + " (raise it with setMaxDynamicSharedBytes)");
         }
         args.checkComplete(name);
-        device.makeCurrent();
+        device.driver().ensureCurrent(device.ordinal());
         device.driver().launch(function, config.gridX(), config.gridY(), config.gridZ(), config.blockX(), config.blockY(), config.blockZ(),
                 config.sharedBytes(), stream.handle(), args.params(), config.cooperative());
     }

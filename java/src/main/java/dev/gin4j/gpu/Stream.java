@@ -36,7 +36,11 @@ public final class Stream extends NativeResource {
     /** Starts capturing the work queued on this stream into a graph (until {@link #endCapture()}). */
     public void beginCapture() { device.driver().beginCapture(device.ordinal(), handle()); }
 
-    /** Ends the capture and instantiates the graph, ready to {@link Graph#launch(Stream)}. */
+    /**
+     * Ends the capture and instantiates the graph, ready to {@link Graph#launch(Stream)}. CUDA
+     * refuses to instantiate while another stream captures on this thread: with one thread driving
+     * several GPUs, capture them one after the other.
+     */
     public Graph endCapture() {
         long graph = device.driver().endCapture(device.ordinal(), handle());
         return new Graph(device, graph);

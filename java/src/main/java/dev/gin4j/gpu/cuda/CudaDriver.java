@@ -171,6 +171,15 @@ public final class CudaDriver implements Driver {
 
     @Override public void makeCurrent(int dev) { check("cuCtxSetCurrent", cuCtxSetCurrent(context(dev))); }
 
+    /** One CUcontext slot per thread for cuCtxGetCurrent, so the launch path allocates nothing. */
+    private static final ThreadLocal<MemorySegment> CURRENT_OUT = ThreadLocal.withInitial(() -> Arena.ofAuto().allocate(ValueLayout.ADDRESS));
+
+    @Override public void ensureCurrent(int dev) {
+        MemorySegment out = CURRENT_OUT.get();
+        check("cuCtxGetCurrent", cuCtxGetCurrent(out));
+        if (out.get(ValueLayout.JAVA_LONG, 0) != context(dev).address()) makeCurrent(dev);
+    }
+
     @Override public void enablePeerAccess(int dev, int peer) {
         makeCurrent(dev);
         int rc = cuCtxEnablePeerAccess(context(peer), 0);
@@ -348,7 +357,7 @@ public final class CudaDriver implements Driver {
     }
 
     @Override public void graphLaunch(int dev, long exec, long stream) {
-        makeCurrent(dev);
+        ensureCurrent(dev);
         check("cuGraphLaunch", cuGraphLaunch(MemorySegment.ofAddress(exec), MemorySegment.ofAddress(stream)));
     }
 

@@ -34,6 +34,11 @@ public interface Driver {
 
     /** Makes the device current for the calling thread (CUDA: its primary context). */
     void makeCurrent(int dev);
+    /**
+     * {@link #makeCurrent} for the launch path: asks which device is current first and switches
+     * only when it differs (asking costs the thread less than switching).
+     */
+    void ensureCurrent(int dev);
     void enablePeerAccess(int dev, int peer);
     void synchronize(int dev);
 

@@ -146,6 +146,15 @@ public final class HipDriver implements Driver {
 
     @Override public void makeCurrent(int dev) { check("hipSetDevice", hipSetDevice(dev)); }
 
+    /** One int slot per thread for hipGetDevice, so the launch path allocates nothing. */
+    private static final ThreadLocal<MemorySegment> CURRENT_OUT = ThreadLocal.withInitial(() -> Arena.ofAuto().allocate(ValueLayout.JAVA_INT));
+
+    @Override public void ensureCurrent(int dev) {
+        MemorySegment out = CURRENT_OUT.get();
+        check("hipGetDevice", hipGetDevice(out));
+        if (out.get(ValueLayout.JAVA_INT, 0) != dev) makeCurrent(dev);
+    }
+
     @Override public void enablePeerAccess(int dev, int peer) {
         makeCurrent(dev);
         int rc = hipDeviceEnablePeerAccess(peer, 0);
@@ -305,7 +314,7 @@ public final class HipDriver implements Driver {
 
     @Override public long endCapture(int dev, long stream) { makeCurrent(dev); return allocWith("hipStreamEndCapture", out -> hipStreamEndCapture(ptr(stream), out)); }
     @Override public long graphInstantiate(int dev, long graph) { makeCurrent(dev); return allocWith("hipGraphInstantiateWithFlags", out -> hipGraphInstantiateWithFlags(out, ptr(graph), 0L)); }
-    @Override public void graphLaunch(int dev, long exec, long stream) { makeCurrent(dev); check("hipGraphLaunch", hipGraphLaunch(ptr(exec), ptr(stream))); }
+    @Override public void graphLaunch(int dev, long exec, long stream) { ensureCurrent(dev); check("hipGraphLaunch", hipGraphLaunch(ptr(exec), ptr(stream))); }
     @Override public void graphExecDestroy(int dev, long exec) { makeCurrent(dev); check("hipGraphExecDestroy", hipGraphExecDestroy(ptr(exec))); }
     @Override public void graphDestroy(int dev, long graph) { makeCurrent(dev); check("hipGraphDestroy", hipGraphDestroy(ptr(graph))); }
 }
