@@ -2662,10 +2662,11 @@ struct TpCombSmem {
   bool fast;
 };
 
-// Not inlined (round 9): inlined into moe_gin_combine beside the layout path, ptxas gave the kernel a
-// 16-byte spill at the 128-register cap; as a call, neither has a stack frame.
+// Not inlined on NVIDIA (round 9): inlined into moe_gin_combine beside the layout path, ptxas gave the
+// kernel a 16-byte spill at the 128-register cap; as a call, neither has a stack frame. Inlined on
+// AMD: as a call, gfx942 needs 76 bytes of scratch per lane; inlined, none (29 SGPR spills to VGPR lanes).
 #if GIN_HIP
-#define MOE_NOINLINE __device__ __attribute__((noinline))
+#define MOE_NOINLINE GIN_DEVICE_INLINE
 #else
 #define MOE_NOINLINE __device__ __noinline__
 #endif
