@@ -1189,6 +1189,14 @@ int main(int argc, char** argv) {
         // channel at few channels (C = 4, M = 128).
         {"layout path M*K = 4104", 16 * R, 8, 256, 513, Cd, {513, 400}, UNIFORM, 0.05},
         {"token path 32 per channel", 16 * R, 8, 256, 128, 4, {128, 127}, UNIFORM, 0.05},
+        // Round 9: the token-path combine's LL128 lines (120 payload bytes; lane 7 of a line
+        // carries 8 bytes of the row's tail region): one line exactly (H = 60), rows of several
+        // 16-line passes with a partial tail (H = 1100), rows of 24 bytes (element path, rows not
+        // 16-byte aligned), and DeepSeek-wide rows with a single token.
+        {"token path H=60 one line", 8 * R, 4, 60, 64, 4, {64, 41}, UNIFORM, 0.1},
+        {"token path H=1100 passes", 8 * R, 4, 1100, 96, 6, {96, 70}, UNIFORM, 0.1},
+        {"token path H=12 odd rows", 8 * R, 3, 12, 40, 3, {40, 33}, UNIFORM, 0.1},
+        {"token path H=7168 T=1", 128 * R, 8, 7168, 128, Cd, {1}, UNIFORM, 0.0},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
