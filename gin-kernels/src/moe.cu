@@ -140,7 +140,11 @@ struct MoeWindowLayout {
   uint64_t dispIds;       // token path only (else 0 bytes): [2 call parities][R sources][idsStride] LL
                           // words (call << 32 | payload): word 0 = T, then token t's ids at words
                           // 1 + t*ceil(K/2) + k/2 (16-bit half k % 2); zeroed with the flags
-  uint64_t idsStride;
+  uint64_t idsStride;     // round 9: then the rows' weights, word 1 + M*ceil(K/2) + t*K + k = f32 bits
+  uint64_t dispLines;     // token path only (else 0 bytes), round 9: [2 call parities][R-1 sections][M slots]
+                          // [lineStride] LL128 lines of the staged rows (120 payload bytes + the call
+                          // number); in the flag area, so zeroed at creation
+  uint64_t lineCount, lineStride;  // lines per row (ceil(2H / 120)), 128 * lineCount
   uint64_t flagsBytes, totalBytes;
 };
 
@@ -171,10 +175,16 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   o += 8ull * P * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
   w.combConsumed = o;
   o += 8ull * P * MOE_MAX_CHANNELS;
-  w.idsStride = moe_token_path_sizes(K, M) ? moe_align_up(8ull * (1ull + (uint64_t)M * (uint64_t)moe_id_words(K)), 16) : 0;
+  const bool tp = moe_token_path_sizes(K, M);
+  w.idsStride = tp ? moe_align_up(8ull * (1ull + (uint64_t)M * (uint64_t)(moe_id_words(K) + K)), 16) : 0;
   o = moe_align_up(o, 256);
   w.dispIds = o;
   o += 2ull * (uint64_t)R * w.idsStride;
+  o = moe_align_up(o, 256);
+  w.lineCount = tp ? (w.rowBytes + 119ull) / 120ull : 0;
+  w.lineStride = 128ull * w.lineCount;
+  w.dispLines = o;
+  o += 2ull * slots * w.lineStride;
   o = moe_align_up(o, 256);
   w.flagsBytes = o - w.flagsOffset;
   w.totalBytes = o;
@@ -615,6 +625,12 @@ GIN_DEVICE_INLINE void expand_load_pass(gin_u128 (&r)[kExpandUnroll], const uint
   }
 }
 
+// A/B build switch (round 9, test builds only): -DMOE_EXPAND_PREFETCH=0 drops the next-pass L2
+// prefetch of the expansion copies (receivers' staging -> recvX, own items x -> recvX): round 5's
+// copy, for timing the 4096-token layout path both ways. Default 1 = the library's behaviour.
+#ifndef MOE_EXPAND_PREFETCH
+#define MOE_EXPAND_PREFETCH 1
+#endif
 // Copies bytes [b0, b1) of one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none)
 // of dstBase. kFresh: the source was written during this kernel (window staging), so no
 // non-coherent loads. pass0Loaded (fast path only): r already holds the segment's first pass
@@ -632,8 +648,10 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
       // The next pass into L2 while this one is copied (round 7; round 6 prefetched the whole
       // segment at its start: at 4096 tokens a warp copies a 14 KB row in ~40 us, so most of
       // the prefetched lines were evicted before use and read from HBM twice).
+#if MOE_EXPAND_PREFETCH
       const uint64_t nv0 = v0 + kPassVecs;
       if (lane == 0 && nv0 < vEnd) prefetch_l2(src + (nv0 << 4), (uint32_t)((vEnd - nv0 < kPassVecs ? vEnd - nv0 : kPassVecs) << 4));
+#endif
       if (!(pass0Loaded && v0 == (b0 >> 4))) expand_load_pass<kFresh>(r, src, v0, vEnd);
       for (int k = 0; k < nTargets; ++k) {
         const int row = gin_shfl_int(myRow, k);
@@ -891,11 +909,11 @@ struct TpRecvSmem {
   unsigned long long segBytes[MOE_MAX_RANKS];
   int itemEnd[MOE_MAX_RANKS + 1];  // end of the q-th source's items (q = 0: self, then rank + q)
   // Per remote source, in shared memory rather than registers through the item loop (the window
-  // offsets as live 64-bit registers cost the kernel a stack frame on sm_90): its staging rows,
-  // metadata, channel-c progress words (section of s in this window) and id list of this call.
-  const uint8_t* stage[MOE_MAX_RANKS];
-  const uint8_t* meta[MOE_MAX_RANKS];
-  const uint64_t* prog[MOE_MAX_RANKS];
+  // offsets as live 64-bit registers cost the kernel a stack frame on sm_90): its LL128 staging
+  // lines (slot 0), weight words and id list of this call (round 9; round 8: staging rows,
+  // metadata and progress words).
+  const uint8_t* lines[MOE_MAX_RANKS];
+  const uint64_t* wts[MOE_MAX_RANKS];
   const uint64_t* ids[MOE_MAX_RANKS];
   int* slotRows;  // workspace arrays written here (likewise parked in shared memory)
   int* slotsFrom;
@@ -1302,6 +1320,44 @@ GIN_DEVICE_INLINE bool ll_tag_ok(uint64_t w, uint64_t seq) { return (uint32_t)(w
 GIN_DEVICE_INLINE uint64_t* ids_area(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, uint64_t seq) {
   return (uint64_t*)(win + wl.dispIds + ((seq & 1ull) * (uint64_t)R + (uint64_t)src) * wl.idsStride);
 }
+// Token path, round 9: weight words of source src's tokens (word t*K + k = (seq << 32) | f32 bits of
+// its k-th weight), after the id words in the same parity buffer (same write-after-read argument).
+GIN_DEVICE_INLINE uint64_t* weights_area(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, int K, int M,
+                                         uint64_t seq) {
+  return ids_area(win, wl, src, R, seq) + 1 + (uint64_t)M * (uint64_t)moe_id_words(K);
+}
+// Token path, round 9: LL128 lines of slot 0 of writer section sec, call seq, in the window at win
+// (slot t at + t * lineStride; line L at + 128 L: payload bytes [120 L, 120 L + 120) of the row in
+// words 0..14, the call number in word 15). Double-buffered by call parity like the id lists.
+GIN_DEVICE_INLINE uint8_t* lines_area(const uint8_t* win, const MoeWindowLayout& wl, int sec, int R, int M,
+                                      uint64_t seq) {
+  const uint64_t P = (uint64_t)(R - 1);
+  return (uint8_t*)win + wl.dispLines + (((seq & 1ull) * P + (uint64_t)sec) * (uint64_t)M) * wl.lineStride;
+}
+constexpr int kTpLinesPerWarp = GIN_WARP_SIZE / 8;  // 8 lanes x 16 bytes per 128-byte line
+#ifndef MOE_TP_UNROLL
+#define MOE_TP_UNROLL 2  // warp line instructions in flight per lane (a2a's LL128 measured 2 best)
+#endif
+constexpr int kTpUnroll = MOE_TP_UNROLL;
+// Bytes [off, off + 8) of a bf16 row of rowBytes bytes, 0 past its end. al8: row 8-byte aligned and
+// rowBytes % 8 == 0 (then one 8-byte load); otherwise 2-byte loads (rows are 2-byte aligned).
+GIN_DEVICE_INLINE uint64_t tp_load8(const uint8_t* row, uint32_t off, uint32_t rowBytes, bool al8) {
+  if (off >= rowBytes) return 0;
+  if (al8) return gin_ld8_stream(row + off);
+  uint64_t v = 0;
+  for (uint32_t b = 0; b < 8 && off + b < rowBytes; b += 2) v |= (uint64_t)((const uint16_t*)(row + off + b))[0] << (8 * b);
+  return v;
+}
+// Stores the bytes of v that fall inside [0, rowBytes) at row + off (same al8 rule).
+GIN_DEVICE_INLINE void tp_store8(uint8_t* row, uint32_t off, uint32_t rowBytes, uint64_t v, bool al8) {
+  if (off >= rowBytes) return;
+  if (al8) {
+    *(uint64_t*)(row + off) = v;
+    return;
+  }
+  for (uint32_t b = 0; b < 8 && off + b < rowBytes; b += 2) ((uint16_t*)(row + off + b))[0] = (uint16_t)(v >> (8 * b));
+}
+
 // One table word of call seq into out: block = poll until it is there (timeout: out = 0, false),
 // otherwise one probe (false when it is not there yet).
 GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block, uint32_t* errorFlags, int& out) {
@@ -1589,6 +1645,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
                  int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
+  __shared__ uint64_t sharedBases[MOE_MAX_RANKS];  // peerBases, loaded once at entry (round 9)
   __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
   // Token-path sender: the positions' output arrays, parked here across the sends (held in
   // registers through the send loop they cost the kernel a stack frame on sm_90).
@@ -1601,150 +1658,155 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  uint64_t* state = state_of(workspace);
+  // Round 9: the call counter's load issued first (an asm load stays in place), so peers_ok's
+  // loads overlap it and one barrier follows both (round 8: peers_ok's loads, then load_seq's
+  // load and barrier, ~2 us between the entry and the first stamp). peerBases are kept in
+  // shared memory for the token path (no reload after the L1 invalidations of acquires).
+  // (A single __syncthreads_or over per-thread checks cost the kernel a 72-byte stack frame.)
+  uint64_t seqNext = 0;
+  if (tid == 0) seqNext = gin_ld_relaxed_sys(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x) + 1;
   if (!peers_ok(peerBases, d.R, errorFlags)) return;
+  if (tid == 0) sharedSeq = seqNext;
+  if (tid < d.R) sharedBases[tid] = peerBases[tid];
+  __syncthreads();
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
 
-  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
-  uint64_t* state = state_of(workspace);
   int* tokenPos = (int*)(workspace + ws.tokenPos);
   int* slotInExpert = (int*)(workspace + ws.slotInExpert);
   int* sendList = (int*)(workspace + ws.sendList);
-  uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
+  uint8_t* ownWin = (uint8_t*)sharedBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(recvX, 16);
   const bool tokenPath = moe_token_path(d.K, d.M, d.C);
-  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x, &sharedSeq);
+  const uint64_t seq = sharedSeq;
   const uint64_t seqHi = seq << 32;
 
   if (tokenPath && (int)blockIdx.x < d.C) {
-    // ------------------------------------------------------------------ token-path sender (round 8)
-    // Rows go out at once, into the receiver's staging slot = the token's own index (a token goes
-    // to rank r iff one of its ids is in r's range), after the token's ids as LL words into every
-    // remote rank's id list; the receivers run the layout themselves. The small layout's one id
-    // walk (which also gives the own tokens' destination masks, and pushes their ids) comes
-    // first; its positions (tokenPos, slotInExpert, sendList; the last block's totals and
-    // chanStartTo), which only the combine and the HOST-identical arrays need, after the sends.
+    // ------------------------------------------------------------------ token-path sender (round 9)
+    // Round 9: rows go out right after ONE load of the own tokens' ids (warp 0, one token per
+    // lane: the destination masks, and the ids' LL words to every remote rank) and one barrier,
+    // as LL128 lines (120 payload bytes + the call number per 128-byte line, one 16-byte store per
+    // lane, 8 lanes per line) into the receiver's staging slot = the token's own index, buffer of
+    // the call's parity: no write-after-read wait (the parity argument of the id lists, KERNELS.md),
+    // no fence, no progress word. The small layout's walk over the lower tokens and the positions
+    // (tokenPos, slotInExpert, sendList; the last block's totals and chanStartTo), which only the
+    // combine and the HOST-identical arrays need, come after the sends (round 8 walked before them:
+    // ~5 us between the entry and the first row store).
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;
     MOE_PROF(0, 0);
     int t0, t1;
     token_range(d, c, t0, t1);
-    // Write-after-read on the remote staging: as in the layout path (all of r's receivers of the
-    // previous call are done; one acquire per flag by the last threads, waited for if missing).
-    const int warFlags = (d.R - 1) * d.C;
-    auto warFlag = [&](int i) -> const uint64_t* {
-      const int r = (d.rank + 1 + i / d.C) % d.R;
-      return (const uint64_t*)(ownWin + wl.dispConsumed) +
-             (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + (uint64_t)(i % d.C);
-    };
-    bool warSeen = true;
     const int nw = moe_id_words(d.K);
-    // Before the walk: T into every remote rank's id list (word 0), the write-after-read probes.
-    auto underWalk = [&]() {
-      if (c == 0 && tid == B - GIN_WARP_SIZE)
-        for (int r = 0; r < d.R; ++r)
-          if (r != d.rank)
-            gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
-      for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
-    };
-    // In the walk, per own token: its validated ids, two per LL word (0xffff = masked), to every
-    // remote rank (each of their receivers walks every source's list; a token that goes
-    // elsewhere counts nothing there).
-    auto onOwn = [&](int t, const int* ev) {
-      for (int q = 1; q < d.R; ++q) {
-        const int r = (d.rank + q) % d.R;
-        uint64_t* dst = ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
+    if (warp == 0) {
+      // Lane i: own token t0 + i (at most 32 per channel on this path).
+      uint32_t dm = 0;
+      if (lane < t1 - t0) {
+        int ev[MOE_MAX_TOPK];
+        const int t = t0 + lane;
+        token_experts(topkIdx, t, d, ev, false, nullptr);  // reported by the positions' walk
 #pragma unroll
-        for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
-          if (i >= nw) break;
-          const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
-          const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
-          gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
+        for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+          if (k >= d.K) break;
+          if (ev[k] >= 0) dm |= 1u << (ev[k] / d.L);
+        }
+        for (int q = 1; q < d.R; ++q) {
+          const int r = (d.rank + q) % d.R;
+          uint64_t* dst = ids_area((const uint8_t*)sharedBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
+#pragma unroll
+          for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
+            if (i >= nw) break;
+            const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
+            const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
+            gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
+          }
         }
       }
-    };
-    small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, underWalk, onOwn);
-    // The last block's totals and chanStartTo before its sends (after them they cost the kernel a
-    // stack frame on sm_90; ~1 us later sends for one channel of 66).
-    if (c == d.C - 1) {
-      layout_lead_totals(s, d, nullptr, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
-                         (int*)(workspace + ws.chanStartTo), true);
-      if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
-    }
-    // After the walk (cntD[r] = mask of the own tokens going to r): the sends, then the positions.
-    {
-      if (!warSeen)
-        for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
-      if (tid == 0) {
-        tpPositions[0] = slotInExpert;
-        tpPositions[1] = tokenPos;
-        tpPositions[2] = sendList;
+      for (int r = 0; r < d.R; ++r) {
+        const uint32_t m = (uint32_t)moe_detail::ballot(((dm >> r) & 1u) != 0);
+        if (lane == 0) s.maskD[r] = m;
       }
-      __syncthreads();  // the write-after-read acquires before any staging store
-      MOE_PROF(0, 11);
+    } else if (c == 0 && warp == 1 && lane < d.R && lane != d.rank) {
+      // T into word 0 of our id list in every remote rank's window (also at T = 0).
+      gin_st_relaxed_sys(ids_area((const uint8_t*)sharedBases[lane], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
+    }
+    if (tid == 0) {
+      tpPositions[0] = slotInExpert;
+      tpPositions[1] = tokenPos;
+      tpPositions[2] = sendList;
+    }
+    __syncthreads();  // maskD
+    MOE_PROF(0, 11);
+    {
+      const uint32_t g = (uint32_t)lane / 8u, jj = (uint32_t)lane % 8u;
+      const uint32_t rowBytes = (uint32_t)d.rowBytes, lineCount = (uint32_t)wl.lineCount;
+      const int gpr = (int)((lineCount + kTpLinesPerWarp - 1) / kTpLinesPerWarp);  // line groups per row
+      const bool al8 = (rowBytes & 7u) == 0 && gin_is_aligned(x, 8);
       for (int q = 1; q < d.R; ++q) {
         const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
-        const uint32_t mr = (uint32_t)s.cntD[r];
+        const uint32_t mr = s.maskD[r];
         const int cnt = __popc(mr);
         if (cnt == 0) continue;
-        // Section base in r's window (staging rows, metadata and progress words are offsets from
-        // it: fewer live 64-bit registers, the row offsets are 32-bit since 2H < 2^32).
-        uint8_t* peerWin = (uint8_t*)peerBases[r];
-        const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
-        // Items as in the layout path: the channel's tokens to r in token order (cnt of them),
-        // row_split(rowBytes, cnt); warp w sends items w, w+W, ... and counts them in its word.
-        const RowSplit sp = row_split(d.rowBytes, cnt);
-        const int items = cnt * sp.nseg;
-        int done = 0;
-        for (int i = warp; i < items; i += MOE_WARPS) {
-          const int j = i / sp.nseg, seg = i - j * sp.nseg;
-          uint64_t b0, b1;
-          seg_range(sp, seg, d.rowBytes, b0, b1);
-          uint32_t m = mr;
-          for (int u = 0; u < j; ++u) m &= m - 1u;
-          const int t = t0 + __ffs((int)m) - 1;
-          const uint64_t slotIx = sec * (uint64_t)d.M + (uint64_t)t;  // staging slot = token index
-          const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
-          uint8_t* dst = peerWin + wl.dispRows + slotIx * wl.rowStride;
-          float mw = 0.f;
-          if (seg == 0 && lane < d.K) mw = topkWeights[(uint64_t)t * d.K + lane];  // with the row's loads
-          if (fast) {
-            const uint32_t vEnd = (uint32_t)(b1 >> 4);
-            for (uint32_t v0 = (uint32_t)(b0 >> 4); v0 < vEnd; v0 += GIN_WARP_SIZE * kExpandUnroll) {
-              gin_u128 v[kExpandUnroll];
+        uint8_t* lines = lines_area((const uint8_t*)sharedBases[r], wl, moe_peer_section(d.rank, r, d.R), d.R, d.M, seq);
+        uint64_t* wts = weights_area((const uint8_t*)sharedBases[r], wl, d.rank, d.R, d.K, d.M, seq);
+        // Work: (token j of the channel's tokens to r, line group), kTpUnroll groups per warp
+        // round, all loads of a round before its stores.
+        const int total = cnt * gpr;
+        for (int i0 = warp * kTpUnroll; i0 < total; i0 += MOE_WARPS * kTpUnroll) {
+          uint64_t lo[kTpUnroll], hi[kTpUnroll];
+          float wv[kTpUnroll];
+          int tt[kTpUnroll], gg[kTpUnroll];  // token and line group of round entry u (gg = -1: none)
 #pragma unroll
-              for (int u = 0; u < kExpandUnroll; ++u) {
-                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
-                if (vi < vEnd) v[u] = gin_ld16_stream(src + ((uint64_t)vi << 4));
+          for (int u = 0; u < kTpUnroll; ++u) {
+            const int it = i0 + u;
+            lo[u] = hi[u] = 0;
+            wv[u] = 0.f;
+            tt[u] = 0;
+            gg[u] = -1;
+            if (it < total) {
+              const int j = it / gpr, grp = it - j * gpr;
+              uint32_t m = mr;
+              for (int v = 0; v < j; ++v) m &= m - 1u;
+              const int t = t0 + __ffs((int)m) - 1;
+              tt[u] = t;
+              gg[u] = grp;
+              const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
+              const uint32_t L = (uint32_t)grp * kTpLinesPerWarp + g;
+              const uint32_t off = L * 120u + 16u * jj;
+              if (L < lineCount) {
+                lo[u] = tp_load8(src, off, rowBytes, al8);
+                hi[u] = jj == 7u ? seq : tp_load8(src, off + 8u, rowBytes, al8);
               }
-#pragma unroll
-              for (int u = 0; u < kExpandUnroll; ++u) {
-                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
-                if (vi < vEnd) gin_st16(dst + ((uint64_t)vi << 4), v[u]);
-              }
+              if (grp == 0 && lane < d.K) wv[u] = topkWeights[(uint64_t)t * d.K + lane];  // with the row's loads
             }
-          } else {
-            // Any hidden size / alignment (rare): element by element, like warp_expand_seg's
-            // slow path (gin_copy_bytes here cost the kernel a stack frame on sm_90).
-            const uint16_t* s16 = (const uint16_t*)src;
-            uint16_t* d16 = (uint16_t*)dst;
-            for (uint32_t e = (uint32_t)(b0 >> 1) + (uint32_t)lane; e < (uint32_t)(b1 >> 1); e += GIN_WARP_SIZE) d16[e] = s16[e];
           }
-          // Segment 0 carries the token's weights (the receiver has the ids already).
-          if (seg == 0 && lane < d.K)
-            ((float*)(peerWin + wl.dispMeta + slotIx * wl.metaStride))[2 * d.K + lane] = mw;
-          ++done;
-          syncwarp();  // every lane's stores, then lane 0's release (cumulative)
-          if (lane == 0)
-            gin_st_release_sys((uint64_t*)(peerWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp,
-                               seqHi | (uint64_t)done);
+          syncwarp();  // the 8 lanes of a line store in one instruction
+#pragma unroll
+          for (int u = 0; u < kTpUnroll; ++u) {
+            const int t = tt[u], grp = gg[u];
+            const uint32_t L = (uint32_t)(grp < 0 ? 0 : grp) * kTpLinesPerWarp + g;
+            gin_ll128_store16(grp >= 0 && L < lineCount, lines + (uint64_t)t * wl.lineStride + L * 128u + 16u * jj, lo[u], hi[u]);
+            // The token's weights once per (token, rank), as LL words: no fence either.
+            if (grp == 0 && lane < d.K)
+              gin_st_relaxed_sys(wts + (uint64_t)t * d.K + lane, seqHi | (uint64_t)__float_as_uint(wv[u]));
+          }
         }
       }
       MOE_PROF_SYNC();
       MOE_PROF(0, 5);
+    }
+    // Positions (off the critical path): the small layout's one walk, the last block's totals and
+    // chanStartTo and the dispatch's T, then the positions themselves.
+    small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, NoWait(), NoOwnToken());
+    if (c == d.C - 1) {
+      layout_lead_totals(s, d, nullptr, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
+                         (int*)(workspace + ws.chanStartTo), true);
+      if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
     }
     small_positions(s, topkIdx, d, t0, t1, *(int* volatile*)&tpPositions[0], *(int* volatile*)&tpPositions[1],
                     *(int* volatile*)&tpPositions[2]);
@@ -1773,9 +1835,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       s.Ts[tid] = T;
       s.t0s[tid] = (int)((int64_t)c * T / d.C);
       const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
-      s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
-      s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
-      s.prog[tid] = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
+      s.lines[tid] = lines_area(ownWin, wl, (int)sec, d.R, d.M, seq);
+      s.wts[tid] = weights_area(ownWin, wl, tid, d.R, d.K, d.M, seq);
       s.ids[tid] = ids_area(ownWin, wl, tid, d.R, seq) + 1;
       if (tid == 0) {
         s.slotRows = (int*)(workspace + ws.slotRows);
@@ -1847,7 +1908,19 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       for (int q = 0; q < d.R; ++q) {  // own tokens first: they wait for nothing
         const int src = (d.rank + q) % d.R;
         const int n = __popc(s.maskD[src]);
-        const RowSplit sp = row_split(d.rowBytes, n);
+        RowSplit sp = row_split(d.rowBytes, n);
+        if (q > 0) {
+          // Remote rows (round 9): segments of whole line groups (one warp instruction = 8 lanes
+          // per line), about one item per warp; the sender's split does not matter (no progress
+          // words). segBytes holds the groups per segment.
+          const int gpr = (int)((wl.lineCount + kTpLinesPerWarp - 1) / kTpLinesPerWarp);
+          int want = n > 0 ? (MOE_WARPS + n - 1) / n : 1;
+          if (want > gpr) want = gpr;
+          if (want < 1) want = 1;
+          const int gps = (gpr + want - 1) / want;
+          sp.nseg = gpr > 0 ? (gpr + gps - 1) / gps : 1;
+          sp.segBytes = (uint64_t)gps;
+        }
         s.nseg[src] = sp.nseg;
         s.segBytes[src] = sp.segBytes;
         s.itemEnd[q + 1] = s.itemEnd[q] + n * sp.nseg;
@@ -1898,8 +1971,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       sp.nseg = s.nseg[src];
       sp.segBytes = s.segBytes[src];
       const int j = i / sp.nseg, seg = i - j * sp.nseg;
-      uint64_t b0, b1;
-      seg_range(sp, seg, d.rowBytes, b0, b1);
       uint32_t m = s.maskD[src];
       for (int u = 0; u < j; ++u) m &= m - 1u;
       const int bit = __ffs((int)m) - 1;
@@ -1932,9 +2003,11 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           row = -1;
         }
       }
-      gin_u128 pass[kExpandUnroll];
       float wt = 0.f;
       if (self) {
+        uint64_t b0, b1;
+        seg_range(sp, seg, d.rowBytes, b0, b1);
+        gin_u128 pass[kExpandUnroll];
         const uint8_t* xRow = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
         if (fast) expand_load_pass<false>(pass, xRow, b0 >> 4, b1 >> 4);
         if (seg == 0 && row >= 0) wt = topkWeights[(uint64_t)t * d.K + lane];
@@ -1944,32 +2017,86 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         }
         warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
       } else {
-        if (lane == 0) (void)gin_wait_geq(s.prog[src] + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
-        syncwarp();
-        if (firstRemote) {
-          if (warp == 0) MOE_PROF(0, 2);  // thread 0: warp 0's first remote item landed
-          firstRemote = false;
-        }
-        const uint8_t* stageRow = s.stage[src] + (uint64_t)t * (uint32_t)wl.rowStride;
-        if (fast) expand_load_pass<true>(pass, stageRow, b0 >> 4, b1 >> 4);
-        if (seg == 0 && row >= 0) {
-          const int* meta = (const int*)(s.meta[src] + (uint64_t)t * (uint32_t)wl.metaStride);
-          wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
+        // Round 9: the segment's LL128 lines, read as they land (a line whose word 15 holds this
+        // call's number is whole: one 16-byte store per lane, 8 lanes per line, at the sender;
+        // NVLink delivers it whole, as gin_a2a_ll128 relies on), then their payload into every
+        // target row. Segment 0 also takes the token's weights (LL words). No flag, no fence.
+        const uint32_t gl = (uint32_t)lane / 8u, jj = (uint32_t)lane % 8u;
+        const uint32_t rowBytes = (uint32_t)d.rowBytes, lineCount = (uint32_t)wl.lineCount;
+        const int gpr = (int)((lineCount + kTpLinesPerWarp - 1) / kTpLinesPerWarp);
+        const int gps = (int)sp.segBytes;
+        const int g0 = seg * gps, g1 = moe_min_i(gpr, g0 + gps);
+        const bool al8 = (rowBytes & 7u) == 0 && gin_is_aligned(recvX, 8);
+        const uint8_t* slotLines = s.lines[src] + (uint64_t)t * wl.lineStride;
+        const lanemask_t targets = (lanemask_t)moe_detail::ballot(lane < d.K && row >= 0);
+        uint64_t wword = 0;
+        if (seg == 0 && lane < d.K) wword = gin_ld_relaxed_sys(s.wts[src] + (uint64_t)t * d.K + lane);
+        bool ok = true;
+        for (int gq = g0; gq < g1 && ok; gq += kTpUnroll) {
+          uint64_t lo[kTpUnroll], hi[kTpUnroll];
+          uint32_t pending = 0;  // bit u: this lane's line of round entry u not seen whole yet
+#pragma unroll
+          for (int u = 0; u < kTpUnroll; ++u) {
+            const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
+            const bool act = gq + u < g1 && L < lineCount;
+            lo[u] = hi[u] = 0;
+            gin_ll128_load16(act, slotLines + L * 128u + 16u * jj, lo[u], hi[u]);
+            if (act) pending |= 1u << u;
+          }
+          uint64_t start = 0;
+          for (uint32_t spins = 0;; ++spins) {
+#pragma unroll
+            for (int u = 0; u < kTpUnroll; ++u)
+              if (gin_shfl_int(hi[u] == seq ? 1 : 0, lane | 7) != 0) pending &= ~(1u << u);
+            if (!gin_warp_any(pending != 0)) break;
+            if (gin_warp_any(gin_wait_timed_out(spins, start, errorFlags, 255u))) {
+              gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
+              ok = false;
+              break;
+            }
+#pragma unroll
+            for (int u = 0; u < kTpUnroll; ++u) {
+              const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
+              gin_ll128_load16(((pending >> u) & 1u) != 0, slotLines + L * 128u + 16u * jj, lo[u], hi[u]);
+            }
+          }
+          if (!ok) break;
+          if (firstRemote) {
+            if (warp == 0) MOE_PROF(0, 2);  // thread 0: warp 0's first remote lines landed
+            firstRemote = false;
+          }
+          for (lanemask_t tm = targets; tm != 0; tm &= tm - 1) {
+            const int rk = gin_shfl_int(row, lanemask_ffs(tm));
+            uint8_t* dst = (uint8_t*)recvX + (uint64_t)rk * d.rowBytes;
+#pragma unroll
+            for (int u = 0; u < kTpUnroll; ++u) {
+              const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
+              if (gq + u < g1 && L < lineCount) {
+                const uint32_t off = L * 120u + 16u * jj;
+                tp_store8(dst, off, rowBytes, lo[u], al8);
+                if (jj != 7u) tp_store8(dst, off + 8u, rowBytes, hi[u], al8);
+              }
+            }
+          }
         }
         if (seg == 0) {
-          if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
+          if (lane < d.K) {
+            uint64_t start = 0;
+            for (uint32_t spins = 0; !ll_tag_ok(wword, seq); ++spins) {
+              if (gin_wait_timed_out(spins, start, errorFlags)) break;
+              wword = gin_ld_relaxed_sys(s.wts[src] + (uint64_t)t * d.K + lane);
+            }
+            wt = __uint_as_float((uint32_t)wword);
+            slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
+          }
           if (row >= 0) recvWeights[row] = wt;
         }
-        warp_expand_seg<true>(stageRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
       }
     }
     __syncthreads();
     MOE_PROF(0, 3);
-    if (tid < d.R && tid != d.rank) {  // staging write-after-read release, as in the layout path
-      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
-                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
-      gin_st_release_sys(f, seq);
-    }
+    // No write-after-read release (round 9): the staging lines and weight words are double-buffered
+    // by call parity like the id lists.
   } else if ((int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ sender / layout block
     LayoutSmem& s = sm.lay;

@@ -937,14 +937,15 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
+       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared (token path: after the sends)"},
+        {9, "small layout: ids walked (token path: after the sends)"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
         {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: own layout done / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{10, "entry (before checks, load_seq)"}, {1, "count tables read"},
-        {11, "token path: every source's ids walked"}, {2, "warp 0: first remote item landed"},
+        {11, "token path: every source's ids walked"}, {2, "warp 0: first remote item (token path: lines) landed"},
         {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C,
@@ -1189,6 +1190,11 @@ int main(int argc, char** argv) {
         // channel at few channels (C = 4, M = 128).
         {"layout path M*K = 4104", 16 * R, 8, 256, 513, Cd, {513, 400}, UNIFORM, 0.05},
         {"token path 32 per channel", 16 * R, 8, 256, 128, 4, {128, 127}, UNIFORM, 0.05},
+        // Round 9: token-path rows travel as LL128 lines of 120 payload bytes: a row of exactly
+        // one line, 2-byte rows, and 122-byte rows (a second line with 2 bytes) at top-32.
+        {"token path H=60 (one line)", 8 * R, 4, 60, 64, 4, {64, 50}, UNIFORM, 0.1},
+        {"token path H=1", 4 * R, 2, 1, 32, 2, {32, 31}, UNIFORM, 0.1},
+        {"token path H=61 K=32", 32 * R, 32, 61, 96, 6, {96, 80}, UNIFORM, 0.1},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
