@@ -1791,10 +1791,14 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
             const int t = tt[u], grp = gg[u];
             const uint32_t L = (uint32_t)(grp < 0 ? 0 : grp) * kTpLinesPerWarp + g;
             gin_ll128_store16(grp >= 0 && L < lineCount, lines + (uint64_t)t * wl.lineStride + L * 128u + 16u * jj, lo[u], hi[u]);
-            // The token's weights once per (token, rank), as LL words: no fence either.
-            if (grp == 0 && lane < d.K)
-              gin_st_relaxed_sys(wts + (uint64_t)t * d.K + lane, seqHi | (uint64_t)__float_as_uint(wv[u]));
           }
+          // The token's weights once per (token, rank), as LL words: no fence either. After all
+          // line stores of the round (a divergent store between two line stores could split a
+          // later line's 8 lanes over two instructions).
+#pragma unroll
+          for (int u = 0; u < kTpUnroll; ++u)
+            if (gg[u] == 0 && lane < d.K)
+              gin_st_relaxed_sys(wts + (uint64_t)tt[u] * d.K + lane, seqHi | (uint64_t)__float_as_uint(wv[u]));
         }
       }
       MOE_PROF_SYNC();
@@ -2035,6 +2039,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         for (int gq = g0; gq < g1 && ok; gq += kTpUnroll) {
           uint64_t lo[kTpUnroll], hi[kTpUnroll];
           uint32_t pending = 0;  // bit u: this lane's line of round entry u not seen whole yet
+          syncwarp();  // the 8 lanes of a line load it in one instruction (one whole-line read)
 #pragma unroll
           for (int u = 0; u < kTpUnroll; ++u) {
             const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
