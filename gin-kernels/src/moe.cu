@@ -584,10 +584,16 @@ struct RowSplit {
 };
 // minSeg: at least that many segments where the row has enough warp passes (the combine consumer
 // asks for 2, see combine_items).
+// MOE_MIN_SEG: a floor on the segments of every row, for a test-build A/B of small items at large
+// T (1 = the library's split).
+#ifndef MOE_MIN_SEG
+#define MOE_MIN_SEG 1
+#endif
 GIN_DEVICE_INLINE RowSplit row_split(uint64_t rowBytes, int n, int minSeg = 1) {
   const uint64_t units = (rowBytes + 15) >> 4;  // 16-byte units (the last may be partial)
   uint64_t want = n > 0 ? (uint64_t)((MOE_WARPS + n - 1) / n) : 1ull;
   if (want < (uint64_t)minSeg) want = (uint64_t)minSeg;
+  if (want < (uint64_t)MOE_MIN_SEG) want = (uint64_t)MOE_MIN_SEG;
   const uint64_t maxSeg = units / GIN_WARP_SIZE > 0 ? units / GIN_WARP_SIZE : 1ull;
   if (want > maxSeg) want = maxSeg;
   uint64_t segUnits = (units + want - 1) / want;
