@@ -1640,10 +1640,54 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 //             WAR). Sender c, when the tables were already there after its sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
 // Token path (round 8; moe_token_path: M*K <= 4096 and <= 32 tokens per channel, the same choice
-// on every rank): senders push their tokens' ids (LL words, by call parity) and then each row to
-// staging slot = token index right after the id walk; receivers lay out every source themselves;
-// the senders' positions follow their sends. Same outputs and workspace arrays (KERNELS.md).
+// on every rank): receiver block c pushes channel c's token ids (LL words, by call parity) at its
+// entry (round 9b), sender block c walks its ids (small layout) and sends each row to staging slot
+// = token index as LL128 lines; receivers lay out every source themselves; the senders' positions
+// follow their sends. Same outputs and workspace arrays (KERNELS.md).
 // ================================================================================================
+// Token path (round 9b): channel c's own tokens' ids as LL words (tag = the call number's low 32
+// bits, two 16-bit ids per word, 0xffff = none) into this rank's id list in every remote rank's
+// window (warp 0, lane = token), and T into word 0 of it (c == 0, warp 1). Run by receiver block c
+// at its entry (the same channel partition as sender block c, so each token once).
+GIN_DEVICE_INLINE void tp_push_ids(const int32_t* topkIdx, const Dims& d, int c, const MoeWindowLayout& wl,
+                                   const uint64_t* bases, uint64_t seq, int warp, int lane) {
+  const uint64_t seqHi = seq << 32;
+  if (warp == 0) {
+    int t0, t1;
+    token_range(d, c, t0, t1);
+    if (lane < t1 - t0) {
+      const int nw = moe_id_words(d.K);
+      int ev[MOE_MAX_TOPK];
+      const int t = t0 + lane;
+      token_experts(topkIdx, t, d, ev, false, nullptr);  // reported by the sender's positions walk
+      for (int q = 1; q < d.R; ++q) {
+        const int r = (d.rank + q) % d.R;
+        uint64_t* dst = ids_area((const uint8_t*)bases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
+#pragma unroll
+        for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
+          if (i >= nw) break;
+          const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
+          const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
+          gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
+        }
+      }
+    }
+  } else if (c == 0 && warp == 1 && lane < d.R && lane != d.rank) {
+    // T into word 0 of our id list in every remote rank's window (also at T = 0).
+    gin_st_relaxed_sys(ids_area((const uint8_t*)bases[lane], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
+  }
+}
+
+// Test-build switches of the token path (round 9b; library builds: the defaults): the sender's
+// small walk before (1) or after (0, round 9) its sends; the receiver's items remote-first (1) or
+// own-first (0).
+#ifndef MOE_TP_WALK_FIRST
+#define MOE_TP_WALK_FIRST 1
+#endif
+#ifndef MOE_TP_REMOTE_FIRST
+#define MOE_TP_REMOTE_FIRST 0
+#endif
+
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
 moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
                  uint16_t* recvX, float* recvWeights, int32_t* recvCounts, const uint64_t* peerBases,
@@ -1656,6 +1700,10 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   // Token-path sender: the positions' output arrays, parked here across the sends (held in
   // registers through the send loop they cost the kernel a stack frame on sm_90).
   __shared__ int* tpPositions[3];
+  // Token-path sender (round 9b): each destination's lines and weight words of this call, set
+  // before the walk (the window layout held in registers across the walk costs a stack frame).
+  __shared__ uint8_t* tpLines[MOE_MAX_RANKS];
+  __shared__ uint64_t* tpWts[MOE_MAX_RANKS];
   MOE_PROF(0, 10);  // entry, before the checks and load_seq (round 7: the time before "start")
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
@@ -1694,59 +1742,58 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
 
   if (tokenPath && (int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ token-path sender (round 9)
-    // Round 9: rows go out right after ONE load of the own tokens' ids (warp 0, one token per
-    // lane: the destination masks, and the ids' LL words to every remote rank) and one barrier,
-    // as LL128 lines (120 payload bytes + the call number per 128-byte line, one 16-byte store per
+    // Round 9: rows go out right after the small layout's walk (round 9b; round 9: ONE load of the
+    // own tokens' ids by warp 0 and one barrier, the walk after the sends), as LL128 lines
+    // (120 payload bytes + the call number per 128-byte line, one 16-byte store per
     // lane, 8 lanes per line) into the receiver's staging slot = the token's own index, buffer of
     // the call's parity: no write-after-read wait (the parity argument of the id lists, KERNELS.md),
-    // no fence, no progress word. The small layout's walk over the lower tokens and the positions
-    // (tokenPos, slotInExpert, sendList; the last block's totals and chanStartTo), which only the
-    // combine and the HOST-identical arrays need, come after the sends (round 8 walked before them:
-    // ~5 us between the entry and the first row store).
+    // no fence, no progress word. The positions (tokenPos, slotInExpert, sendList; the last
+    // block's totals and chanStartTo), which only the combine and the HOST-identical arrays need,
+    // come after the sends. The ids' LL words go out from receiver block c (tp_push_ids).
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;
     MOE_PROF(0, 0);
     int t0, t1;
     token_range(d, c, t0, t1);
-    const int nw = moe_id_words(d.K);
-    if (warp == 0) {
-      // Lane i: own token t0 + i (at most 32 per channel on this path).
-      uint32_t dm = 0;
-      if (lane < t1 - t0) {
-        int ev[MOE_MAX_TOPK];
-        const int t = t0 + lane;
-        token_experts(topkIdx, t, d, ev, false, nullptr);  // reported by the positions' walk
-#pragma unroll
-        for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-          if (k >= d.K) break;
-          if (ev[k] >= 0) dm |= 1u << (ev[k] / d.L);
-        }
-        for (int q = 1; q < d.R; ++q) {
-          const int r = (d.rank + q) % d.R;
-          uint64_t* dst = ids_area((const uint8_t*)sharedBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
-#pragma unroll
-          for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
-            if (i >= nw) break;
-            const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
-            const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
-            gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
-          }
-        }
-      }
-      for (int r = 0; r < d.R; ++r) {
-        const uint32_t m = (uint32_t)moe_detail::ballot(((dm >> r) & 1u) != 0);
-        if (lane == 0) s.maskD[r] = m;
-      }
-    } else if (c == 0 && warp == 1 && lane < d.R && lane != d.rank) {
-      // T into word 0 of our id list in every remote rank's window (also at T = 0).
-      gin_st_relaxed_sys(ids_area((const uint8_t*)sharedBases[lane], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
-    }
     if (tid == 0) {
       tpPositions[0] = slotInExpert;
       tpPositions[1] = tokenPos;
       tpPositions[2] = sendList;
     }
-    __syncthreads();  // maskD
+    if (tid < d.R && tid != d.rank) {
+      tpLines[tid] = lines_area((const uint8_t*)sharedBases[tid], wl, moe_peer_section(d.rank, tid, d.R), d.R, d.M, seq);
+      tpWts[tid] = weights_area((const uint8_t*)sharedBases[tid], wl, d.rank, d.R, d.K, d.M, seq);
+    }
+    if (MOE_TP_WALK_FIRST) {
+      // Round 9b: the small layout's walk before the sends (every thread one token t < t1, one
+      // load round trip, two barriers): its own-token masks cntD[r] are the sends' masks, and
+      // after the sends only the positions' stores remain (round 9 walked after the sends, when
+      // the block's loads queued behind its NVLink stores: 3.3 µs for the walk, sender end 14.4 /
+      // 17.9 µs). The ids' LL words and T go out from receiver block c (tp_push_ids).
+      small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, NoWait(), NoOwnToken());
+    } else {
+      if (warp == 0) {
+        // Lane i: own token t0 + i (at most 32 per channel on this path).
+        uint32_t dm = 0;
+        if (lane < t1 - t0) {
+          int ev[MOE_MAX_TOPK];
+          const int t = t0 + lane;
+          token_experts(topkIdx, t, d, ev, false, nullptr);  // reported by the positions' walk
+          if (lane == 0) MOE_PROF(0, 13);  // warp 0: own ids loaded
+#pragma unroll
+          for (int k = 0; k < MOE_MAX_TOPK; ++k) {
+            if (k >= d.K) break;
+            if (ev[k] >= 0) dm |= 1u << (ev[k] / d.L);
+          }
+          // (The ids' LL words and T go out from receiver block c, round 9b: tp_push_ids.)
+        }
+        for (int r = 0; r < d.R; ++r) {
+          const uint32_t m = (uint32_t)moe_detail::ballot(((dm >> r) & 1u) != 0);
+          if (lane == 0) s.maskD[r] = m;
+        }
+      }
+      __syncthreads();  // maskD
+    }
     MOE_PROF(0, 11);
     {
       const uint32_t g = (uint32_t)lane / 8u, jj = (uint32_t)lane % 8u;
@@ -1755,11 +1802,11 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       const bool al8 = (rowBytes & 7u) == 0 && gin_is_aligned(x, 8);
       for (int q = 1; q < d.R; ++q) {
         const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
-        const uint32_t mr = s.maskD[r];
+        const uint32_t mr = MOE_TP_WALK_FIRST ? (uint32_t)s.cntD[r] : s.maskD[r];
         const int cnt = __popc(mr);
         if (cnt == 0) continue;
-        uint8_t* lines = lines_area((const uint8_t*)sharedBases[r], wl, moe_peer_section(d.rank, r, d.R), d.R, d.M, seq);
-        uint64_t* wts = weights_area((const uint8_t*)sharedBases[r], wl, d.rank, d.R, d.K, d.M, seq);
+        uint8_t* lines = tpLines[r];
+        uint64_t* wts = tpWts[r];
         // Work: (token j of the channel's tokens to r, line group), kTpUnroll groups per warp
         // round, all loads of a round before its stores.
         const int total = cnt * gpr;
@@ -1812,7 +1859,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     }
     // Positions (off the critical path): the small layout's one walk, the last block's totals and
     // chanStartTo and the dispatch's T, then the positions themselves.
-    small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, NoWait(), NoOwnToken());
+    if (!MOE_TP_WALK_FIRST) small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, NoWait(), NoOwnToken());
     if (c == d.C - 1) {
       layout_lead_totals(s, d, nullptr, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
                          (int*)(workspace + ws.chanStartTo), true);
@@ -1833,6 +1880,12 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     TpRecvSmem& s = sm.tp;
     const int c = (int)blockIdx.x - d.C;
     MOE_PROF(0, 0);
+    // Round 9b: this rank's ids of channel c's tokens (LL words, warp 0, one token per lane) and,
+    // in receiver 0, T to every remote rank, first thing in the block: the receiver blocks are
+    // idle until the peers' ids land, and ids stored here (~1 us after the entry) go out ahead of
+    // the sender blocks' line flood (round 9: sender warp 0 pushed them at ~3.6 µs, next to the
+    // first lines of the other blocks, and the receivers' walk waited for them until ~11 µs).
+    tp_push_ids(topkIdx, d, c, wl, sharedBases, seq, warp, lane);
     if (tid < d.R) {
       int T = d.T;
       if (tid != d.rank) {
@@ -1857,6 +1910,21 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       s.maskD[tid] = 0u;
       s.slots[tid] = 0;
     }
+#ifdef MOE_PROFILE
+    // Profile only: thread 0 waits for the last id word of the last remote source's last token
+    // (when the whole id list has landed) and stamps it.
+    if (tid == 0 && moe_profile_buf != nullptr) {
+      const int src = (d.rank + d.R - 1) % d.R;
+      int Tl = 0;
+      if (src != d.rank && ll_table_get(ids_area(ownWin, wl, src, d.R, seq), seq, true, errorFlags, Tl) && Tl > 0 && Tl <= d.M) {
+        const uint64_t* w = ids_area(ownWin, wl, src, d.R, seq) + 1 + (uint64_t)(Tl - 1) * moe_id_words(d.K) + moe_id_words(d.K) - 1;
+        uint64_t start = 0;
+        for (uint32_t spins = 0; !ll_tag_ok(gin_ld_relaxed_sys(w), seq); ++spins)
+          if (gin_wait_timed_out(spins, start, errorFlags)) break;
+      }
+      MOE_PROF(0, 13);
+    }
+#endif
     for (int i = tid; i < d.R * d.L; i += B) {
       s.cnt[i] = 0;
       s.run[i] = 0;
@@ -1866,6 +1934,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       for (int i = tid; i < d.R * d.C; i += B) s.hist[i] = 0;
     __syncthreads();
     const int nw = moe_id_words(d.K);
+    MOE_PROF(0, 1);
     int total = 0;
     for (int r = 0; r < d.R; ++r) total += s.Ts[r];
     for (int f = tid; f < total; f += B) {
@@ -1897,6 +1966,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       }
     }
     __syncthreads();
+    MOE_PROF(0, 4);
     // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e] + run[s][e] (channel c's first row).
     for (int e = tid; e < d.L; e += B) {
       int tot = 0;
@@ -1916,7 +1986,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     if (tid == 0) {
       s.itemEnd[0] = 0;
       for (int q = 0; q < d.R; ++q) {  // own tokens first: they wait for nothing
-        const int src = (d.rank + q) % d.R;
+        const int src = (d.rank + q) % d.R;  // (order: see the item loop)
         const int n = __popc(s.maskD[src]);
         RowSplit sp = row_split(d.rowBytes, n);
         if (q > 0) {
@@ -1971,7 +2041,10 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
     const int totalItems = s.itemEnd[d.R];
     bool firstRemote = true;
-    for (int g = warp; g < totalItems; g += MOE_WARPS) {
+    const int ownItems = s.itemEnd[1];
+    for (int g0 = warp; g0 < totalItems; g0 += MOE_WARPS) {
+      // MOE_TP_REMOTE_FIRST (experiment): remote items before own items.
+      const int g = MOE_TP_REMOTE_FIRST ? (g0 + ownItems) % totalItems : g0;
       int q = 0;
       while (g >= s.itemEnd[q + 1]) ++q;
       const int src = (d.rank + q) % d.R;
@@ -2026,6 +2099,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           if (row >= 0) recvWeights[row] = wt;
         }
         warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+        if (g0 == warp && warp == 0) MOE_PROF(0, 5);  // warp 0's first item (own) done
       } else {
         // Round 9: the segment's LL128 lines, read as they land (a line whose word 15 holds this
         // call's number is whole: one 16-byte store per lane, 8 lanes per line, at the sender;
@@ -2042,6 +2116,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         uint64_t wword = 0;
         if (seg == 0 && lane < d.K) wword = gin_ld_relaxed_sys(s.wts[src] + (uint64_t)t * d.K + lane);
         bool ok = true;
+        if (firstRemote && warp == 0) MOE_PROF(0, 6);  // warp 0: first remote item, lines polled
         for (int gq = g0; gq < g1 && ok; gq += kTpUnroll) {
           uint64_t lo[kTpUnroll], hi[kTpUnroll];
           uint32_t pending = 0;  // bit u: this lane's line of round entry u not seen whole yet
@@ -2104,6 +2179,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         }
       }
     }
+    if (warp == 0) MOE_PROF(0, 7);  // warp 0's items done
     __syncthreads();
     MOE_PROF(0, 3);
     // No write-after-read release (round 9): the staging lines and weight words are double-buffered
