@@ -36,7 +36,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * Kernels and layouts: gin-kernels/src/moe.cu and gin-kernels/KERNELS.md.
  */
 public final class MoeAllToAll implements AutoCloseable {
-    private static final int Q_WINDOW_BYTES = 0, Q_FLAGS_OFFSET = 1, Q_FLAGS_BYTES = 2, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
+    private static final int Q_WINDOW_BYTES = 0, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
             Q_WS_EXPERT_COUNT = 7, Q_WS_EXPERT_OFFSET = 8, Q_WS_ROWS_TO = 9, Q_VERSION = 14;
     private static final int THREADS = 512;
 
@@ -130,11 +130,13 @@ public final class MoeAllToAll implements AutoCloseable {
             for (Communicator c : group.ranks()) {
                 try (Stream s = c.device().createStream()) {
                     ranks.add(new RankState(c, s));
-                    if (window != null) window.region(c.localIndex(), "moe").slice(query[Q_FLAGS_OFFSET], query[Q_FLAGS_BYTES]).fill((byte) 0, s);
+                    // the whole window, not only the flags: count tables and LL128 lines outside the
+                    // flag area carry call-number tags, which stale bytes at a reused address could match
+                    if (window != null) window.region(c.localIndex(), "moe").fill((byte) 0, s);
                     s.synchronize();
                 }
             }
-            // every rank's flags are zero before any rank can signal into them
+            // every rank's window is zero before any rank can signal into it
             group.allGatherLongs(new long[group.localCount()]);
         } catch (RuntimeException e) {
             close();
