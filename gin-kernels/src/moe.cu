@@ -145,11 +145,7 @@ struct MoeWindowLayout {
   uint64_t dispIds;       // token path only (else 0 bytes): [2 call parities][R sources][idsStride] LL
                           // words (call << 32 | payload): word 0 = T, then token t's ids at words
                           // 1 + t*ceil(K/2) + k/2 (16-bit half k % 2); zeroed with the flags
-  uint64_t idsStride;     // round 9: then the rows' weights, word 1 + M*ceil(K/2) + t*K + k = f32 bits
-  uint64_t dispLines;     // token path only (else 0 bytes), round 9: [2 call parities][R-1 sections][M slots]
-                          // [lineStride] LL128 lines of the staged rows (120 payload bytes + the call
-                          // number); in the flag area, so zeroed at creation
-  uint64_t lineCount, lineStride;  // lines per row (ceil(2H / 120)), 128 * lineCount
+  uint64_t idsStride;
   uint64_t flagsBytes, totalBytes;
 };
 
@@ -180,16 +176,10 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   o += 8ull * P * MOE_MAX_CHANNELS * MOE_MAX_WARPS;
   w.combConsumed = o;
   o += 8ull * P * MOE_MAX_CHANNELS;
-  const bool tp = moe_token_path_sizes(K, M);
-  w.idsStride = tp ? moe_align_up(8ull * (1ull + (uint64_t)M * (uint64_t)(moe_id_words(K) + K)), 16) : 0;
+  w.idsStride = moe_token_path_sizes(K, M) ? moe_align_up(8ull * (1ull + (uint64_t)M * (uint64_t)moe_id_words(K)), 16) : 0;
   o = moe_align_up(o, 256);
   w.dispIds = o;
   o += 2ull * (uint64_t)R * w.idsStride;
-  o = moe_align_up(o, 256);
-  w.lineCount = tp ? (w.rowBytes + 119ull) / 120ull : 0;
-  w.lineStride = 128ull * w.lineCount;
-  w.dispLines = o;
-  o += 2ull * slots * w.lineStride;
   o = moe_align_up(o, 256);
   w.flagsBytes = o - w.flagsOffset;
   w.totalBytes = o;
@@ -589,16 +579,10 @@ struct RowSplit {
 };
 // minSeg: at least that many segments where the row has enough warp passes (the combine consumer
 // asks for 2, see combine_items).
-// MOE_MIN_SEG: a floor on the segments of every row, for a test-build A/B of small items at large
-// T (1 = the library's split).
-#ifndef MOE_MIN_SEG
-#define MOE_MIN_SEG 1
-#endif
 GIN_DEVICE_INLINE RowSplit row_split(uint64_t rowBytes, int n, int minSeg = 1) {
   const uint64_t units = (rowBytes + 15) >> 4;  // 16-byte units (the last may be partial)
   uint64_t want = n > 0 ? (uint64_t)((MOE_WARPS + n - 1) / n) : 1ull;
   if (want < (uint64_t)minSeg) want = (uint64_t)minSeg;
-  if (want < (uint64_t)MOE_MIN_SEG) want = (uint64_t)MOE_MIN_SEG;
   const uint64_t maxSeg = units / GIN_WARP_SIZE > 0 ? units / GIN_WARP_SIZE : 1ull;
   if (want > maxSeg) want = maxSeg;
   uint64_t segUnits = (units + want - 1) / want;
@@ -636,12 +620,6 @@ GIN_DEVICE_INLINE void expand_load_pass(gin_u128 (&r)[kExpandUnroll], const uint
   }
 }
 
-// A/B build switch (round 9, test builds only): -DMOE_EXPAND_PREFETCH=0 drops the next-pass L2
-// prefetch of the expansion copies (receivers' staging -> recvX, own items x -> recvX): round 5's
-// copy, for timing the 4096-token layout path both ways. Default 1 = the library's behaviour.
-#ifndef MOE_EXPAND_PREFETCH
-#define MOE_EXPAND_PREFETCH 1
-#endif
 // Copies bytes [b0, b1) of one source row to the rows myRow of lanes 0..nTargets-1 (-1 = none)
 // of dstBase. kFresh: the source was written during this kernel (window staging), so no
 // non-coherent loads. pass0Loaded (fast path only): r already holds the segment's first pass
@@ -659,10 +637,8 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
       // The next pass into L2 while this one is copied (round 7; round 6 prefetched the whole
       // segment at its start: at 4096 tokens a warp copies a 14 KB row in ~40 us, so most of
       // the prefetched lines were evicted before use and read from HBM twice).
-#if MOE_EXPAND_PREFETCH
       const uint64_t nv0 = v0 + kPassVecs;
       if (lane == 0 && nv0 < vEnd) prefetch_l2(src + (nv0 << 4), (uint32_t)((vEnd - nv0 < kPassVecs ? vEnd - nv0 : kPassVecs) << 4));
-#endif
       if (!(pass0Loaded && v0 == (b0 >> 4))) expand_load_pass<kFresh>(r, src, v0, vEnd);
       for (int k = 0; k < nTargets; ++k) {
         const int row = gin_shfl_int(myRow, k);
@@ -920,11 +896,11 @@ struct TpRecvSmem {
   unsigned long long segBytes[MOE_MAX_RANKS];
   int itemEnd[MOE_MAX_RANKS + 1];  // end of the q-th source's items (q = 0: self, then rank + q)
   // Per remote source, in shared memory rather than registers through the item loop (the window
-  // offsets as live 64-bit registers cost the kernel a stack frame on sm_90): its LL128 staging
-  // lines (slot 0), weight words and id list of this call (round 9; round 8: staging rows,
-  // metadata and progress words).
-  const uint8_t* lines[MOE_MAX_RANKS];
-  const uint64_t* wts[MOE_MAX_RANKS];
+  // offsets as live 64-bit registers cost the kernel a stack frame on sm_90): its staging rows,
+  // metadata, channel-c progress words (section of s in this window) and id list of this call.
+  const uint8_t* stage[MOE_MAX_RANKS];
+  const uint8_t* meta[MOE_MAX_RANKS];
+  const uint64_t* prog[MOE_MAX_RANKS];
   const uint64_t* ids[MOE_MAX_RANKS];
   int* slotRows;  // workspace arrays written here (likewise parked in shared memory)
   int* slotsFrom;
@@ -1331,44 +1307,6 @@ GIN_DEVICE_INLINE bool ll_tag_ok(uint64_t w, uint64_t seq) { return (uint32_t)(w
 GIN_DEVICE_INLINE uint64_t* ids_area(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, uint64_t seq) {
   return (uint64_t*)(win + wl.dispIds + ((seq & 1ull) * (uint64_t)R + (uint64_t)src) * wl.idsStride);
 }
-// Token path, round 9: weight words of source src's tokens (word t*K + k = (seq << 32) | f32 bits of
-// its k-th weight), after the id words in the same parity buffer (same write-after-read argument).
-GIN_DEVICE_INLINE uint64_t* weights_area(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, int K, int M,
-                                         uint64_t seq) {
-  return ids_area(win, wl, src, R, seq) + 1 + (uint64_t)M * (uint64_t)moe_id_words(K);
-}
-// Token path, round 9: LL128 lines of slot 0 of writer section sec, call seq, in the window at win
-// (slot t at + t * lineStride; line L at + 128 L: payload bytes [120 L, 120 L + 120) of the row in
-// words 0..14, the call number in word 15). Double-buffered by call parity like the id lists.
-GIN_DEVICE_INLINE uint8_t* lines_area(const uint8_t* win, const MoeWindowLayout& wl, int sec, int R, int M,
-                                      uint64_t seq) {
-  const uint64_t P = (uint64_t)(R - 1);
-  return (uint8_t*)win + wl.dispLines + (((seq & 1ull) * P + (uint64_t)sec) * (uint64_t)M) * wl.lineStride;
-}
-constexpr int kTpLinesPerWarp = GIN_WARP_SIZE / 8;  // 8 lanes x 16 bytes per 128-byte line
-#ifndef MOE_TP_UNROLL
-#define MOE_TP_UNROLL 2  // warp line instructions in flight per lane (a2a's LL128 measured 2 best)
-#endif
-constexpr int kTpUnroll = MOE_TP_UNROLL;
-// Bytes [off, off + 8) of a bf16 row of rowBytes bytes, 0 past its end. al8: row 8-byte aligned and
-// rowBytes % 8 == 0 (then one 8-byte load); otherwise 2-byte loads (rows are 2-byte aligned).
-GIN_DEVICE_INLINE uint64_t tp_load8(const uint8_t* row, uint32_t off, uint32_t rowBytes, bool al8) {
-  if (off >= rowBytes) return 0;
-  if (al8) return gin_ld8_stream(row + off);
-  uint64_t v = 0;
-  for (uint32_t b = 0; b < 8 && off + b < rowBytes; b += 2) v |= (uint64_t)((const uint16_t*)(row + off + b))[0] << (8 * b);
-  return v;
-}
-// Stores the bytes of v that fall inside [0, rowBytes) at row + off (same al8 rule).
-GIN_DEVICE_INLINE void tp_store8(uint8_t* row, uint32_t off, uint32_t rowBytes, uint64_t v, bool al8) {
-  if (off >= rowBytes) return;
-  if (al8) {
-    *(uint64_t*)(row + off) = v;
-    return;
-  }
-  for (uint32_t b = 0; b < 8 && off + b < rowBytes; b += 2) ((uint16_t*)(row + off + b))[0] = (uint16_t)(v >> (8 * b));
-}
-
 // One table word of call seq into out: block = poll until it is there (timeout: out = 0, false),
 // otherwise one probe (false when it is not there yet).
 GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block, uint32_t* errorFlags, int& out) {
@@ -1645,54 +1583,10 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 //             WAR). Sender c, when the tables were already there after its sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
 // Token path (round 8; moe_token_path: M*K <= 4096 and <= 32 tokens per channel, the same choice
-// on every rank): receiver block c pushes channel c's token ids (LL words, by call parity) at its
-// entry (round 9b), sender block c walks its ids (small layout) and sends each row to staging slot
-// = token index as LL128 lines; receivers lay out every source themselves; the senders' positions
-// follow their sends. Same outputs and workspace arrays (KERNELS.md).
+// on every rank): senders push their tokens' ids (LL words, by call parity) and then each row to
+// staging slot = token index right after the id walk; receivers lay out every source themselves;
+// the senders' positions follow their sends. Same outputs and workspace arrays (KERNELS.md).
 // ================================================================================================
-// Token path (round 9b): channel c's own tokens' ids as LL words (tag = the call number's low 32
-// bits, two 16-bit ids per word, 0xffff = none) into this rank's id list in every remote rank's
-// window (warp 0, lane = token), and T into word 0 of it (c == 0, warp 1). Run by receiver block c
-// at its entry (the same channel partition as sender block c, so each token once).
-GIN_DEVICE_INLINE void tp_push_ids(const int32_t* topkIdx, const Dims& d, int c, const MoeWindowLayout& wl,
-                                   const uint64_t* bases, uint64_t seq, int warp, int lane) {
-  const uint64_t seqHi = seq << 32;
-  if (warp == 0) {
-    int t0, t1;
-    token_range(d, c, t0, t1);
-    if (lane < t1 - t0) {
-      const int nw = moe_id_words(d.K);
-      int ev[MOE_MAX_TOPK];
-      const int t = t0 + lane;
-      token_experts(topkIdx, t, d, ev, false, nullptr);  // reported by the sender's positions walk
-      for (int q = 1; q < d.R; ++q) {
-        const int r = (d.rank + q) % d.R;
-        uint64_t* dst = ids_area((const uint8_t*)bases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
-#pragma unroll
-        for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
-          if (i >= nw) break;
-          const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
-          const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
-          gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
-        }
-      }
-    }
-  } else if (c == 0 && warp == 1 && lane < d.R && lane != d.rank) {
-    // T into word 0 of our id list in every remote rank's window (also at T = 0).
-    gin_st_relaxed_sys(ids_area((const uint8_t*)bases[lane], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
-  }
-}
-
-// Test-build switches of the token path (round 9b; library builds: the defaults): the sender's
-// small walk before (1) or after (0, round 9) its sends; the receiver's items remote-first (1) or
-// own-first (0).
-#ifndef MOE_TP_WALK_FIRST
-#define MOE_TP_WALK_FIRST 1
-#endif
-#ifndef MOE_TP_REMOTE_FIRST
-#define MOE_TP_REMOTE_FIRST 0
-#endif
-
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
 moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
                  uint16_t* recvX, float* recvWeights, int32_t* recvCounts, const uint64_t* peerBases,
@@ -1700,15 +1594,10 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
                  int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
-  __shared__ uint64_t sharedBases[MOE_MAX_RANKS];  // peerBases, loaded once at entry (round 9)
   __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
   // Token-path sender: the positions' output arrays, parked here across the sends (held in
   // registers through the send loop they cost the kernel a stack frame on sm_90).
   __shared__ int* tpPositions[3];
-  // Token-path sender (round 9b): each destination's lines and weight words of this call, set
-  // before the walk (the window layout held in registers across the walk costs a stack frame).
-  __shared__ uint8_t* tpLines[MOE_MAX_RANKS];
-  __shared__ uint64_t* tpWts[MOE_MAX_RANKS];
   MOE_PROF(0, 10);  // entry, before the checks and load_seq (round 7: the time before "start")
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
@@ -1717,158 +1606,150 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
-  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
-  uint64_t* state = state_of(workspace);
-  // Round 9: the call counter's load issued first (an asm load stays in place), so peers_ok's
-  // loads overlap it and one barrier follows both (round 8: peers_ok's loads, then load_seq's
-  // load and barrier, ~2 us between the entry and the first stamp). peerBases are kept in
-  // shared memory for the token path (no reload after the L1 invalidations of acquires).
-  // (A single __syncthreads_or over per-thread checks cost the kernel a 72-byte stack frame.)
-  uint64_t seqNext = 0;
-  if (tid == 0) seqNext = gin_ld_relaxed_sys(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x) + 1;
   if (!peers_ok(peerBases, d.R, errorFlags)) return;
-  if (tid == 0) sharedSeq = seqNext;
-  if (tid < d.R) sharedBases[tid] = peerBases[tid];
-  __syncthreads();
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
 
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  uint64_t* state = state_of(workspace);
   int* tokenPos = (int*)(workspace + ws.tokenPos);
   int* slotInExpert = (int*)(workspace + ws.slotInExpert);
   int* sendList = (int*)(workspace + ws.sendList);
-  uint8_t* ownWin = (uint8_t*)sharedBases[d.rank];
+  uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(recvX, 16);
   const bool tokenPath = moe_token_path(d.K, d.M, d.C);
-  const uint64_t seq = sharedSeq;
+  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x, &sharedSeq);
   const uint64_t seqHi = seq << 32;
 
   if (tokenPath && (int)blockIdx.x < d.C) {
-    // ------------------------------------------------------------------ token-path sender (round 9)
-    // Round 9: rows go out right after the small layout's walk (round 9b; round 9: ONE load of the
-    // own tokens' ids by warp 0 and one barrier, the walk after the sends), as LL128 lines
-    // (120 payload bytes + the call number per 128-byte line, one 16-byte store per
-    // lane, 8 lanes per line) into the receiver's staging slot = the token's own index, buffer of
-    // the call's parity: no write-after-read wait (the parity argument of the id lists, KERNELS.md),
-    // no fence, no progress word. The positions (tokenPos, slotInExpert, sendList; the last
-    // block's totals and chanStartTo), which only the combine and the HOST-identical arrays need,
-    // come after the sends. The ids' LL words go out from receiver block c (tp_push_ids).
+    // ------------------------------------------------------------------ token-path sender (round 8)
+    // Rows go out at once, into the receiver's staging slot = the token's own index (a token goes
+    // to rank r iff one of its ids is in r's range), after the token's ids as LL words into every
+    // remote rank's id list; the receivers run the layout themselves. The small layout's one id
+    // walk (which also gives the own tokens' destination masks, and pushes their ids) comes
+    // first; its positions (tokenPos, slotInExpert, sendList; the last block's totals and
+    // chanStartTo), which only the combine and the HOST-identical arrays need, after the sends.
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;
     MOE_PROF(0, 0);
     int t0, t1;
     token_range(d, c, t0, t1);
-    if (tid == 0) {
-      tpPositions[0] = slotInExpert;
-      tpPositions[1] = tokenPos;
-      tpPositions[2] = sendList;
-    }
-    if (tid < d.R && tid != d.rank) {
-      tpLines[tid] = lines_area((const uint8_t*)sharedBases[tid], wl, moe_peer_section(d.rank, tid, d.R), d.R, d.M, seq);
-      tpWts[tid] = weights_area((const uint8_t*)sharedBases[tid], wl, d.rank, d.R, d.K, d.M, seq);
-    }
-    if (MOE_TP_WALK_FIRST) {
-      // Round 9b: the small layout's walk before the sends (every thread one token t < t1, one
-      // load round trip, two barriers): its own-token masks cntD[r] are the sends' masks, and
-      // after the sends only the positions' stores remain (round 9 walked after the sends, when
-      // the block's loads queued behind its NVLink stores: 3.3 µs for the walk, sender end 14.4 /
-      // 17.9 µs). The ids' LL words and T go out from receiver block c (tp_push_ids).
-      small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, NoWait(), NoOwnToken());
-    } else {
-      if (warp == 0) {
-        // Lane i: own token t0 + i (at most 32 per channel on this path).
-        uint32_t dm = 0;
-        if (lane < t1 - t0) {
-          int ev[MOE_MAX_TOPK];
-          const int t = t0 + lane;
-          token_experts(topkIdx, t, d, ev, false, nullptr);  // reported by the positions' walk
-          if (lane == 0) MOE_PROF(0, 13);  // warp 0: own ids loaded
-#pragma unroll
-          for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-            if (k >= d.K) break;
-            if (ev[k] >= 0) dm |= 1u << (ev[k] / d.L);
-          }
-          // (The ids' LL words and T go out from receiver block c, round 9b: tp_push_ids.)
-        }
-        for (int r = 0; r < d.R; ++r) {
-          const uint32_t m = (uint32_t)moe_detail::ballot(((dm >> r) & 1u) != 0);
-          if (lane == 0) s.maskD[r] = m;
-        }
-      }
-      __syncthreads();  // maskD
-    }
-    MOE_PROF(0, 11);
-    {
-      const uint32_t g = (uint32_t)lane / 8u, jj = (uint32_t)lane % 8u;
-      const uint32_t rowBytes = (uint32_t)d.rowBytes, lineCount = (uint32_t)wl.lineCount;
-      const int gpr = (int)((lineCount + kTpLinesPerWarp - 1) / kTpLinesPerWarp);  // line groups per row
-      const bool al8 = (rowBytes & 7u) == 0 && gin_is_aligned(x, 8);
+    // Write-after-read on the remote staging: as in the layout path (all of r's receivers of the
+    // previous call are done; one acquire per flag by the last threads, waited for if missing).
+    const int warFlags = (d.R - 1) * d.C;
+    auto warFlag = [&](int i) -> const uint64_t* {
+      const int r = (d.rank + 1 + i / d.C) % d.R;
+      return (const uint64_t*)(ownWin + wl.dispConsumed) +
+             (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + (uint64_t)(i % d.C);
+    };
+    bool warSeen = true;
+    const int nw = moe_id_words(d.K);
+    // Before the walk: T into every remote rank's id list (word 0), the write-after-read probes.
+    auto underWalk = [&]() {
+      if (c == 0 && tid == B - GIN_WARP_SIZE)
+        for (int r = 0; r < d.R; ++r)
+          if (r != d.rank)
+            gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
+      for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
+    };
+    // In the walk, per own token: its validated ids, two per LL word (0xffff = masked), to every
+    // remote rank (each of their receivers walks every source's list; a token that goes
+    // elsewhere counts nothing there).
+    auto onOwn = [&](int t, const int* ev) {
       for (int q = 1; q < d.R; ++q) {
-        const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
-        const uint32_t mr = MOE_TP_WALK_FIRST ? (uint32_t)s.cntD[r] : s.maskD[r];
-        const int cnt = __popc(mr);
-        if (cnt == 0) continue;
-        uint8_t* lines = tpLines[r];
-        uint64_t* wts = tpWts[r];
-        // Work: (token j of the channel's tokens to r, line group), kTpUnroll groups per warp
-        // round, all loads of a round before its stores.
-        const int total = cnt * gpr;
-        for (int i0 = warp * kTpUnroll; i0 < total; i0 += MOE_WARPS * kTpUnroll) {
-          uint64_t lo[kTpUnroll], hi[kTpUnroll];
-          float wv[kTpUnroll];
-          int tt[kTpUnroll], gg[kTpUnroll];  // token and line group of round entry u (gg = -1: none)
+        const int r = (d.rank + q) % d.R;
+        uint64_t* dst = ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
 #pragma unroll
-          for (int u = 0; u < kTpUnroll; ++u) {
-            const int it = i0 + u;
-            lo[u] = hi[u] = 0;
-            wv[u] = 0.f;
-            tt[u] = 0;
-            gg[u] = -1;
-            if (it < total) {
-              const int j = it / gpr, grp = it - j * gpr;
-              uint32_t m = mr;
-              for (int v = 0; v < j; ++v) m &= m - 1u;
-              const int t = t0 + __ffs((int)m) - 1;
-              tt[u] = t;
-              gg[u] = grp;
-              const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
-              const uint32_t L = (uint32_t)grp * kTpLinesPerWarp + g;
-              const uint32_t off = L * 120u + 16u * jj;
-              if (L < lineCount) {
-                lo[u] = tp_load8(src, off, rowBytes, al8);
-                hi[u] = jj == 7u ? seq : tp_load8(src, off + 8u, rowBytes, al8);
-              }
-              if (grp == 0 && lane < d.K) wv[u] = topkWeights[(uint64_t)t * d.K + lane];  // with the row's loads
-            }
-          }
-          syncwarp();  // the 8 lanes of a line store in one instruction
-#pragma unroll
-          for (int u = 0; u < kTpUnroll; ++u) {
-            const int t = tt[u], grp = gg[u];
-            const uint32_t L = (uint32_t)(grp < 0 ? 0 : grp) * kTpLinesPerWarp + g;
-            gin_ll128_store16(grp >= 0 && L < lineCount, lines + (uint64_t)t * wl.lineStride + L * 128u + 16u * jj, lo[u], hi[u]);
-          }
-          // The token's weights once per (token, rank), as LL words: no fence either. After all
-          // line stores of the round (a divergent store between two line stores could split a
-          // later line's 8 lanes over two instructions).
-#pragma unroll
-          for (int u = 0; u < kTpUnroll; ++u)
-            if (gg[u] == 0 && lane < d.K)
-              gin_st_relaxed_sys(wts + (uint64_t)tt[u] * d.K + lane, seqHi | (uint64_t)__float_as_uint(wv[u]));
+        for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
+          if (i >= nw) break;
+          const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
+          const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
+          gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
         }
       }
-      MOE_PROF_SYNC();
-      MOE_PROF(0, 5);
-    }
-    // Positions (off the critical path): the small layout's one walk, the last block's totals and
-    // chanStartTo and the dispatch's T, then the positions themselves.
-    if (!MOE_TP_WALK_FIRST) small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, NoWait(), NoOwnToken());
+    };
+    small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, underWalk, onOwn);
+    // The last block's totals and chanStartTo before its sends (after them they cost the kernel a
+    // stack frame on sm_90; ~1 us later sends for one channel of 66).
     if (c == d.C - 1) {
       layout_lead_totals(s, d, nullptr, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
                          (int*)(workspace + ws.chanStartTo), true);
       if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
+    }
+    // After the walk (cntD[r] = mask of the own tokens going to r): the sends, then the positions.
+    {
+      if (!warSeen)
+        for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
+      if (tid == 0) {
+        tpPositions[0] = slotInExpert;
+        tpPositions[1] = tokenPos;
+        tpPositions[2] = sendList;
+      }
+      __syncthreads();  // the write-after-read acquires before any staging store
+      MOE_PROF(0, 11);
+      for (int q = 1; q < d.R; ++q) {
+        const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
+        const uint32_t mr = (uint32_t)s.cntD[r];
+        const int cnt = __popc(mr);
+        if (cnt == 0) continue;
+        // Section base in r's window (staging rows, metadata and progress words are offsets from
+        // it: fewer live 64-bit registers, the row offsets are 32-bit since 2H < 2^32).
+        uint8_t* peerWin = (uint8_t*)peerBases[r];
+        const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
+        // Items as in the layout path: the channel's tokens to r in token order (cnt of them),
+        // row_split(rowBytes, cnt); warp w sends items w, w+W, ... and counts them in its word.
+        const RowSplit sp = row_split(d.rowBytes, cnt);
+        const int items = cnt * sp.nseg;
+        int done = 0;
+        for (int i = warp; i < items; i += MOE_WARPS) {
+          const int j = i / sp.nseg, seg = i - j * sp.nseg;
+          uint64_t b0, b1;
+          seg_range(sp, seg, d.rowBytes, b0, b1);
+          uint32_t m = mr;
+          for (int u = 0; u < j; ++u) m &= m - 1u;
+          const int t = t0 + __ffs((int)m) - 1;
+          const uint64_t slotIx = sec * (uint64_t)d.M + (uint64_t)t;  // staging slot = token index
+          const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
+          uint8_t* dst = peerWin + wl.dispRows + slotIx * wl.rowStride;
+          float mw = 0.f;
+          if (seg == 0 && lane < d.K) mw = topkWeights[(uint64_t)t * d.K + lane];  // with the row's loads
+          if (fast) {
+            const uint32_t vEnd = (uint32_t)(b1 >> 4);
+            for (uint32_t v0 = (uint32_t)(b0 >> 4); v0 < vEnd; v0 += GIN_WARP_SIZE * kExpandUnroll) {
+              gin_u128 v[kExpandUnroll];
+#pragma unroll
+              for (int u = 0; u < kExpandUnroll; ++u) {
+                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
+                if (vi < vEnd) v[u] = gin_ld16_stream(src + ((uint64_t)vi << 4));
+              }
+#pragma unroll
+              for (int u = 0; u < kExpandUnroll; ++u) {
+                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
+                if (vi < vEnd) gin_st16(dst + ((uint64_t)vi << 4), v[u]);
+              }
+            }
+          } else {
+            // Any hidden size / alignment (rare): element by element, like warp_expand_seg's
+            // slow path (gin_copy_bytes here cost the kernel a stack frame on sm_90).
+            const uint16_t* s16 = (const uint16_t*)src;
+            uint16_t* d16 = (uint16_t*)dst;
+            for (uint32_t e = (uint32_t)(b0 >> 1) + (uint32_t)lane; e < (uint32_t)(b1 >> 1); e += GIN_WARP_SIZE) d16[e] = s16[e];
+          }
+          // Segment 0 carries the token's weights (the receiver has the ids already).
+          if (seg == 0 && lane < d.K)
+            ((float*)(peerWin + wl.dispMeta + slotIx * wl.metaStride))[2 * d.K + lane] = mw;
+          ++done;
+          syncwarp();  // every lane's stores, then lane 0's release (cumulative)
+          if (lane == 0)
+            gin_st_release_sys((uint64_t*)(peerWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp,
+                               seqHi | (uint64_t)done);
+        }
+      }
+      MOE_PROF_SYNC();
+      MOE_PROF(0, 5);
     }
     small_positions(s, topkIdx, d, t0, t1, *(int* volatile*)&tpPositions[0], *(int* volatile*)&tpPositions[1],
                     *(int* volatile*)&tpPositions[2]);
@@ -1885,12 +1766,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     TpRecvSmem& s = sm.tp;
     const int c = (int)blockIdx.x - d.C;
     MOE_PROF(0, 0);
-    // Round 9b: this rank's ids of channel c's tokens (LL words, warp 0, one token per lane) and,
-    // in receiver 0, T to every remote rank, first thing in the block: the receiver blocks are
-    // idle until the peers' ids land, and ids stored here (~1 us after the entry) go out ahead of
-    // the sender blocks' line flood (round 9: sender warp 0 pushed them at ~3.6 µs, next to the
-    // first lines of the other blocks, and the receivers' walk waited for them until ~11 µs).
-    tp_push_ids(topkIdx, d, c, wl, sharedBases, seq, warp, lane);
     if (tid < d.R) {
       int T = d.T;
       if (tid != d.rank) {
@@ -1903,8 +1778,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       s.Ts[tid] = T;
       s.t0s[tid] = (int)((int64_t)c * T / d.C);
       const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
-      s.lines[tid] = lines_area(ownWin, wl, (int)sec, d.R, d.M, seq);
-      s.wts[tid] = weights_area(ownWin, wl, tid, d.R, d.K, d.M, seq);
+      s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
+      s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
+      s.prog[tid] = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
       s.ids[tid] = ids_area(ownWin, wl, tid, d.R, seq) + 1;
       if (tid == 0) {
         s.slotRows = (int*)(workspace + ws.slotRows);
@@ -1915,21 +1791,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       s.maskD[tid] = 0u;
       s.slots[tid] = 0;
     }
-#ifdef MOE_PROFILE
-    // Profile only: thread 0 waits for the last id word of the last remote source's last token
-    // (when the whole id list has landed) and stamps it.
-    if (tid == 0 && moe_profile_buf != nullptr) {
-      const int src = (d.rank + d.R - 1) % d.R;
-      int Tl = 0;
-      if (src != d.rank && ll_table_get(ids_area(ownWin, wl, src, d.R, seq), seq, true, errorFlags, Tl) && Tl > 0 && Tl <= d.M) {
-        const uint64_t* w = ids_area(ownWin, wl, src, d.R, seq) + 1 + (uint64_t)(Tl - 1) * moe_id_words(d.K) + moe_id_words(d.K) - 1;
-        uint64_t start = 0;
-        for (uint32_t spins = 0; !ll_tag_ok(gin_ld_relaxed_sys(w), seq); ++spins)
-          if (gin_wait_timed_out(spins, start, errorFlags)) break;
-      }
-      MOE_PROF(0, 13);
-    }
-#endif
     for (int i = tid; i < d.R * d.L; i += B) {
       s.cnt[i] = 0;
       s.run[i] = 0;
@@ -1939,7 +1800,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       for (int i = tid; i < d.R * d.C; i += B) s.hist[i] = 0;
     __syncthreads();
     const int nw = moe_id_words(d.K);
-    MOE_PROF(0, 1);
     int total = 0;
     for (int r = 0; r < d.R; ++r) total += s.Ts[r];
     for (int f = tid; f < total; f += B) {
@@ -1971,7 +1831,6 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       }
     }
     __syncthreads();
-    MOE_PROF(0, 4);
     // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e] + run[s][e] (channel c's first row).
     for (int e = tid; e < d.L; e += B) {
       int tot = 0;
@@ -1991,21 +1850,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     if (tid == 0) {
       s.itemEnd[0] = 0;
       for (int q = 0; q < d.R; ++q) {  // own tokens first: they wait for nothing
-        const int src = (d.rank + q) % d.R;  // (order: see the item loop)
+        const int src = (d.rank + q) % d.R;
         const int n = __popc(s.maskD[src]);
-        RowSplit sp = row_split(d.rowBytes, n);
-        if (q > 0) {
-          // Remote rows (round 9): segments of whole line groups (one warp instruction = 8 lanes
-          // per line), about one item per warp; the sender's split does not matter (no progress
-          // words). segBytes holds the groups per segment.
-          const int gpr = (int)((wl.lineCount + kTpLinesPerWarp - 1) / kTpLinesPerWarp);
-          int want = n > 0 ? (MOE_WARPS + n - 1) / n : 1;
-          if (want > gpr) want = gpr;
-          if (want < 1) want = 1;
-          const int gps = (gpr + want - 1) / want;
-          sp.nseg = gpr > 0 ? (gpr + gps - 1) / gps : 1;
-          sp.segBytes = (uint64_t)gps;
-        }
+        const RowSplit sp = row_split(d.rowBytes, n);
         s.nseg[src] = sp.nseg;
         s.segBytes[src] = sp.segBytes;
         s.itemEnd[q + 1] = s.itemEnd[q] + n * sp.nseg;
@@ -2046,10 +1893,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
     const int totalItems = s.itemEnd[d.R];
     bool firstRemote = true;
-    const int ownItems = s.itemEnd[1];
-    for (int g0 = warp; g0 < totalItems; g0 += MOE_WARPS) {
-      // MOE_TP_REMOTE_FIRST (experiment): remote items before own items.
-      const int g = MOE_TP_REMOTE_FIRST ? (g0 + ownItems) % totalItems : g0;
+    for (int g = warp; g < totalItems; g += MOE_WARPS) {
       int q = 0;
       while (g >= s.itemEnd[q + 1]) ++q;
       const int src = (d.rank + q) % d.R;
@@ -2059,6 +1903,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       sp.nseg = s.nseg[src];
       sp.segBytes = s.segBytes[src];
       const int j = i / sp.nseg, seg = i - j * sp.nseg;
+      uint64_t b0, b1;
+      seg_range(sp, seg, d.rowBytes, b0, b1);
       uint32_t m = s.maskD[src];
       for (int u = 0; u < j; ++u) m &= m - 1u;
       const int bit = __ffs((int)m) - 1;
@@ -2091,11 +1937,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           row = -1;
         }
       }
+      gin_u128 pass[kExpandUnroll];
       float wt = 0.f;
       if (self) {
-        uint64_t b0, b1;
-        seg_range(sp, seg, d.rowBytes, b0, b1);
-        gin_u128 pass[kExpandUnroll];
         const uint8_t* xRow = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
         if (fast) expand_load_pass<false>(pass, xRow, b0 >> 4, b1 >> 4);
         if (seg == 0 && row >= 0) wt = topkWeights[(uint64_t)t * d.K + lane];
@@ -2104,91 +1948,33 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           if (row >= 0) recvWeights[row] = wt;
         }
         warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
-        if (g0 == warp && warp == 0) MOE_PROF(0, 5);  // warp 0's first item (own) done
       } else {
-        // Round 9: the segment's LL128 lines, read as they land (a line whose word 15 holds this
-        // call's number is whole: one 16-byte store per lane, 8 lanes per line, at the sender;
-        // NVLink delivers it whole, as gin_a2a_ll128 relies on), then their payload into every
-        // target row. Segment 0 also takes the token's weights (LL words). No flag, no fence.
-        const uint32_t gl = (uint32_t)lane / 8u, jj = (uint32_t)lane % 8u;
-        const uint32_t rowBytes = (uint32_t)d.rowBytes, lineCount = (uint32_t)wl.lineCount;
-        const int gpr = (int)((lineCount + kTpLinesPerWarp - 1) / kTpLinesPerWarp);
-        const int gps = (int)sp.segBytes;
-        const int g0 = seg * gps, g1 = moe_min_i(gpr, g0 + gps);
-        const bool al8 = (rowBytes & 7u) == 0 && gin_is_aligned(recvX, 8);
-        const uint8_t* slotLines = s.lines[src] + (uint64_t)t * wl.lineStride;
-        const lanemask_t targets = (lanemask_t)moe_detail::ballot(lane < d.K && row >= 0);
-        uint64_t wword = 0;
-        if (seg == 0 && lane < d.K) wword = gin_ld_relaxed_sys(s.wts[src] + (uint64_t)t * d.K + lane);
-        bool ok = true;
-        if (firstRemote && warp == 0) MOE_PROF(0, 6);  // warp 0: first remote item, lines polled
-        for (int gq = g0; gq < g1 && ok; gq += kTpUnroll) {
-          uint64_t lo[kTpUnroll], hi[kTpUnroll];
-          uint32_t pending = 0;  // bit u: this lane's line of round entry u not seen whole yet
-          syncwarp();  // the 8 lanes of a line load it in one instruction (one whole-line read)
-#pragma unroll
-          for (int u = 0; u < kTpUnroll; ++u) {
-            const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
-            const bool act = gq + u < g1 && L < lineCount;
-            lo[u] = hi[u] = 0;
-            gin_ll128_load16(act, slotLines + L * 128u + 16u * jj, lo[u], hi[u]);
-            if (act) pending |= 1u << u;
-          }
-          uint64_t start = 0;
-          for (uint32_t spins = 0;; ++spins) {
-#pragma unroll
-            for (int u = 0; u < kTpUnroll; ++u)
-              if (gin_shfl_int(hi[u] == seq ? 1 : 0, lane | 7) != 0) pending &= ~(1u << u);
-            if (!gin_warp_any(pending != 0)) break;
-            if (gin_warp_any(gin_wait_timed_out(spins, start, errorFlags, 255u))) {
-              gin_error_set(errorFlags, GIN_ERR_TIMEOUT);
-              ok = false;
-              break;
-            }
-#pragma unroll
-            for (int u = 0; u < kTpUnroll; ++u) {
-              const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
-              gin_ll128_load16(((pending >> u) & 1u) != 0, slotLines + L * 128u + 16u * jj, lo[u], hi[u]);
-            }
-          }
-          if (!ok) break;
-          if (firstRemote) {
-            if (warp == 0) MOE_PROF(0, 2);  // thread 0: warp 0's first remote lines landed
-            firstRemote = false;
-          }
-          for (lanemask_t tm = targets; tm != 0; tm &= tm - 1) {
-            const int rk = gin_shfl_int(row, lanemask_ffs(tm));
-            uint8_t* dst = (uint8_t*)recvX + (uint64_t)rk * d.rowBytes;
-#pragma unroll
-            for (int u = 0; u < kTpUnroll; ++u) {
-              const uint32_t L = (uint32_t)(gq + u) * kTpLinesPerWarp + gl;
-              if (gq + u < g1 && L < lineCount) {
-                const uint32_t off = L * 120u + 16u * jj;
-                tp_store8(dst, off, rowBytes, lo[u], al8);
-                if (jj != 7u) tp_store8(dst, off + 8u, rowBytes, hi[u], al8);
-              }
-            }
-          }
+        if (lane == 0) (void)gin_wait_geq(s.prog[src] + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
+        syncwarp();
+        if (firstRemote) {
+          if (warp == 0) MOE_PROF(0, 2);  // thread 0: warp 0's first remote item landed
+          firstRemote = false;
+        }
+        const uint8_t* stageRow = s.stage[src] + (uint64_t)t * (uint32_t)wl.rowStride;
+        if (fast) expand_load_pass<true>(pass, stageRow, b0 >> 4, b1 >> 4);
+        if (seg == 0 && row >= 0) {
+          const int* meta = (const int*)(s.meta[src] + (uint64_t)t * (uint32_t)wl.metaStride);
+          wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
         }
         if (seg == 0) {
-          if (lane < d.K) {
-            uint64_t start = 0;
-            for (uint32_t spins = 0; !ll_tag_ok(wword, seq); ++spins) {
-              if (gin_wait_timed_out(spins, start, errorFlags)) break;
-              wword = gin_ld_relaxed_sys(s.wts[src] + (uint64_t)t * d.K + lane);
-            }
-            wt = __uint_as_float((uint32_t)wword);
-            slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
-          }
+          if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
           if (row >= 0) recvWeights[row] = wt;
         }
+        warp_expand_seg<true>(stageRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
       }
     }
-    if (warp == 0) MOE_PROF(0, 7);  // warp 0's items done
     __syncthreads();
     MOE_PROF(0, 3);
-    // No write-after-read release (round 9): the staging lines and weight words are double-buffered
-    // by call parity like the id lists.
+    if (tid < d.R && tid != d.rank) {  // staging write-after-read release, as in the layout path
+      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
+                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
+      gin_st_release_sys(f, seq);
+    }
   } else if ((int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ sender / layout block
     LayoutSmem& s = sm.lay;
@@ -2635,11 +2421,11 @@ GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, con
 // Payload mapping (keeps 16-byte alignment of the rows): in line L of a row of nl lines, lane j < 7
 // of the group carries row bytes [112 L + 16 j, +16), lane 7 carries [112 nl + 8 L, +8) (the row's
 // tail region) in its low word and the flag in its high word. Bytes past the row are zero.
-// A warp pass covers kCombLineUnroll lines per group: 16 lines (1,920 payload bytes) on NVIDIA.
+// A warp pass covers kTpUnroll lines per group: 16 lines (1,920 payload bytes) on NVIDIA.
 // ------------------------------------------------------------------------------------------------
-constexpr int kCombLineUnroll = 4;
+constexpr int kTpUnroll = 4;
 constexpr int kTpGroups = GIN_WARP_SIZE / 8;
-constexpr int kTpPassLines = kCombLineUnroll * kTpGroups;
+constexpr int kTpPassLines = kTpUnroll * kTpGroups;
 
 GIN_DEVICE_INLINE uint64_t tp_chunk_off(int L, int j, int nl) {
   return j < 7 ? 112ull * (uint64_t)L + 16ull * (uint64_t)j : 112ull * (uint64_t)nl + 8ull * (uint64_t)L;
@@ -2701,7 +2487,7 @@ GIN_DEVICE_INLINE void tp_prefetch_lines(const uint8_t* row, uint64_t rowBytes, 
 // all their loads in flight, one address per row (a lane's chunks of a pass are a fixed stride
 // apart: 112 * kTpGroups bytes in the main region, 8 * kTpGroups in the tail); element loads
 // otherwise (odd sizes, one row at a time).
-GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kCombLineUnroll][8], const uint8_t* rowsBase, uint64_t rowBytes, int myRow,
+GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kTpUnroll][8], const uint8_t* rowsBase, uint64_t rowBytes, int myRow,
                                   float myW, int nk, int nl, int L0, bool fast) {
   const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
   const bool wide = j < 7;
@@ -2715,7 +2501,7 @@ GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kCombLineUnroll][8], const uint8_
       const int row = gin_shfl_int(myRow, k);
       const float w = shfl_f(myW, k);
       const uint8_t* src = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes;
-      for (int u = 0; u < kCombLineUnroll; ++u)
+      for (int u = 0; u < kTpUnroll; ++u)
         if (L0 + u * kTpGroups + g < nl) acc_bf16x8(acc[u], tp_load_chunk<false>(src, off0 + (uint64_t)u * stride, wide, rowBytes, false), w);
     }
     return;
@@ -2723,7 +2509,7 @@ GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kCombLineUnroll][8], const uint8_
   // Chunks of this lane inside the row (a whole chunk or none on the fast path).
   uint32_t live = 0;
 #pragma unroll
-  for (int u = 0; u < kCombLineUnroll; ++u)
+  for (int u = 0; u < kTpUnroll; ++u)
     if (L0 + u * kTpGroups + g < nl && off0 + (uint64_t)u * stride < rowBytes) live |= 1u << u;
   while (mOwn) {
     const uint8_t* src[kReduceGroup];
@@ -2740,11 +2526,11 @@ GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kCombLineUnroll][8], const uint8_
         src[q] = rowsBase + (uint64_t)(row < 0 ? 0 : row) * rowBytes + off0;
       }
     }
-    gin_u128 r[kReduceGroup][kCombLineUnroll];
+    gin_u128 r[kReduceGroup][kTpUnroll];
 #pragma unroll
     for (int q = 0; q < kReduceGroup; ++q)
 #pragma unroll
-      for (int u = 0; u < kCombLineUnroll; ++u) {
+      for (int u = 0; u < kTpUnroll; ++u) {
         r[q][u].lo = 0;
         r[q][u].hi = 0;
         if (wl[q] >= 0 && ((live >> u) & 1u)) {
@@ -2758,7 +2544,7 @@ GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kCombLineUnroll][8], const uint8_
       if (wl[q] < 0) continue;  // warp-uniform
       const float wq = shfl_f(myW, wl[q]);
 #pragma unroll
-      for (int u = 0; u < kCombLineUnroll; ++u)
+      for (int u = 0; u < kTpUnroll; ++u)
         if ((live >> u) & 1u) acc_bf16x8(acc[u], r[q][u], wq);
     }
   }
@@ -2769,15 +2555,15 @@ GIN_DEVICE_INLINE void tp_sum_own(float (&acc)[kCombLineUnroll][8], const uint8_
 GIN_DEVICE_INLINE void tp_produce_pass(const uint8_t* rowsBase, uint64_t rowBytes, int myRow, float myW, int nk,
                                        uint8_t* lines, int nl, int L0, uint64_t flag, bool fast) {
   const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
-  float acc[kCombLineUnroll][8];
+  float acc[kTpUnroll][8];
 #pragma unroll
-  for (int u = 0; u < kCombLineUnroll; ++u)
+  for (int u = 0; u < kTpUnroll; ++u)
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
   tp_sum_own(acc, rowsBase, rowBytes, myRow, myW, nk, nl, L0, fast);
   syncwarp();  // the 8 lanes of a line converged: one store instruction per line
 #pragma unroll
-  for (int u = 0; u < kCombLineUnroll; ++u) {
+  for (int u = 0; u < kTpUnroll; ++u) {
     const int L = L0 + u * kTpGroups + g;
     const gin_u128 v = pack_bf16x8(acc[u]);
     gin_ll128_store16(L < nl, lines + (uint64_t)L * 128ull + 16ull * (uint64_t)j, v.lo, j < 7 ? v.hi : flag);
@@ -2793,9 +2579,9 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
                                        bool fast, uint32_t* errorFlags, bool first) {
   const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
   const bool wide = j < 7;
-  float acc[kCombLineUnroll][8];
+  float acc[kTpUnroll][8];
 #pragma unroll
-  for (int u = 0; u < kCombLineUnroll; ++u)
+  for (int u = 0; u < kTpUnroll; ++u)
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[u][i] = 0.f;
   if (yRow != nullptr) tp_sum_own(acc, rowsBase, rowBytes, myRow, myW, nk, nl, L0, fast);
@@ -2804,10 +2590,10 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
     const int r = lanemask_ffs(mExt);
     mExt &= mExt - 1;
     const uint8_t* base = shfl_ptr(myLines, r);
-    uint64_t lo[kCombLineUnroll], hi[kCombLineUnroll];
+    uint64_t lo[kTpUnroll], hi[kTpUnroll];
     syncwarp();
 #pragma unroll
-    for (int u = 0; u < kCombLineUnroll; ++u) {
+    for (int u = 0; u < kTpUnroll; ++u) {
       const int L = L0 + u * kTpGroups + g;
       lo[u] = 0;
       hi[u] = 0;
@@ -2817,7 +2603,7 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
     uint64_t start = 0;
     for (uint32_t spins = 0;; ++spins) {
 #pragma unroll
-      for (int u = 0; u < kCombLineUnroll; ++u) {
+      for (int u = 0; u < kTpUnroll; ++u) {
         const uint64_t f = gin_shfl_u64(hi[u], (lane & ~7) | 7);  // the line's flag, from lane 7 of the group
         const bool live = L0 + u * kTpGroups + g < nl;
         if (live && f != flag) pending |= 1u << u;
@@ -2827,14 +2613,14 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
       if (gin_wait_timed_out(spins, start, errorFlags)) break;
       syncwarp();
 #pragma unroll
-      for (int u = 0; u < kCombLineUnroll; ++u)
+      for (int u = 0; u < kTpUnroll; ++u)
         gin_ll128_load16(((pending >> u) & 1u) != 0, base + (uint64_t)(L0 + u * kTpGroups + g) * 128ull + 16ull * (uint64_t)j,
                          lo[u], hi[u]);
     }
     if (first) MOE_PROF(1, 1);  // thread 0: warp 0's first partial lines landed
     first = false;
 #pragma unroll
-    for (int u = 0; u < kCombLineUnroll; ++u) {
+    for (int u = 0; u < kTpUnroll; ++u) {
       gin_u128 v;
       v.lo = lo[u];
       v.hi = wide ? hi[u] : 0ull;
@@ -2843,7 +2629,7 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
   }
   if (yRow == nullptr) return;
 #pragma unroll
-  for (int u = 0; u < kCombLineUnroll; ++u) {
+  for (int u = 0; u < kTpUnroll; ++u) {
     const int L = L0 + u * kTpGroups + g;
     if (L < nl) tp_store_chunk(yRow, tp_chunk_off(L, j, nl), wide, rowBytes, fast, pack_bf16x8(acc[u]));
   }

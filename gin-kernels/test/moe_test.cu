@@ -937,19 +937,14 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"},
-        {9, "small layout: ids walked"},
+       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
-        {13, "token path (-DMOE_TP_WALK_FIRST=0): warp 0 own ids loaded"},
-        {11, "token path: masks known (sends start)"}, {12, "token path: own layout done / end"}}},
+        {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: own layout done / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
-       {{10, "entry (before checks, load_seq)"}, {1, "count tables read (token path: T words read)"},
-        {13, "token path: last remote id word landed (thread 0)"}, {4, "token path: id walk done"},
-        {11, "token path: every source's ids walked"}, {5, "token path: warp 0 first (own) item done"},
-        {6, "token path: warp 0 first remote item polled"},
-        {2, "warp 0: first remote item (token path: lines) landed"}, {7, "token path: warp 0 items done"},
+       {{10, "entry (before checks, load_seq)"}, {1, "count tables read"},
+        {11, "token path: every source's ids walked"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C,
@@ -1202,11 +1197,6 @@ int main(int argc, char** argv) {
         {"token path H=1100 passes", 8 * R, 4, 1100, 96, 6, {96, 70}, UNIFORM, 0.1},
         {"token path H=12 odd rows", 8 * R, 3, 12, 40, 3, {40, 33}, UNIFORM, 0.1},
         {"token path H=7168 T=1", 128 * R, 8, 7168, 128, Cd, {1}, UNIFORM, 0.0},
-        // Round 9: token-path rows travel as LL128 lines of 120 payload bytes: a row of exactly
-        // one line, 2-byte rows, and 122-byte rows (a second line with 2 bytes) at top-32.
-        {"token path H=60 (one line)", 8 * R, 4, 60, 64, 4, {64, 50}, UNIFORM, 0.1},
-        {"token path H=1", 4 * R, 2, 1, 32, 2, {32, 31}, UNIFORM, 0.1},
-        {"token path H=61 K=32", 32 * R, 32, 61, 96, 6, {96, 80}, UNIFORM, 0.1},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
