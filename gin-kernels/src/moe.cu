@@ -63,12 +63,25 @@ __device__ uint64_t* moe_profile_buf = nullptr;
   do {                                         \
     if (moe_profile_buf != nullptr) __syncthreads(); \
   } while (0)
+// A stamp taken only once `value` (a register a load fills) has arrived: the empty asm reads it.
+#if GIN_HIP
+#define MOE_PROF_AFTER(kernel, slot, value) MOE_PROF(kernel, slot)
+#else
+#define MOE_PROF_AFTER(kernel, slot, value)  \
+  do {                                       \
+    asm volatile("" ::"r"(value));           \
+    MOE_PROF(kernel, slot);                  \
+  } while (0)
+#endif
 #else
 #define MOE_PROF(kernel, slot) \
   do {                         \
   } while (0)
 #define MOE_PROF_SYNC() \
   do {                  \
+  } while (0)
+#define MOE_PROF_AFTER(kernel, slot, value) \
+  do {                                      \
   } while (0)
 #endif
 
@@ -1035,10 +1048,12 @@ GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims&
   __syncthreads();
   MOE_PROF(0, 8);  // (dispatch only) counters cleared
   underWalk();
+  MOE_PROF(0, 15);  // thread 0 past the write-after-read probes (session 3: where do the walk's ~4.8 us go?)
   int ev[MOE_MAX_TOPK];
   for (int t = tid; t < t1; t += B) {
     const bool own = t >= t0;
     token_experts(topkIdx, t, d, ev, own, errorFlags);  // each token reported by its own block only
+    if (t == tid) MOE_PROF_AFTER(0, 13, ev[0]);  // thread 0: its first token's ids loaded and checked
     if (own) onOwn(t, ev);
     const int bit = (int)(1u << ((t - t0) & 31));
     uint32_t destMask = 0;
@@ -1059,6 +1074,7 @@ GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims&
       if (lead) atomicAdd(&s.u.lead.histD[ch * d.R + r], 1);
     }
   }
+  MOE_PROF(0, 14);  // thread 0's tokens done, before the barrier
   __syncthreads();
   MOE_PROF(0, 9);  // ids walked (counts and masks)
 }

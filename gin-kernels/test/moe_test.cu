@@ -937,7 +937,9 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"}, {9, "small layout: ids walked"},
+       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"},
+        {15, "walk: thread 0 past write-after-read probes"}, {13, "walk: thread 0's first ids loaded, checked"},
+        {14, "walk: thread 0's tokens done (pre-barrier)"}, {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
