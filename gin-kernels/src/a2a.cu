@@ -981,6 +981,16 @@ GIN_DEVICE_INLINE bool ce_args_ok(const uint64_t* peerBases, const uint64_t* seq
   return ok;
 }
 
+// The copy-engine kernels' exchange with peer p: word `base + rank * maxChunks` of p's signal area
+// := s (release), then wait for word `base + p * maxChunks` of this rank's own area >= s (acquire).
+GIN_DEVICE_INLINE void ce_signal_and_wait(const uint64_t* peerBases, uint64_t signalOffset, uint64_t base, int rank,
+                                          int p, int maxChunks, uint64_t s, uint32_t* errorFlags) {
+  uint64_t* peerSig = (uint64_t*)((uint8_t*)peerBases[p] + signalOffset);
+  const uint64_t* ownSig = (const uint64_t*)((const uint8_t*)peerBases[rank] + signalOffset);
+  gin_st_release_sys(peerSig + base + (uint64_t)rank * maxChunks, s);
+  (void)gin_wait_geq_acquire_polls(ownSig + base + (uint64_t)p * maxChunks, s, errorFlags);
+}
+
 }  // namespace gin_a2a_detail
 
 // Thread p (p != rank): s = ++seqState[p][0]; ready[rank][0] := s in p's window (release), then wait
@@ -995,17 +1005,14 @@ extern "C" __global__ void gin_a2a_ce_ready(const uint64_t* peerBases, uint64_t 
   if (!ce_args_ok(peerBases, seqState, rank, nranks, maxChunksPerPeer, errorFlags)) return;
   const int p = (int)threadIdx.x;
   if (p >= nranks || p == rank) return;
-  uint8_t* peerWin = (uint8_t*)peerBases[p];
-  if (peerWin == nullptr) {  // no load/store path to p: the copy-engine variant is LSA-only
+  if (peerBases[p] == 0) {  // no load/store path to p: the copy-engine variant is LSA-only
     gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
     return;
   }
   uint64_t* seq = seqState + (uint64_t)p * maxChunksPerPeer;
   const uint64_t s = *seq + 1;
   *seq = s;
-  const uint64_t* ownSig = (const uint64_t*)((const uint8_t*)peerBases[rank] + signalOffset);
-  gin_st_release_sys((uint64_t*)(peerWin + signalOffset) + (uint64_t)rank * maxChunksPerPeer, s);
-  (void)gin_wait_geq_acquire_polls(ownSig + (uint64_t)p * maxChunksPerPeer, s, errorFlags);
+  ce_signal_and_wait(peerBases, signalOffset, 0, rank, p, maxChunksPerPeer, s, errorFlags);
 }
 
 // Runs after this rank's copies into every peer completed (stream order: a completed copy has
@@ -1019,13 +1026,10 @@ extern "C" __global__ void gin_a2a_ce_done(const uint64_t* peerBases, uint64_t s
   if (!ce_args_ok(peerBases, seqState, rank, nranks, maxChunksPerPeer, errorFlags)) return;
   const int p = (int)threadIdx.x;
   if (p >= nranks || p == rank) return;
-  uint8_t* peerWin = (uint8_t*)peerBases[p];
-  if (peerWin == nullptr) return;  // reported by gin_a2a_ce_ready
+  if (peerBases[p] == 0) return;  // reported by gin_a2a_ce_ready
   const uint64_t s = seqState[(uint64_t)p * maxChunksPerPeer];  // advanced by this call's gin_a2a_ce_ready
   const uint64_t doneBase = (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
-  const uint64_t* ownSig = (const uint64_t*)((const uint8_t*)peerBases[rank] + signalOffset);
-  gin_st_release_sys((uint64_t*)(peerWin + signalOffset) + doneBase + (uint64_t)rank * maxChunksPerPeer, s);
-  (void)gin_wait_geq_acquire_polls(ownSig + doneBase + (uint64_t)p * maxChunksPerPeer, s, errorFlags);
+  ce_signal_and_wait(peerBases, signalOffset, doneBase, rank, p, maxChunksPerPeer, s, errorFlags);
 }
 
 // Any 1-D grid, block <= 1024: the self slot, send + rank*bytesPerPeer -> own window

@@ -346,31 +346,24 @@ GIN_DEVICE_INLINE gin_u128 ld16_fresh(const void* p) {
 #endif
   return v;
 }
-// The same loads at p + kOff bytes (an immediate of the instruction): a reduction pass keeps one
-// address register pair per row instead of one per vector in flight (round 6: 16 vectors per lane).
-template <int kOff>
-GIN_DEVICE_INLINE gin_u128 ld16_stream_at(const uint8_t* p) {
-#if GIN_HIP
-  return gin_ld16_stream(p + kOff);
-#else
-  gin_u128 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u64 {%0, %1}, [%2+%3];" : "=l"(v.lo), "=l"(v.hi) : "l"(p), "n"(kOff));
-  return v;
-#endif
-}
-template <int kOff>
-GIN_DEVICE_INLINE gin_u128 ld16_fresh_at(const uint8_t* p) {
-#if GIN_HIP
-  return ld16_fresh(p + kOff);
-#else
-  gin_u128 v;
-  asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2+%3];" : "=l"(v.lo), "=l"(v.hi) : "l"(p), "n"(kOff));
-  return v;
-#endif
-}
 template <bool kFresh>
 GIN_DEVICE_INLINE gin_u128 ld16(const void* p) {
   return kFresh ? ld16_fresh(p) : gin_ld16_stream(p);
+}
+// ld16 at p + kOff bytes (an immediate of the instruction): a reduction pass keeps one address
+// register pair per row instead of one per vector in flight (round 6: 16 vectors per lane).
+template <bool kFresh, int kOff>
+GIN_DEVICE_INLINE gin_u128 ld16_at(const uint8_t* p) {
+#if GIN_HIP
+  return ld16<kFresh>(p + kOff);
+#else
+  gin_u128 v;
+  if (kFresh)
+    asm volatile("ld.global.cg.v2.u64 {%0, %1}, [%2+%3];" : "=l"(v.lo), "=l"(v.hi) : "l"(p), "n"(kOff));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u64 {%0, %1}, [%2+%3];" : "=l"(v.lo), "=l"(v.hi) : "l"(p), "n"(kOff));
+  return v;
+#endif
 }
 template <bool kFresh>
 GIN_DEVICE_INLINE uint16_t ld_u16(const uint16_t* p) {
@@ -696,7 +689,7 @@ struct PassLoader {
   static GIN_DEVICE_INLINE void run(gin_u128* r, const uint8_t* p, int nv) {
     PassLoader<kFresh, U - 1>::run(r, p, nv);
     constexpr int kOff = (U - 1) * GIN_WARP_SIZE * 16;
-    if (nv > U - 1) r[U - 1] = kFresh ? ld16_fresh_at<kOff>(p) : ld16_stream_at<kOff>(p);
+    if (nv > U - 1) r[U - 1] = ld16_at<kFresh, kOff>(p);
   }
 };
 template <bool kFresh>
