@@ -83,6 +83,17 @@ GIN_DEVICE_INLINE uint64_t gin_clock_ns() {
 #endif
 }
 
+// The SM's cycle counter (profiling only: per SM, not comparable across SMs).
+GIN_DEVICE_INLINE uint64_t gin_cycles() {
+#if GIN_HIP
+  return (uint64_t)clock64();
+#else
+  uint64_t c;
+  asm volatile("mov.u64 %0, %%clock64;" : "=l"(c)::"memory");
+  return c;
+#endif
+}
+
 GIN_DEVICE_INLINE void gin_error_set(uint32_t* errorFlags, uint32_t bits) {
   if (errorFlags != nullptr) atomicOr(errorFlags, bits);
 }
@@ -266,6 +277,15 @@ GIN_DEVICE_INLINE int gin_shfl_int(int v, int srcLane) {
   return __shfl(v, srcLane);
 #else
   return __shfl_sync(0xffffffffu, v, srcLane);
+#endif
+}
+
+// v of lane (this lane ^ mask): butterfly reductions.
+GIN_DEVICE_INLINE int gin_shfl_xor_int(int v, int laneMask) {
+#if GIN_HIP
+  return __shfl(v, (int)(gin_lane_id() ^ (uint32_t)laneMask));
+#else
+  return __shfl_xor_sync(0xffffffffu, v, laneMask);
 #endif
 }
 

@@ -49,14 +49,23 @@
 // Optional phase timing (test builds only: moe_test.cu defines MOE_PROFILE before including this
 // file and points moe_profile_buf at a device buffer for one call; null = no stamps). Thread 0
 // of each block stores %globaltimer into [kernel 0 dispatch / 1 combine][block][slot].
-#define MOE_PROF_SLOTS 16
+// The same slots follow in a second array [2][MOE_MAX_BLOCKS][MOE_PROF_SLOTS] holding the SM's
+// cycle counter (session 4: %globaltimer moves in 1 us steps on some GPUs, too coarse for phases
+// of a few us; cycles are exact within a block, and the timer gives the clock rate and the
+// alignment across blocks).
+#define MOE_PROF_SLOTS 24
 #ifdef MOE_PROFILE
-__device__ uint64_t* moe_profile_buf = nullptr;
+// In constant memory: a stamp then reads the pointer from the constant cache (a global load here
+// put an L2 round trip, ~0.15-0.25 us, inside every stamped interval; session 4).
+__constant__ uint64_t* moe_profile_buf = nullptr;
 #define MOE_PROF(kernel, slot)                                                                              \
   do {                                                                                                      \
     uint64_t* pb_ = moe_profile_buf;                                                                        \
-    if (pb_ != nullptr && threadIdx.x == 0)                                                                 \
-      pb_[((uint64_t)(kernel) * MOE_MAX_BLOCKS + blockIdx.x) * MOE_PROF_SLOTS + (slot)] = gin_clock_ns();   \
+    if (pb_ != nullptr && threadIdx.x == 0) {                                                               \
+      const uint64_t ix_ = ((uint64_t)(kernel) * MOE_MAX_BLOCKS + blockIdx.x) * MOE_PROF_SLOTS + (slot);   \
+      pb_[ix_] = gin_clock_ns();                                                                            \
+      pb_[2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS + ix_] = gin_cycles();                                     \
+    }                                                                                                       \
   } while (0)
 // A block-wide barrier only while profiling (so that a stamp covers every warp's work).
 #define MOE_PROF_SYNC()                        \
@@ -275,6 +284,14 @@ GIN_DEVICE_INLINE int shfl_up_i(int v, int delta) {
   return __shfl_up(v, (unsigned)delta);
 #else
   return __shfl_up_sync(0xffffffffu, v, (unsigned)delta);
+#endif
+}
+// shfl_up_i within groups of `width` lanes (a power of two).
+GIN_DEVICE_INLINE int shfl_up_w(int v, int delta, int width) {
+#if GIN_HIP
+  return __shfl_up(v, (unsigned)delta, width);
+#else
+  return __shfl_up_sync(0xffffffffu, v, (unsigned)delta, width);
 #endif
 }
 GIN_DEVICE_INLINE float shfl_f(float v, int src) { return __int_as_float(gin_shfl_int(__float_as_int(v), src)); }
@@ -585,7 +602,7 @@ struct RowSplit {
 };
 // minSeg: at least that many segments where the row has enough warp passes (the combine consumer
 // asks for 2, see combine_items).
-GIN_DEVICE_INLINE RowSplit row_split(uint64_t rowBytes, int n, int minSeg = 1) {
+__host__ __device__ __forceinline__ RowSplit row_split(uint64_t rowBytes, int n, int minSeg = 1) {
   const uint64_t units = (rowBytes + 15) >> 4;  // 16-byte units (the last may be partial)
   uint64_t want = n > 0 ? (uint64_t)((MOE_WARPS + n - 1) / n) : 1ull;
   if (want < (uint64_t)minSeg) want = (uint64_t)minSeg;
@@ -854,6 +871,7 @@ struct LayoutSmem {
   int runD[MOE_MAX_RANKS];
   int prefD[MOE_MAX_RANKS];   // tokens of lower blocks per destination (= this channel's first slot)
   uint32_t maskD[MOE_MAX_RANKS];  // small layout: bit i = own token t0 + i goes to rank r (slot order)
+  uint32_t tokDest[32];           // token-path sender: bit r = own token t0 + j goes to rank r
   union {
     struct {
       uint32_t bits[MOE_TILE_WORDS];  // [E][chunks] token masks
@@ -895,6 +913,9 @@ struct TpRecvSmem {
   int hist[MOE_MAX_RANKS * MOE_MAX_CHANNELS];  // receiver 0: [s][channel] tokens of s coming here
   int Ts[MOE_MAX_RANKS];           // T of each source in this call
   int t0s[MOE_MAX_RANKS];          // channel c's first token of source s
+  int t1s[MOE_MAX_RANKS];          // and the end of its range
+  int splitNseg[33];               // row_split(rowBytes, n) for n = 0..32 tokens of a channel
+  unsigned long long splitSegBytes[33];
   int runD[MOE_MAX_RANKS];         // s's tokens before channel c coming here (= channel's first slot)
   uint32_t maskD[MOE_MAX_RANKS];   // bit j: s's token t0s + j comes here
   int slots[MOE_MAX_RANKS];        // s's tokens coming here
@@ -1016,17 +1037,11 @@ GIN_DEVICE_INLINE bool layout_is_small(const Dims& d, int t0, int t1) { return l
 
 // underWalk() is called by every thread between the clearing barrier and the id walk (the
 // dispatch's write-after-read probes: their acquires then overlap the walk instead of delaying
-// the first barrier, round 7).
-// Token path (round 8): the walk and the positions as two calls, the sends in between.
-// onOwn(t, ev) is called in the walk for each own token with its validated ids (the id lists go
-// out from there); after small_walk, cntD[r] holds the own tokens' masks (bit i = token t0 + i
-// goes to r), after small_positions counts again (and maskD the masks).
-struct NoOwnToken {
-  GIN_DEVICE_INLINE void operator()(int, const int*) const {}
-};
-template <class UnderWalk, class OnOwn>
+// the first barrier, round 7). After small_walk, cntD[r] holds the own tokens' masks (bit i =
+// token t0 + i goes to r), after small_positions counts again (and maskD the masks).
+template <class UnderWalk>
 GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
-                                  uint32_t* errorFlags, const UnderWalk& underWalk, const OnOwn& onOwn) {
+                                  uint32_t* errorFlags, const UnderWalk& underWalk) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   for (int e = tid; e < d.E; e += B) {
     s.cntE[e] = 0;
@@ -1041,13 +1056,10 @@ GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims&
   __syncthreads();
   MOE_PROF(0, 8);  // (dispatch only) counters cleared
   underWalk();
-  MOE_PROF(0, 15);  // thread 0 past the write-after-read probes (session 3: where do the walk's ~4.8 us go?)
   int ev[MOE_MAX_TOPK];
   for (int t = tid; t < t1; t += B) {
     const bool own = t >= t0;
     token_experts(topkIdx, t, d, ev, own, errorFlags);  // each token reported by its own block only
-    if (t == tid) MOE_PROF_AFTER(0, 13, ev[0]);  // thread 0: its first token's ids loaded and checked
-    if (own) onOwn(t, ev);
     const int bit = (int)(1u << ((t - t0) & 31));
     uint32_t destMask = 0;
 #pragma unroll
@@ -1067,7 +1079,6 @@ GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims&
       if (lead) atomicAdd(&s.u.lead.histD[ch * d.R + r], 1);
     }
   }
-  MOE_PROF(0, 14);  // thread 0's tokens done, before the barrier
   __syncthreads();
   MOE_PROF(0, 9);  // ids walked (counts and masks)
 }
@@ -1111,7 +1122,7 @@ template <class UnderWalk>
 GIN_DEVICE_INLINE void layout_direct_small(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
                                            int* slotInExpert, int* tokenPos, int* sendList, uint32_t* errorFlags,
                                            const UnderWalk& underWalk) {
-  small_walk(s, topkIdx, d, t0, t1, lead, errorFlags, underWalk, NoOwnToken());
+  small_walk(s, topkIdx, d, t0, t1, lead, errorFlags, underWalk);
   small_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
 }
 
@@ -1182,6 +1193,38 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
 // u.lead.histD.
 // cntIsMask: called between small_walk and small_positions (token path), where cntE holds the
 // own tokens' masks.
+// chanStartTo[r][j] = tokens of channels < j going to r (j <= C; [C] = all of them) from the
+// per-(channel, destination) counts in s.u.lead.histD, also kept in s.u.lead.chanStart. One warp
+// per destination: lane l sums channels [l*per, (l+1)*per), a shuffle scan gives the exclusive
+// prefixes (round 4: one thread per (r, j) summing up to C shared words, ~1-2 us).
+GIN_DEVICE_INLINE void lead_chan_start(LayoutSmem& s, const Dims& d, int* chanStartTo) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE, nw = B / GIN_WARP_SIZE;
+  const int per = (d.C + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE;
+  for (int r = warp; r < d.R; r += nw) {
+    const int j0 = moe_min_i(d.C, lane * per), j1 = moe_min_i(d.C, j0 + per);
+    int sum = 0;
+    for (int j = j0; j < j1; ++j) sum += s.u.lead.histD[j * d.R + r];
+    int inc = sum;
+#pragma unroll
+    for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+      const int v = shfl_up_i(inc, off);
+      if (lane >= off) inc += v;
+    }
+    int run = inc - sum;
+    for (int j = j0; j < j1; ++j) {
+      s.u.lead.chanStart[r * (d.C + 1) + j] = run;
+      chanStartTo[r * (MOE_MAX_CHANNELS + 1) + j] = run;
+      run += s.u.lead.histD[j * d.R + r];
+    }
+    const int total = gin_shfl_int(inc, GIN_WARP_SIZE - 1);
+    if (lane == 0) {
+      s.u.lead.chanStart[r * (d.C + 1) + d.C] = total;
+      chanStartTo[r * (MOE_MAX_CHANNELS + 1) + d.C] = total;
+    }
+  }
+}
+
 GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const int* histD, int* expertCount,
                                           int* tokensTo, int* chanStartTo, bool cntIsMask = false) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
@@ -1193,37 +1236,68 @@ GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const in
     }
     __syncthreads();
   }
-  // One warp per destination: lane l sums channels [l*per, (l+1)*per), a shuffle scan gives the
-  // exclusive prefixes (round 4: one thread per (r, j) summing up to C shared words, ~1-2 us).
-  {
-    const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE, nw = B / GIN_WARP_SIZE;
-    const int per = (d.C + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE;
-    for (int r = warp; r < d.R; r += nw) {
-      const int j0 = moe_min_i(d.C, lane * per), j1 = moe_min_i(d.C, j0 + per);
-      int sum = 0;
-      for (int j = j0; j < j1; ++j) sum += s.u.lead.histD[j * d.R + r];
-      int inc = sum;
-#pragma unroll
-      for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
-        const int v = shfl_up_i(inc, off);
-        if (lane >= off) inc += v;
-      }
-      int run = inc - sum;
-      for (int j = j0; j < j1; ++j) {
-        s.u.lead.chanStart[r * (d.C + 1) + j] = run;
-        chanStartTo[r * (MOE_MAX_CHANNELS + 1) + j] = run;
-        run += s.u.lead.histD[j * d.R + r];
-      }
-      const int total = gin_shfl_int(inc, GIN_WARP_SIZE - 1);
-      if (lane == 0) {
-        s.u.lead.chanStart[r * (d.C + 1) + d.C] = total;
-        chanStartTo[r * (MOE_MAX_CHANNELS + 1) + d.C] = total;
-      }
-    }
-  }
+  lead_chan_start(s, d, chanStartTo);
   for (int e = tid; e < d.E; e += B) expertCount[e] = s.runE[e] + (cntIsMask ? __popc((uint32_t)s.cntE[e]) : s.cntE[e]);
   __syncthreads();
   for (int r = tid; r < d.R; r += B) tokensTo[r] = s.u.lead.chanStart[r * (d.C + 1) + d.C];
+}
+
+// Token-path sender, after its sends (round 10): what the combine reads of the sending side, from
+// destination masks alone: tokenPos of the own tokens (slot of t towards r = own tokens t' < t
+// going to r, -1 if t does not go to r) and, in the last block, chanStartTo and the dispatch's T.
+// Round 8 ran the small layout's per-expert walk and positions here (4-5 us after the sends, the
+// end of the kernel); slotInExpert, sendList, expertCount and tokensTo of a GIN workspace are read
+// by nothing (the HOST path keeps its own workspace). s.runD and (last block) s.u.lead.histD must
+// be zero and s.tokDest hold the own tokens' destinations (bit r) on entry.
+GIN_DEVICE_INLINE void tp_send_positions(LayoutSmem& s, const int* topkIdx, const Dims& d, int c, int t0, int t1,
+                                         int* tokenPos, int* chanStartTo, uint64_t* state) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
+  const bool last = c == d.C - 1;
+  // Lower tokens per destination (the last block: every token, per channel too), one id per lane
+  // as in tp_recv_layout: groups of Kp lanes hold one token's ids.
+  const int tEnd = last ? d.T : t0;
+  int lgK = 0;
+  while ((1 << lgK) < d.K) ++lgK;
+  const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
+  for (int f0 = warp * perWarp; f0 < tEnd; f0 += (B / GIN_WARP_SIZE) * perWarp) {  // warp-uniform
+    const int f = f0 + sub;
+    int e = -1;
+    if (f < tEnd && k < d.K) {
+      e = topkIdx[(uint64_t)f * d.K + k];
+      if (e < 0 || e >= d.E) e = -1;
+    }
+    uint32_t dm = e >= 0 ? 1u << (e / d.L) : 0u;
+    for (int off = Kp >> 1; off > 0; off >>= 1) dm |= (uint32_t)gin_shfl_xor_int((int)dm, off);  // within the group
+    const bool lead = k == 0 && f < tEnd;
+    for (int r = 0; r < d.R; ++r) {
+      const lanemask_t m = (lanemask_t)moe_detail::ballot(lead && f < t0 && ((dm >> r) & 1u) != 0u);
+      if (lane == 0 && m != 0)
+        atomicAdd(&s.runD[r], __popc((uint32_t)m) + (GIN_WARP_SIZE > 32 ? __popc((uint32_t)((uint64_t)m >> 32)) : 0));
+    }
+    if (last && lead) {
+      const int ch = ((f + 1) * d.C - 1) / d.T;  // token_range's channel of f (< 2^31: M*C bounded)
+      for (uint32_t m = dm; m != 0u; m &= m - 1u) atomicAdd(&s.u.lead.histD[ch * d.R + __ffs((int)m) - 1], 1);
+    }
+  }
+  __syncthreads();
+  if (warp == 0) {  // own token t0 + lane (<= 32 of them)
+    const int t = t0 + lane;
+    const uint32_t dm = lane < 32 ? s.tokDest[lane & 31] : 0u;
+    const lanemask_t below = (lanemask_t)(((uint64_t)1 << lane) - 1);
+    for (int r = 0; r < d.R; ++r) {
+      const bool to = ((dm >> r) & 1u) != 0u;
+      const lanemask_t m = (lanemask_t)moe_detail::ballot(to);
+      const lanemask_t mb = m & below;
+      if (t < t1)
+        tokenPos[(uint64_t)t * d.R + r] =
+            to ? s.runD[r] + __popc((uint32_t)mb) + (GIN_WARP_SIZE > 32 ? __popc((uint32_t)((uint64_t)mb >> 32)) : 0) : -1;
+    }
+  }
+  if (last) {
+    lead_chan_start(s, d, chanStartTo);
+    if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
+  }
 }
 
 // Step 3: final positions of the block's tokens. runE/runD hold the block's starting offsets.
@@ -1569,6 +1643,220 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
   out[MOE_Q_VERSION] = MOE_LAYOUT_VERSION;
 }
 
+#ifndef MOE_TP_WALK_ROUNDS
+#define MOE_TP_WALK_ROUNDS 2
+#endif
+constexpr int kTpWalkRounds = MOE_TP_WALK_ROUNDS;  // token rounds of the receivers' walk with loads in flight together
+
+// Ids one per lane, in groups of Kp lanes (a power of two <= 32; group `sub` = one token, lane k of
+// the group = id k): true where e >= 0 and a lower lane of the group holds e too (token_experts'
+// repeat rule, which masks that id).
+GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int sub, int Kp) {
+#if GIN_HIP
+  bool dup = false;
+  for (int j = 1; j < Kp; ++j) {
+    const int o = shfl_up_w(e, j, Kp);
+    if (k >= j && e >= 0 && o == e) dup = true;
+  }
+  return dup;
+#else
+  const int lane = (int)gin_lane_id();
+  const uint32_t group = (Kp >= 32 ? 0xffffffffu : (1u << Kp) - 1u) << (sub * Kp);
+  const uint32_t key = e >= 0 ? ((uint32_t)sub << 16) | (uint32_t)e : 0x80000000u | (uint32_t)lane;
+  return (__match_any_sync(0xffffffffu, key) & group & ((1u << lane) - 1u)) != 0u;
+#endif
+}
+
+// Token-path receiver, before its items (round 8; the walk one id per lane since round 10):
+// every source's T and ids -> what channel c needs in s (rows per (source, local expert),
+// rowBase, the channel's masks, runD, item ends); receiver 0 also recvCounts and hist. A function
+// of its own so that bench/walk_probe.cu times the same code outside the exchange and checks it
+// against a host reference.
+GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const MoeWindowLayout& wl,
+                                      const uint8_t* ownWin, uint8_t* workspace, const MoeWorkspaceLayout& ws,
+                                      uint64_t seq, const int32_t* topkIdx, int32_t* recvCounts,
+                                      uint32_t* errorFlags) {
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
+  if (tid < d.R) {
+    int T = d.T;
+    if (tid != d.rank) {
+      (void)ll_table_get(ids_area(ownWin, wl, tid, d.R, seq), seq, true, errorFlags, T);
+      if (T < 0 || T > d.M) {
+        gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        T = 0;
+      }
+    }
+    s.Ts[tid] = T;
+    s.t0s[tid] = (int)((int64_t)c * T / d.C);
+    s.t1s[tid] = (int)((int64_t)(c + 1) * T / d.C);
+    const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
+    s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
+    s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
+    s.prog[tid] = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
+    s.ids[tid] = ids_area(ownWin, wl, tid, d.R, seq) + 1;
+    if (tid == 0) {
+      s.slotRows = (int*)(workspace + ws.slotRows);
+      s.slotsFrom = (int*)(workspace + ws.slotsFrom);
+      s.chanStartFrom = (int*)(workspace + ws.chanStartFrom);
+    }
+    s.runD[tid] = 0;
+    s.maskD[tid] = 0u;
+    s.slots[tid] = 0;
+  }
+  // The item split of every possible channel size (a channel has <= 32 tokens of a source on the
+  // token path), off the critical path: the walk then only looks it up.
+  for (int n = B - 1 - tid; n <= 32; n += B) {  // the last threads (the first ones poll T)
+    const RowSplit sp = row_split(d.rowBytes, n);
+    s.splitNseg[n] = sp.nseg;
+    s.splitSegBytes[n] = sp.segBytes;
+  }
+  for (int i = tid; i < d.R * d.L; i += B) {
+    s.cnt[i] = 0;
+    s.run[i] = 0;
+    s.mask[i] = 0u;
+  }
+  if (c == 0)
+    for (int i = tid; i < d.R * d.C; i += B) s.hist[i] = 0;
+  __syncthreads();
+  MOE_PROF(0, 17);  // every source's T known, counters cleared
+  // The walk, one id per lane: groups of Kp lanes (K rounded up to a power of two) hold the ids
+  // of one token (lane k: id k), a warp takes 32 / Kp tokens per round, two rounds at a time with
+  // every load in flight first; source by source (round 8 walked one token per thread with its
+  // ids in registers: ~500 dependent instructions per token, 1.5-3 us per block).
+  const int nw = moe_id_words(d.K);
+  int lgK = 0;
+  while ((1 << lgK) < d.K) ++lgK;
+  const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
+  const int nWarps = B / GIN_WARP_SIZE, step = nWarps * perWarp;
+  const int lo = d.rank * d.L;
+  const lanemask_t groupBits = (lanemask_t)(((uint64_t)1 << Kp) - 1);
+  for (int src = 0; src < d.R; ++src) {
+    const int Tsrc = s.Ts[src], ct0 = s.t0s[src], ct1 = s.t1s[src];
+    const bool self = src == d.rank;
+    const uint64_t* words = s.ids[src];
+    int nHere = 0, nBefore = 0;  // lane 0: this warp's tokens of src coming here (before channel c)
+    for (int tw = warp * perWarp; tw < Tsrc; tw += kTpWalkRounds * step) {  // warp-uniform
+      int e[kTpWalkRounds];
+      uint64_t v[kTpWalkRounds];
+#pragma unroll
+      for (int u = 0; u < kTpWalkRounds; ++u) {
+        const int t = tw + u * step + sub;
+        e[u] = -1;
+        v[u] = 0;
+        if (t < Tsrc && k < d.K) {
+          if (self) e[u] = topkIdx[(uint64_t)t * d.K + k];
+          else v[u] = gin_ld_relaxed_sys(words + (uint32_t)(t * nw + (k >> 1)));
+        }
+      }
+      const bool first = tw == warp * perWarp && src == 0;
+#pragma unroll
+      for (int u = 0; u < kTpWalkRounds; ++u) {
+        const int t = tw + u * step + sub;
+        if (!self && t < Tsrc && k < d.K) {
+          if (!ll_tag_ok(v[u], seq)) {
+            const uint64_t* w = words + (uint32_t)(t * nw + (k >> 1));
+            uint64_t start = 0;
+            for (uint32_t spins = 0;; ++spins) {
+              v[u] = gin_ld_relaxed_sys(w);
+              if (ll_tag_ok(v[u], seq)) break;
+              if (gin_wait_timed_out(spins, start, errorFlags)) {
+                v[u] = seq << 32 | 0xffffffffull;  // both ids masked
+                break;
+              }
+            }
+          }
+          const uint32_t h = (uint32_t)(v[u] >> (16 * (k & 1))) & 0xffffu;
+          e[u] = h == 0xffffu ? -1 : (int)h;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kTpWalkRounds; ++u) {
+        const int t = tw + u * step + sub;
+        int ev = e[u];
+        if (ev >= d.E) ev = -1;
+        if (ev < 0) ev = -1;
+        const bool dup = id_repeats_lower(ev, k, sub, Kp);  // masked (token_experts' rule)
+        const bool local = !dup && (unsigned)(ev - lo) < (unsigned)d.L;
+        const bool before = t < ct0, inCh = !before && t < ct1;
+        const uint32_t bit = inCh ? 1u << (t - ct0) : 0u;
+        if (local) {
+          const int i = src * d.L + (ev - lo);
+          atomicAdd(&s.cnt[i], 1);
+          if (before) atomicAdd(&s.run[i], 1);
+          else if (inCh) atomicOr(&s.mask[i], bit);
+        }
+        const lanemask_t lm = (lanemask_t)moe_detail::ballot(local);
+        const bool here = k == 0 && ((lm >> (sub * Kp)) & groupBits) != 0;  // t < Tsrc implied
+        const lanemask_t hb = (lanemask_t)moe_detail::ballot(here);
+        const lanemask_t bb = (lanemask_t)moe_detail::ballot(here && before);
+        nHere += __popc((uint32_t)hb) + (GIN_WARP_SIZE > 32 ? __popc((uint32_t)((uint64_t)hb >> 32)) : 0);
+        nBefore += __popc((uint32_t)bb) + (GIN_WARP_SIZE > 32 ? __popc((uint32_t)((uint64_t)bb >> 32)) : 0);
+        if (here) {
+          if (inCh) atomicOr(&s.maskD[src], bit);
+          if (c == 0) atomicAdd(&s.hist[src * d.C + ((t + 1) * d.C - 1) / Tsrc], 1);  // < 2^31: M, C bounded
+        }
+      }
+      if (first) MOE_PROF(0, 18);  // thread 0: its warp's first tokens counted
+    }
+    if (lane == 0 && nHere) {
+      atomicAdd(&s.slots[src], nHere);
+      if (nBefore) atomicAdd(&s.runD[src], nBefore);
+    }
+  }
+  MOE_PROF(0, 19);  // thread 0's tokens counted (before the barrier)
+  __syncthreads();
+  MOE_PROF(0, 20);  // every source's ids walked
+  // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e] + run[s][e]: thread i takes local
+  // experts [i*per, (i+1)*per) (per = 1 up to L = 512), warp scans of their rows, the warp totals
+  // through shared memory after one barrier (round 8: one block scan with three barriers, and
+  // thread 0 alone on the item ends: ~2 us). The last warp finds the item ends meanwhile.
+  int* warpTot = s.scanTmp;
+  const int per = (d.L + B - 1) / B;  // experts per thread (1 for L <= 512)
+  const int e0 = moe_min_i(d.L, tid * per), e1 = moe_min_i(d.L, e0 + per);
+  int sum = 0;
+  for (int e = e0; e < e1; ++e) {
+    int tot = 0;
+    for (int q = 0; q < d.R; ++q) tot += s.cnt[q * d.L + e];
+    if (c == 0) recvCounts[e] = tot;
+    sum += tot;
+  }
+  int inc = sum;
+#pragma unroll
+  for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+    const int v = shfl_up_i(inc, off);
+    if (lane >= off) inc += v;
+  }
+  if (lane == GIN_WARP_SIZE - 1) warpTot[warp] = inc;
+  if (warp == nWarps - 1) {  // item ends: own tokens first (they wait for nothing), then rank + q
+    int items = 0;
+    if (lane < d.R) {
+      const int src = (d.rank + lane) % d.R;
+      const int n = __popc(s.maskD[src]);
+      s.nseg[src] = s.splitNseg[n];
+      s.segBytes[src] = s.splitSegBytes[n];
+      items = n * s.splitNseg[n];
+    }
+    int incI = items;
+#pragma unroll
+    for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+      const int v = shfl_up_i(incI, off);
+      if (lane >= off) incI += v;
+    }
+    if (lane < d.R) s.itemEnd[lane + 1] = incI;
+    if (lane == 0) s.itemEnd[0] = 0;
+  }
+  __syncthreads();
+  int run = inc - sum;
+  if (e0 < e1)
+    for (int w = 0; w < warp; ++w) run += warpTot[w];
+  for (int e = e0; e < e1; ++e)
+    for (int q = 0; q < d.R; ++q) {
+      s.rowBase[q * d.L + e] = run + s.run[q * d.L + e];
+      run += s.cnt[q * d.L + e];
+    }
+}
+
 // ================================================================================================
 // moe_gin_dispatch. Grid 2*C blocks of MOE_THREADS: blocks [0, C) are senders (channel c = token
 // range c), blocks [C, 2C) receivers (channel c = the slots that the senders of channel c of every
@@ -1604,9 +1892,11 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
   __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
-  // Token-path sender: the positions' output arrays, parked here across the sends (held in
-  // registers through the send loop they cost the kernel a stack frame on sm_90).
-  __shared__ int* tpPositions[3];
+  // Token-path sender: what tp_send_positions writes, parked here across the sends (output
+  // pointers held in registers through the send loop cost the kernel a stack frame on sm_90).
+  __shared__ int* tpTokenPos;
+  __shared__ int* tpChanStartTo;
+  __shared__ uint64_t* tpState;
   MOE_PROF(0, 10);  // entry, before the checks and load_seq (round 7: the time before "start")
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
@@ -1618,11 +1908,13 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   if (!peers_ok(peerBases, d.R, errorFlags)) return;
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
+  MOE_PROF(0, 22);  // checks and peer bases done
 
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  MOE_PROF_AFTER(0, 23, (uint32_t)(wl.totalBytes + ws.totalBytes));  // layouts computed
   uint64_t* state = state_of(workspace);
   int* tokenPos = (int*)(workspace + ws.tokenPos);
   int* slotInExpert = (int*)(workspace + ws.slotInExpert);
@@ -1634,13 +1926,15 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   const uint64_t seqHi = seq << 32;
 
   if (tokenPath && (int)blockIdx.x < d.C) {
-    // ------------------------------------------------------------------ token-path sender (round 8)
+    // ------------------------------------------------------------------ token-path sender (round 10)
     // Rows go out at once, into the receiver's staging slot = the token's own index (a token goes
     // to rank r iff one of its ids is in r's range), after the token's ids as LL words into every
-    // remote rank's id list; the receivers run the layout themselves. The small layout's one id
-    // walk (which also gives the own tokens' destination masks, and pushes their ids) comes
-    // first; its positions (tokenPos, slotInExpert, sendList; the last block's totals and
-    // chanStartTo), which only the combine and the HOST-identical arrays need, after the sends.
+    // remote rank's id list; the receivers run the layout themselves. Before the sends only what
+    // they need (round 10, session 4): the ids pushed (range-checked; the receivers drop repeats
+    // with the same rule as the layout) and each own token's destination ranks, one warp per token
+    // with lane k on id k; round 8 ran the small layout's whole id walk first (4-6 us, one token
+    // per thread). What the combine reads of the sending side (tokenPos; the last block's
+    // chanStartTo and T) follows the sends, from destination masks alone (tp_send_positions).
     LayoutSmem& s = sm.lay;
     const int c = (int)blockIdx.x;
     MOE_PROF(0, 0);
@@ -1655,53 +1949,61 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
              (uint64_t)moe_peer_section(r, d.rank, d.R) * MOE_MAX_CHANNELS + (uint64_t)(i % d.C);
     };
     bool warSeen = true;
-    const int nw = moe_id_words(d.K);
-    // Before the walk: T into every remote rank's id list (word 0), the write-after-read probes.
-    auto underWalk = [&]() {
-      if (c == 0 && tid == B - GIN_WARP_SIZE)
-        for (int r = 0; r < d.R; ++r)
-          if (r != d.rank)
-            gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
-      for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
-    };
-    // In the walk, per own token: its validated ids, two per LL word (0xffff = masked), to every
-    // remote rank (each of their receivers walks every source's list; a token that goes
-    // elsewhere counts nothing there).
-    auto onOwn = [&](int t, const int* ev) {
-      for (int q = 1; q < d.R; ++q) {
-        const int r = (d.rank + q) % d.R;
-        uint64_t* dst = ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
-#pragma unroll
-        for (int i = 0; i < (MOE_MAX_TOPK + 1) / 2; ++i) {
-          if (i >= nw) break;
-          const uint32_t a = (uint32_t)ev[2 * i] & 0xffffu;
-          const uint32_t b = 2 * i + 1 < d.K ? (uint32_t)ev[2 * i + 1] & 0xffffu : 0xffffu;
-          gin_st_relaxed_sys(dst + i, seqHi | (uint64_t)(a | (b << 16)));
-        }
-      }
-    };
-    small_walk(s, topkIdx, d, t0, t1, c == d.C - 1, errorFlags, underWalk, onOwn);
-    // The last block's totals and chanStartTo before its sends (after them they cost the kernel a
-    // stack frame on sm_90; ~1 us later sends for one channel of 66).
-    if (c == d.C - 1) {
-      layout_lead_totals(s, d, nullptr, (int*)(workspace + ws.expertCount), (int*)(workspace + ws.tokensTo),
-                         (int*)(workspace + ws.chanStartTo), true);
-      if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
-    }
-    // After the walk (cntD[r] = mask of the own tokens going to r): the sends, then the positions.
+    for (int i = B - 1 - tid; i < warFlags; i += B) warSeen &= gin_ld_acquire_sys(warFlag(i)) >= seq - 1;
+    if (c == 0 && tid == B - GIN_WARP_SIZE)  // T into every remote rank's id list (word 0)
+      for (int r = 0; r < d.R; ++r)
+        if (r != d.rank)
+          gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
     {
-      if (!warSeen)
-        for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
-      if (tid == 0) {
-        tpPositions[0] = slotInExpert;
-        tpPositions[1] = tokenPos;
-        tpPositions[2] = sendList;
+      const int nw = moe_id_words(d.K);
+      for (int j = warp; j < 32; j += MOE_WARPS) {  // own token t0 + j (<= 32 on the token path)
+        const int t = t0 + j;
+        int e = -1;
+        bool bad = false;
+        if (t < t1 && lane < d.K) {
+          e = topkIdx[(uint64_t)t * d.K + lane];
+          bad = e < -1 || e >= d.E;
+          if (e < 0 || e >= d.E) e = -1;
+        }
+        // Reported here, by the token's own block (the ids go out range-checked only; every
+        // receiver drops repeats by the same rule).
+        bad |= id_repeats_lower(e, lane, 0, GIN_WARP_SIZE > 32 ? 32 : GIN_WARP_SIZE);
+        if (gin_warp_any(bad) && lane == 0) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
+        // Ids 2i and 2i + 1 into word i of the token's list in every remote rank's window.
+        const int hi = gin_shfl_int(e, (2 * lane + 1) % GIN_WARP_SIZE);
+        const int lo = gin_shfl_int(e, (2 * lane) % GIN_WARP_SIZE);
+        if (t < t1 && lane < nw) {
+          const uint32_t a = (uint32_t)lo & 0xffffu;
+          const uint32_t b = 2 * lane + 1 < d.K ? (uint32_t)hi & 0xffffu : 0xffffu;
+          for (int q = 1; q < d.R; ++q) {
+            const int r = (d.rank + q) % d.R;
+            uint64_t* dst = ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw;
+            gin_st_relaxed_sys(dst + lane, seqHi | (uint64_t)(a | (b << 16)));
+          }
+        }
+        // Destination ranks of the token: one bit per rank, OR-ed over the lanes.
+        uint32_t dm = e >= 0 ? 1u << (e / d.L) : 0u;
+#pragma unroll
+        for (int off = GIN_WARP_SIZE / 2; off > 0; off >>= 1) dm |= (uint32_t)gin_shfl_xor_int((int)dm, off);
+        if (lane == 0) s.tokDest[j] = dm;
       }
-      __syncthreads();  // the write-after-read acquires before any staging store
-      MOE_PROF(0, 11);
+    }
+    for (int r = tid; r < d.R; r += B) s.runD[r] = 0;  // tp_send_positions' counters
+    if (c == d.C - 1)
+      for (int i = tid; i < d.C * d.R; i += B) s.u.lead.histD[i] = 0;
+    if (!warSeen)
+      for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
+    if (tid == 0) {
+      tpTokenPos = tokenPos;
+      tpChanStartTo = (int*)(workspace + ws.chanStartTo);
+      tpState = state;
+    }
+    __syncthreads();  // destinations known; the write-after-read acquires before any staging store
+    MOE_PROF(0, 11);
+    {
       for (int q = 1; q < d.R; ++q) {
         const int r = (d.rank + 1 + (c + q - 1) % (d.R - 1)) % d.R;
-        const uint32_t mr = (uint32_t)s.cntD[r];
+        const uint32_t mr = (uint32_t)moe_detail::ballot(lane < 32 && ((s.tokDest[lane & 31] >> r) & 1u) != 0u);  // bit j: token t0 + j
         const int cnt = __popc(mr);
         if (cnt == 0) continue;
         // Section base in r's window (staging rows, metadata and progress words are offsets from
@@ -1760,8 +2062,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       MOE_PROF_SYNC();
       MOE_PROF(0, 5);
     }
-    small_positions(s, topkIdx, d, t0, t1, *(int* volatile*)&tpPositions[0], *(int* volatile*)&tpPositions[1],
-                    *(int* volatile*)&tpPositions[2]);
+    tp_send_positions(s, topkIdx, d, c, t0, t1, *(int* volatile*)&tpTokenPos, *(int* volatile*)&tpChanStartTo,
+                      *(uint64_t* volatile*)&tpState);
     MOE_PROF_SYNC();
     MOE_PROF(0, 12);
   } else if (tokenPath) {
@@ -1775,98 +2077,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     TpRecvSmem& s = sm.tp;
     const int c = (int)blockIdx.x - d.C;
     MOE_PROF(0, 0);
-    if (tid < d.R) {
-      int T = d.T;
-      if (tid != d.rank) {
-        (void)ll_table_get(ids_area(ownWin, wl, tid, d.R, seq), seq, true, errorFlags, T);
-        if (T < 0 || T > d.M) {
-          gin_error_set(errorFlags, MOE_ERR_COUNTS);
-          T = 0;
-        }
-      }
-      s.Ts[tid] = T;
-      s.t0s[tid] = (int)((int64_t)c * T / d.C);
-      const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
-      s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
-      s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
-      s.prog[tid] = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
-      s.ids[tid] = ids_area(ownWin, wl, tid, d.R, seq) + 1;
-      if (tid == 0) {
-        s.slotRows = (int*)(workspace + ws.slotRows);
-        s.slotsFrom = (int*)(workspace + ws.slotsFrom);
-        s.chanStartFrom = (int*)(workspace + ws.chanStartFrom);
-      }
-      s.runD[tid] = 0;
-      s.maskD[tid] = 0u;
-      s.slots[tid] = 0;
-    }
-    for (int i = tid; i < d.R * d.L; i += B) {
-      s.cnt[i] = 0;
-      s.run[i] = 0;
-      s.mask[i] = 0u;
-    }
-    if (c == 0)
-      for (int i = tid; i < d.R * d.C; i += B) s.hist[i] = 0;
-    __syncthreads();
+    tp_recv_layout(s, d, c, wl, ownWin, workspace, ws, seq, topkIdx, recvCounts, errorFlags);
     const int nw = moe_id_words(d.K);
-    int total = 0;
-    for (int r = 0; r < d.R; ++r) total += s.Ts[r];
-    for (int f = tid; f < total; f += B) {
-      int src = 0, t = f;
-      while (t >= s.Ts[src]) t -= s.Ts[src++];
-      int ev[MOE_MAX_TOPK];
-      if (src == d.rank) token_experts(topkIdx, t, d, ev, false, nullptr);
-      else (void)token_experts_ll(ids_area(ownWin, wl, src, d.R, seq) + 1 + (uint64_t)t * (uint64_t)nw, d, seq, ev, errorFlags);
-      const int Tsrc = s.Ts[src], ct0 = s.t0s[src], ct1 = (int)((int64_t)(c + 1) * Tsrc / d.C);
-      const bool before = t < ct0, inCh = !before && t < ct1;
-      const uint32_t bit = inCh ? 1u << (t - ct0) : 0u;
-      bool here = false;
-#pragma unroll
-      for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-        if (k >= d.K) break;
-        const int e = ev[k];
-        if (e < 0 || e / d.L != d.rank) continue;
-        here = true;
-        const int i = src * d.L + (e - d.rank * d.L);
-        atomicAdd(&s.cnt[i], 1);
-        if (before) atomicAdd(&s.run[i], 1);
-        else if (inCh) atomicOr(&s.mask[i], bit);
-      }
-      if (here) {
-        atomicAdd(&s.slots[src], 1);
-        if (before) atomicAdd(&s.runD[src], 1);
-        else if (inCh) atomicOr(&s.maskD[src], bit);
-        if (c == 0) atomicAdd(&s.hist[src * d.C + (int)(((int64_t)(t + 1) * d.C - 1) / Tsrc)], 1);
-      }
-    }
-    __syncthreads();
-    // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e] + run[s][e] (channel c's first row).
-    for (int e = tid; e < d.L; e += B) {
-      int tot = 0;
-      for (int src = 0; src < d.R; ++src) tot += s.cnt[src * d.L + e];
-      s.rowBase[e] = tot;
-      if (c == 0) recvCounts[e] = tot;
-    }
-    __syncthreads();
-    block_exclusive_scan(s.rowBase, d.L, s.scanTmp);
-    for (int e = tid; e < d.L; e += B) {
-      int run = s.rowBase[e];
-      for (int src = 0; src < d.R; ++src) {
-        s.rowBase[src * d.L + e] = run + s.run[src * d.L + e];
-        run += s.cnt[src * d.L + e];
-      }
-    }
-    if (tid == 0) {
-      s.itemEnd[0] = 0;
-      for (int q = 0; q < d.R; ++q) {  // own tokens first: they wait for nothing
-        const int src = (d.rank + q) % d.R;
-        const int n = __popc(s.maskD[src]);
-        const RowSplit sp = row_split(d.rowBytes, n);
-        s.nseg[src] = sp.nseg;
-        s.segBytes[src] = sp.segBytes;
-        s.itemEnd[q + 1] = s.itemEnd[q] + n * sp.nseg;
-      }
-    }
     __syncthreads();
     MOE_PROF(0, 11);
     if (c == 0) {
@@ -1957,6 +2169,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           if (row >= 0) recvWeights[row] = wt;
         }
         warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+        if (g == warp && warp == 0) MOE_PROF(0, 21);  // thread 0: warp 0's first own item copied
       } else {
         if (lane == 0) (void)gin_wait_geq(s.prog[src] + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
         syncwarp();

@@ -908,20 +908,22 @@ struct Shape {
 
 static bool gProfile = false;
 
-// Per-GPU profile buffers [2 kernels][MOE_MAX_BLOCKS][MOE_PROF_SLOTS] (zeroed before each use).
+// Per-GPU profile buffers: [2 kernels][MOE_MAX_BLOCKS][MOE_PROF_SLOTS] %globaltimer, then the same
+// of SM cycles (zeroed before each use).
+static const size_t kProfWords = 2ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
 static std::vector<uint64_t*> gProfBuf;
 static void profile_enable(Setup& s, bool on) {
   if (gProfBuf.empty()) {
     for (int r = 0; r < s.R; ++r) {
       CUDA_CHECK(cudaSetDevice(r));
-      gProfBuf.push_back(dmalloc<uint64_t>(8ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS));
+      gProfBuf.push_back(dmalloc<uint64_t>(8 * kProfWords));
     }
   }
   for (int r = 0; r < s.R; ++r) {
     CUDA_CHECK(cudaSetDevice(r));
     CUDA_CHECK(cudaDeviceSynchronize());
     uint64_t* p = on ? gProfBuf[r] : nullptr;
-    if (on) CUDA_CHECK(cudaMemset(p, 0, 8ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS));
+    if (on) CUDA_CHECK(cudaMemset(p, 0, 8 * kProfWords));
     CUDA_CHECK(cudaMemcpyToSymbol(moe_profile_buf, &p, sizeof(p)));
     CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -937,16 +939,18 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{10, "entry (before checks, load_seq)"}, {8, "small layout: counters cleared"},
-        {15, "walk: thread 0 past write-after-read probes"}, {13, "walk: thread 0's first ids loaded, checked"},
-        {14, "walk: thread 0's tokens done (pre-barrier)"}, {9, "small layout: ids walked"},
+       {{10, "entry (before checks, load_seq)"}, {22, "prologue: checks and peer bases done"},
+        {23, "prologue: layouts done (then load_seq)"}, {8, "small layout: counters cleared"},
+        {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
-        {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: own layout done / end"}}},
+        {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{10, "entry (before checks, load_seq)"}, {1, "count tables read"},
-        {11, "token path: every source's ids walked"}, {2, "warp 0: first remote item landed"},
+        {17, "token path: sources' T known, cleared"}, {18, "token path: thread 0's first ids here"},
+        {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
+        {11, "token path: layout done (scan, items)"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C,
@@ -954,10 +958,12 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   };
   printf("  profile %s (gated call %.1f us, slowest rank):\n", what, gatedUs);
   for (int r = 0; r < s.R; ++r) {
-    std::vector<uint64_t> h(2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS);
+    std::vector<uint64_t> h(kProfWords);
     CUDA_CHECK(cudaSetDevice(r));
     CUDA_CHECK(cudaMemcpy(h.data(), gProfBuf[r], h.size() * 8, cudaMemcpyDeviceToHost));
+    const size_t cyc0 = 2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
     auto at = [&](int k, int b, int sl) { return h[((size_t)k * MOE_MAX_BLOCKS + b) * MOE_PROF_SLOTS + sl]; };
+    auto cyc = [&](int k, int b, int sl) { return h[cyc0 + ((size_t)k * MOE_MAX_BLOCKS + b) * MOE_PROF_SLOTS + sl]; };
     for (const ProfRole& role : roles) {
       uint64_t ref = ~0ull, lastStart = 0;
       for (int b = 0; b < 2 * C; ++b) {
@@ -965,21 +971,44 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
         if (v) ref = std::min(ref, v), lastStart = std::max(lastStart, v);
       }
       if (ref == ~0ull) continue;
+      // SM clock: cycles over timer ns between each block's first and last stamp, summed over
+      // the role's blocks (the timer's steps average out).
+      double sumCyc = 0, sumNs = 0;
+      for (int b = role.b0; b < role.b1; ++b) {
+        uint64_t g0 = ~0ull, g1 = 0, c0 = 0, c1 = 0;
+        for (int sl = 0; sl < MOE_PROF_SLOTS; ++sl) {
+          const uint64_t g = at(role.kernel, b, sl);
+          if (!g) continue;
+          if (g < g0) g0 = g, c0 = cyc(role.kernel, b, sl);
+          if (g > g1) g1 = g, c1 = cyc(role.kernel, b, sl);
+        }
+        if (g1 > g0) sumCyc += (double)(c1 - c0), sumNs += (double)(g1 - g0);
+      }
+      const double ghz = sumNs > 0 ? sumCyc / sumNs : 0.0;
       std::vector<double> st;
       for (int b = role.b0; b < role.b1; ++b)
         if (at(role.kernel, b, 0)) st.push_back((at(role.kernel, b, 0) - ref) * 1e-3);
       std::sort(st.begin(), st.end());
-      printf("    rank %d %-18s start           med %6.2f max %6.2f us (%zu blocks; last block of the grid starts at %.2f)\n",
+      printf("    rank %d %-18s start           med %6.2f max %6.2f us (%zu blocks; last block of the grid starts at %.2f; "
+             "SM clock %.3f GHz)\n",
              r, role.name, st.empty() ? 0.0 : st[st.size() / 2], st.empty() ? 0.0 : st.back(), st.size(),
-             (lastStart - ref) * 1e-3);
+             (lastStart - ref) * 1e-3, ghz);
       for (auto& sl : role.slots) {
-        std::vector<double> v;  // signed: the entry stamps precede the reference (first "start")
-        for (int b = role.b0; b < role.b1; ++b)
-          if (at(role.kernel, b, sl.first)) v.push_back((double)(int64_t)(at(role.kernel, b, sl.first) - ref) * 1e-3);
+        // Per block: its "start" on the timer (aligned across blocks), plus cycles since "start"
+        // at the measured clock (exact within the block). Signed: entry stamps precede "start".
+        std::vector<double> v, vt;
+        for (int b = role.b0; b < role.b1; ++b) {
+          if (!at(role.kernel, b, sl.first) || !at(role.kernel, b, 0)) continue;
+          const double base = (double)(int64_t)(at(role.kernel, b, 0) - ref) * 1e-3;
+          const double dc = (double)(int64_t)(cyc(role.kernel, b, sl.first) - cyc(role.kernel, b, 0));
+          v.push_back(base + (ghz > 0 ? dc / ghz * 1e-3 : 0.0));
+          vt.push_back((double)(int64_t)(at(role.kernel, b, sl.first) - ref) * 1e-3);
+        }
         if (v.empty()) continue;
         std::sort(v.begin(), v.end());
-        printf("    rank %d %-18s %-36s med %6.2f max %6.2f us (%zu blocks)\n", r, role.name, sl.second,
-               v[v.size() / 2], v.back(), v.size());
+        std::sort(vt.begin(), vt.end());
+        printf("    rank %d %-18s %-44s med %6.2f max %6.2f us (%zu blocks; timer alone: med %6.2f)\n", r, role.name,
+               sl.second, v[v.size() / 2], v.back(), v.size(), vt[vt.size() / 2]);
       }
     }
   }
@@ -1062,6 +1091,24 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         });
         profile_enable(s, false);
         profile_print(s, "combine", b);
+        // The same in steady state: 8 calls back to back after the gate; the stamps are the
+        // last call's (each call overwrites them).
+        const int nb = 8;
+        profile_enable(s, true);
+        const float pa = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int i = 0; i < nb; ++i)
+            for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+        });
+        profile_enable(s, false);
+        profile_print(s, "dispatch, the last of 8 back to back (the column: all 8 / 8)", pa / nb);
+        for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+        profile_enable(s, true);
+        const float pb = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int i = 0; i < nb; ++i)
+            for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
+        });
+        profile_enable(s, false);
+        profile_print(s, "combine, the last of 8 back to back (the column: all 8 / 8)", pb / nb);
       }
       std::vector<uint32_t> err = read_errors(s, false);
       bool errOk = true;
