@@ -1891,13 +1891,25 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
                  int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
+  __shared__ uint64_t sharedBases[MOE_MAX_RANKS];
   __shared__ int sharedOwnLeft;  // sender: own-token items left to claim after the sends (block-uniform)
   // Token-path sender: what tp_send_positions writes, parked here across the sends (output
   // pointers held in registers through the send loop cost the kernel a stack frame on sm_90).
   __shared__ int* tpTokenPos;
   __shared__ int* tpChanStartTo;
   __shared__ uint64_t* tpState;
-  MOE_PROF(0, 10);  // entry, before the checks and load_seq (round 7: the time before "start")
+  MOE_PROF(0, 10);  // entry, before the checks and the prologue's loads
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
+  uint64_t* state = state_of(workspace);
+  // The prologue's loads first, by different threads (session 4, as the token-path combine's since
+  // round 9): the peers' window bases into shared memory and this block's call counter; the
+  // checks and the layout arithmetic run under their round trip, one barrier collects them. They
+  // read only what the checks then validate (guarded: at most MOE_MAX_RANKS bases, counters of
+  // blocks < 2 * MOE_MAX_CHANNELS). Before, peers_ok's loads, ~0.7 us of layout arithmetic and
+  // load_seq's round trip ran one after the other: ~2 us from entry to "start".
+  if (peerBases != nullptr && tid < nRanks && tid < MOE_MAX_RANKS) sharedBases[tid] = peerBases[tid];
+  else if (tid == MOE_MAX_RANKS && workspace != nullptr && blockIdx.x < 2 * MOE_MAX_CHANNELS)
+    sharedSeq = state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] + 1;
   const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
   if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||
@@ -1905,24 +1917,26 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
-  if (!peers_ok(peerBases, d.R, errorFlags)) return;
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
-  MOE_PROF(0, 22);  // checks and peer bases done
-
-  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
-  MOE_PROF_AFTER(0, 23, (uint32_t)(wl.totalBytes + ws.totalBytes));  // layouts computed
-  uint64_t* state = state_of(workspace);
   int* tokenPos = (int*)(workspace + ws.tokenPos);
   int* slotInExpert = (int*)(workspace + ws.slotInExpert);
   int* sendList = (int*)(workspace + ws.sendList);
-  uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(recvX, 16);
   const bool tokenPath = moe_token_path(d.K, d.M, d.C);
-  const uint64_t seq = load_seq(state + MOE_STATE_SEQ_DISPATCH + blockIdx.x, &sharedSeq);
+  MOE_PROF_AFTER(0, 23, (uint32_t)(wl.totalBytes + ws.totalBytes));  // checks and layouts done
+  __syncthreads();
+  bool basesOk = true;
+  for (int p = 0; p < d.R; ++p) basesOk &= sharedBases[p] != 0 && (sharedBases[p] & 15u) == 0;
+  if (!basesOk) {
+    if (blockIdx.x == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_NO_LSA_PATH);
+    return;
+  }
+  uint8_t* ownWin = (uint8_t*)sharedBases[d.rank];
+  const uint64_t seq = sharedSeq;
   const uint64_t seqHi = seq << 32;
 
   if (tokenPath && (int)blockIdx.x < d.C) {
