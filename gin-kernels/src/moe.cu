@@ -1970,7 +1970,8 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
           gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
     {
       const int nw = moe_id_words(d.K);
-      for (int j = warp; j < 32; j += MOE_WARPS) {  // own token t0 + j (<= 32 on the token path)
+      if (tid >= t1 - t0 && tid < 32) s.tokDest[tid] = 0u;  // no token there
+      for (int j = warp; j < t1 - t0; j += MOE_WARPS) {  // own token t0 + j (<= 32 on the token path)
         const int t = t0 + j;
         int e = -1;
         bool bad = false;
@@ -2002,6 +2003,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
         if (lane == 0) s.tokDest[j] = dm;
       }
     }
+    MOE_PROF(0, 16);  // thread 0: its token's ids out and destinations known (then the write-after-read waits)
     for (int r = tid; r < d.R; r += B) s.runD[r] = 0;  // tp_send_positions' counters
     if (c == d.C - 1)
       for (int i = tid; i < d.C * d.R; i += B) s.u.lead.histD[i] = 0;

@@ -945,7 +945,7 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
-        {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
+        {16, "token path: thread 0's token out (pre-barrier)"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{10, "entry (before checks, load_seq)"}, {1, "count tables read"},
         {17, "token path: sources' T known, cleared"}, {18, "token path: thread 0's first ids here"},
