@@ -6,7 +6,6 @@
 //   timer:  the %globaltimer step (is it 1 us here?) and the SM clock (clock64 cycles per ns over 2 ms)
 //   chase:  one thread's dependent loads (pointer chase): L1 hits, L2 hits (ld.global.cg), and loads
 //           that miss L2 and the TLB (2 MiB + 4 KiB apart over 1 GiB, after 256 MiB of other writes)
-//   first:  the first load of a kernel to a word a previous kernel wrote, and to one cudaMemcpy wrote
 //   sync:   per operation, one thread: ld.acquire.sys, ld.relaxed.sys, fence.acq_rel.sys after a
 //           store, st.release.sys (local, peer), a warp's 2 KiB / 14 KiB of peer stores + release
 //   smem:   a 512-thread block: clear 256 counters, barrier, 8 shared atomicAdd + 1 atomicOr each
@@ -81,16 +80,6 @@ __global__ void k_chase(const uint32_t* next, int n, uint64_t* out) {
   }
   const uint64_t c1 = cycles();
   out[0] = c1 - c0, out[1] = sum;
-}
-
-// Thread 0's first instruction is one load of *p: cycles until its value is there.
-__global__ void k_first(const uint32_t* p, uint64_t* out) {
-  const uint64_t c0 = cycles();
-  uint32_t v;
-  asm volatile("ld.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  asm volatile("" ::"r"(v));
-  const uint64_t c1 = cycles();
-  out[0] = c1 - c0, out[1] = v;
 }
 
 __global__ void k_write(uint32_t* p, uint64_t n, uint32_t v) {
@@ -322,35 +311,6 @@ int main() {
     }
     const double per = (double)median(cyc) / steps;
     printf("chase: %-70s %7.1f cycles %7.1f ns per dependent load\n", c.name, per, ns(per));
-  }
-
-  // first load of a kernel
-  {
-    std::vector<uint64_t> afterKernel, afterCopy, afterFlush;
-    for (int rep = 0; rep < 9; ++rep) {
-      k_write<<<1, 32>>>(big, 32, rep);
-      k_first<<<1, 1>>>(big + 7, dout);
-      CK(cudaGetLastError());
-      fetch(2);
-      if (h[1] != (uint32_t)rep + 7) ++bad, printf("first: FAILED: read %llu, expected %d\n", (unsigned long long)h[1], rep + 7);
-      afterKernel.push_back(h[0]);
-      const uint32_t v = 1000 + rep;
-      CK(cudaMemcpy(big + 7, &v, 4, cudaMemcpyHostToDevice));
-      k_first<<<1, 1>>>(big + 7, dout);
-      CK(cudaGetLastError());
-      fetch(2);
-      if (h[1] != v) ++bad, printf("first: FAILED: read %llu, expected %u\n", (unsigned long long)h[1], v);
-      afterCopy.push_back(h[0]);
-      k_write<<<264, 512>>>(scratch, scratchWords, rep);
-      k_first<<<1, 1>>>(big + 7, dout);
-      CK(cudaGetLastError());
-      fetch(2);
-      if (h[1] != v) ++bad, printf("first: FAILED: read %llu after flush, expected %u\n", (unsigned long long)h[1], v);
-      afterFlush.push_back(h[0]);
-    }
-    const double a = median(afterKernel), b = median(afterCopy), c = median(afterFlush);
-    printf("first: a kernel's first load: word written by the previous kernel %.0f cycles (%.0f ns), by cudaMemcpy %.0f (%.0f ns), "
-           "after 256 MiB of other writes %.0f (%.0f ns)\n", a, ns(a), b, ns(b), c, ns(c));
   }
 
   // sync operations
