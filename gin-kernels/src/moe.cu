@@ -1193,32 +1193,42 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
 // u.lead.histD.
 // cntIsMask: called between small_walk and small_positions (token path), where cntE holds the
 // own tokens' masks.
-// chanStartTo[r][j] = tokens of channels < j going to r (j <= C; [C] = all of them) from the
-// per-(channel, destination) counts in s.u.lead.histD, also kept in s.u.lead.chanStart. One warp
-// per destination: lane l sums channels [l*per, (l+1)*per), a shuffle scan gives the exclusive
-// prefixes (round 4: one thread per (r, j) summing up to C shared words, ~1-2 us).
-GIN_DEVICE_INLINE void lead_chan_start(LayoutSmem& s, const Dims& d, int* chanStartTo) {
-  const int tid = (int)threadIdx.x, B = (int)blockDim.x;
-  const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE, nw = B / GIN_WARP_SIZE;
-  const int per = (d.C + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE;
-  for (int r = warp; r < d.R; r += nw) {
-    const int j0 = moe_min_i(d.C, lane * per), j1 = moe_min_i(d.C, j0 + per);
-    int sum = 0;
-    for (int j = j0; j < j1; ++j) sum += s.u.lead.histD[j * d.R + r];
-    int inc = sum;
+// Exclusive prefix over channels j < C of h[j * stride] by one warp: lane l sums channels
+// [l*per, (l+1)*per), a shuffle scan gives the lanes' starts, then out(j, prefix) per channel;
+// returns the total to every lane (round 4 had one thread per (r, j) summing up to C shared
+// words, ~1-2 us).
+template <class Out>
+GIN_DEVICE_INLINE int warp_chan_scan(const int* h, int stride, int C, const Out& out) {
+  const int lane = (int)gin_lane_id();
+  const int per = (C + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE;
+  const int j0 = moe_min_i(C, lane * per), j1 = moe_min_i(C, j0 + per);
+  int sum = 0;
+  for (int j = j0; j < j1; ++j) sum += h[j * stride];
+  int inc = sum;
 #pragma unroll
-    for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
-      const int v = shfl_up_i(inc, off);
-      if (lane >= off) inc += v;
-    }
-    int run = inc - sum;
-    for (int j = j0; j < j1; ++j) {
-      s.u.lead.chanStart[r * (d.C + 1) + j] = run;
-      chanStartTo[r * (MOE_MAX_CHANNELS + 1) + j] = run;
-      run += s.u.lead.histD[j * d.R + r];
-    }
-    const int total = gin_shfl_int(inc, GIN_WARP_SIZE - 1);
-    if (lane == 0) {
+  for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
+    const int v = shfl_up_i(inc, off);
+    if (lane >= off) inc += v;
+  }
+  int run = inc - sum;
+  for (int j = j0; j < j1; ++j) {
+    out(j, run);
+    run += h[j * stride];
+  }
+  return gin_shfl_int(inc, GIN_WARP_SIZE - 1);
+}
+
+// chanStartTo[r][j] = tokens of channels < j going to r (j <= C; [C] = all of them) from the
+// per-(channel, destination) counts in s.u.lead.histD, also kept in s.u.lead.chanStart; one warp
+// per destination.
+GIN_DEVICE_INLINE void lead_chan_start(LayoutSmem& s, const Dims& d, int* chanStartTo) {
+  const int warp = (int)threadIdx.x / GIN_WARP_SIZE, nw = (int)blockDim.x / GIN_WARP_SIZE;
+  for (int r = warp; r < d.R; r += nw) {
+    const int total = warp_chan_scan(s.u.lead.histD + r, d.R, d.C, [&](int j, int v) {
+      s.u.lead.chanStart[r * (d.C + 1) + j] = v;
+      chanStartTo[r * (MOE_MAX_CHANNELS + 1) + j] = v;
+    });
+    if (gin_lane_id() == 0) {
       s.u.lead.chanStart[r * (d.C + 1) + d.C] = total;
       chanStartTo[r * (MOE_MAX_CHANNELS + 1) + d.C] = total;
     }
@@ -2104,22 +2114,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
       int* slotsFrom = *(int* volatile*)&s.slotsFrom;
       int* chanStartFrom = *(int* volatile*)&s.chanStartFrom;
       const int nwarps = B / GIN_WARP_SIZE;
-      const int per = (d.C + GIN_WARP_SIZE - 1) / GIN_WARP_SIZE;
       for (int src = warp; src < d.R; src += nwarps) {
-        const int j0 = moe_min_i(d.C, lane * per), j1 = moe_min_i(d.C, j0 + per);
-        int sum = 0;
-        for (int jj = j0; jj < j1; ++jj) sum += s.hist[src * d.C + jj];
-        int inc = sum;
-#pragma unroll
-        for (int off = 1; off < GIN_WARP_SIZE; off <<= 1) {
-          const int v = shfl_up_i(inc, off);
-          if (lane >= off) inc += v;
-        }
-        int run = inc - sum;
-        for (int jj = j0; jj < j1; ++jj) {
-          chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + jj] = run;
-          run += s.hist[src * d.C + jj];
-        }
+        (void)warp_chan_scan(s.hist + src * d.C, 1, d.C,
+                             [&](int j, int v) { chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + j] = v; });
         if (lane == 0) {
           chanStartFrom[src * (MOE_MAX_CHANNELS + 1) + d.C] = s.slots[src];
           slotsFrom[src] = s.slots[src];
