@@ -939,15 +939,14 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{10, "entry (before checks, load_seq)"}, {22, "prologue: checks and peer bases done"},
-        {23, "prologue: layouts done (then load_seq)"}, {8, "small layout: counters cleared"},
+       {{10, "entry"}, {23, "prologue: checks and layouts done (then a barrier)"}, {8, "small layout: counters cleared"},
         {9, "small layout: ids walked"},
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
         {16, "token path: thread 0's token out (pre-barrier)"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
-       {{10, "entry (before checks, load_seq)"}, {1, "count tables read"},
+       {{10, "entry"}, {1, "count tables read"},
         {17, "token path: sources' T known, cleared"}, {18, "token path: thread 0's first ids here"},
         {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
         {11, "token path: layout done (scan, items)"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
