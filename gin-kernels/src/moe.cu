@@ -1653,10 +1653,7 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
   out[MOE_Q_VERSION] = MOE_LAYOUT_VERSION;
 }
 
-#ifndef MOE_TP_WALK_ROUNDS
-#define MOE_TP_WALK_ROUNDS 2
-#endif
-constexpr int kTpWalkRounds = MOE_TP_WALK_ROUNDS;  // token rounds of the receivers' walk with loads in flight together
+constexpr int kTpWalkRounds = 2;  // token rounds of the receivers' walk with loads in flight together
 
 // Ids one per lane, in groups of Kp lanes (a power of two <= 32; group `sub` = one token, lane k of
 // the group = id k): true where e >= 0 and a lower lane of the group holds e too (token_experts'
@@ -1759,7 +1756,6 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
           else v[u] = gin_ld_relaxed_sys(words + (uint32_t)(t * nw + (k >> 1)));
         }
       }
-      const bool first = tw == warp * perWarp && src == 0;
 #pragma unroll
       for (int u = 0; u < kTpWalkRounds; ++u) {
         const int t = tw + u * step + sub;
@@ -1807,7 +1803,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
           if (c == 0) atomicAdd(&s.hist[src * d.C + ((t + 1) * d.C - 1) / Tsrc], 1);  // < 2^31: M, C bounded
         }
       }
-      if (first) MOE_PROF(0, 18);  // thread 0: its warp's first tokens counted
+      if (tw == warp * perWarp && src == 0) MOE_PROF(0, 18);  // thread 0: its warp's first tokens counted
     }
     if (lane == 0 && nHere) {
       atomicAdd(&s.slots[src], nHere);
@@ -2897,6 +2893,28 @@ struct TpCombSmem {
   bool fast;
 };
 
+// Lane k < K: the recvX row of slot entry `entry`'s expert k (slotRows; -1 = none, out of range
+// flags MOE_ERR_COUNTS) and its weight in wt, and this warp's passes [pass, lastPass] of the row
+// into L2 now, so the loads of later row groups and passes hit L2. Producer and consumer call it
+// once per slot / token they start.
+GIN_DEVICE_INLINE int tp_entry_row(const TpCombSmem& s, int K, uint64_t entry, int pass, int lastPass, float& wt) {
+  int row = -1;
+  wt = 0.f;
+  if ((int)gin_lane_id() < K) {
+    row = s.slotRows[entry * K + gin_lane_id()];
+    if (row >= s.capacity || row < -1) {
+      gin_error_set(s.errorFlags, MOE_ERR_COUNTS);
+      row = -1;
+    }
+    if (row >= 0) {
+      wt = s.recvWeights[row];
+      const int L1 = (lastPass + 1) * kTpPassLines < s.nl ? (lastPass + 1) * kTpPassLines : s.nl;
+      tp_prefetch_lines(s.rowsBase + (uint64_t)row * s.rowBytes, s.rowBytes, s.nl, pass * kTpPassLines, L1, s.fast);
+    }
+  }
+  return row;
+}
+
 // Not inlined on NVIDIA (round 9): inlined into moe_gin_combine beside the layout path, ptxas gave the
 // kernel a 16-byte spill at the 128-register cap; as a call, neither has a stack frame. Inlined on
 // AMD: as a call, gfx942 needs 76 bytes of scratch per lane; inlined, none (29 SGPR spills to VGPR lanes).
@@ -3009,23 +3027,8 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
       if (r != curR || slot != curSlot) {
         curR = r;
         curSlot = slot;
-        row = -1;
-        wt = 0.f;
-        if (lane < d.K) {
-          row = s.slotRows[((uint64_t)r * d.M + (uint64_t)slot) * d.K + (uint64_t)lane];
-          if (row >= s.capacity || row < -1) {
-            gin_error_set(s.errorFlags, MOE_ERR_COUNTS);
-            row = -1;
-          }
-          if (row >= 0) {
-            wt = s.recvWeights[row];
-            // This warp's passes of the row (contiguous, at most a few) into L2 now: the loads of
-            // later row groups and passes then hit L2.
-            const int lastPass = pass + (i1 - 1 - i) < PP - 1 ? pass + (i1 - 1 - i) : PP - 1;
-            const int L1 = (lastPass + 1) * kTpPassLines < s.nl ? (lastPass + 1) * kTpPassLines : s.nl;
-            tp_prefetch_lines(s.rowsBase + (uint64_t)row * s.rowBytes, s.rowBytes, s.nl, pass * kTpPassLines, L1, s.fast);
-          }
-        }
+        const int lastPass = pass + (i1 - 1 - i) < PP - 1 ? pass + (i1 - 1 - i) : PP - 1;  // this warp's, of the row
+        row = tp_entry_row(s, d.K, (uint64_t)r * d.M + (uint64_t)slot, pass, lastPass, wt);
         lines = (uint8_t*)s.bases[r] + s.combRows +
                 (((s.seq & 1ull) * P + (uint64_t)moe_peer_section(d.rank, r, d.R)) * d.M + (uint64_t)slot) * s.lineStride;
       }
@@ -3050,21 +3053,10 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
         curT = t;
         const int pos = lane < d.R ? s.tokenPos[(uint64_t)t * d.R + (uint64_t)lane] : -1;
         const int selfPos = gin_shfl_int(pos, d.rank);
+        const int lastPass = pass + (i1 - 1 - i) < PP - 1 ? pass + (i1 - 1 - i) : PP - 1;
         row = -1;
         wt = 0.f;
-        if (lane < d.K && selfPos >= 0 && selfPos < d.M) {
-          row = s.slotRows[((uint64_t)d.rank * d.M + (uint64_t)selfPos) * d.K + (uint64_t)lane];
-          if (row >= s.capacity || row < -1) {
-            gin_error_set(s.errorFlags, MOE_ERR_COUNTS);
-            row = -1;
-          }
-          if (row >= 0) {
-            wt = s.recvWeights[row];
-            const int lastPass = pass + (i1 - 1 - i) < PP - 1 ? pass + (i1 - 1 - i) : PP - 1;
-            const int L1 = (lastPass + 1) * kTpPassLines < s.nl ? (lastPass + 1) * kTpPassLines : s.nl;
-            tp_prefetch_lines(s.rowsBase + (uint64_t)row * s.rowBytes, s.rowBytes, s.nl, pass * kTpPassLines, L1, s.fast);
-          }
-        }
+        if (selfPos >= 0 && selfPos < d.M) row = tp_entry_row(s, d.K, (uint64_t)d.rank * d.M + (uint64_t)selfPos, pass, lastPass, wt);
         myLines = nullptr;
         if (lane < d.R && lane != d.rank && pos >= 0) {
           if (pos < s.lo[lane] || pos >= s.hi[lane]) {
