@@ -110,6 +110,7 @@ __constant__ uint64_t* moe_profile_buf = nullptr;
 #define MOE_Q_WS_TOKEN_POS 12
 #define MOE_Q_ROW_STRIDE 13
 #define MOE_Q_VERSION 14
+#define MOE_Q_TOKEN_PATH 15  // 1: the instance takes the token path (moe_token_path) at numChannels
 #define MOE_Q_WORDS 16
 #define MOE_LAYOUT_VERSION 1
 
@@ -138,6 +139,13 @@ __host__ __device__ inline bool moe_token_path_sizes(int K, int M) {
 __host__ __device__ inline bool moe_token_path(int K, int M, int C) {
   return moe_token_path_sizes(K, M) && C >= 1 && (M + C - 1) / C <= 32;
 }
+// Model shapes (ranks, experts, top-k, hidden) with token-path entry points of their own, compiled
+// with these sizes as constants (see "Entry points" below): DeepSeek-V3, Qwen3-30B-A3B and
+// Mixtral 8x7B at 2, 4 and 8 ranks (expert parallelism inside one node).
+#define MOE_TP_SHAPES(X)                                           \
+  X(2, 256, 8, 7168) X(4, 256, 8, 7168) X(8, 256, 8, 7168)         \
+  X(2, 128, 8, 2048) X(4, 128, 8, 2048) X(8, 128, 8, 2048)         \
+  X(2, 8, 2, 4096) X(4, 8, 2, 4096) X(8, 8, 2, 4096)
 // LL words per token in the id lists: two 16-bit ids per word (0xffff = masked).
 __host__ __device__ inline int moe_id_words(int K) { return (K + 1) / 2; }
 
@@ -436,6 +444,34 @@ GIN_DEVICE_INLINE Dims make_dims(int rank, int nRanks, int numExperts, int topK,
   d.rowBytes = 2ull * (uint64_t)(hidden > 0 ? hidden : 0);
   return d;
 }
+
+// What a kernel entry point fixes at compile time (session 5). kTokenPathOnly: the entry runs only
+// instances on the token path (moe_token_path), so the layout path is not compiled into it; kR, kE,
+// kK, kH (0 = from the arguments): a model shape. With the shape fixed the compiler folds the
+// layout arithmetic, divisions by R and L and the loops over ranks and top-k ids: measured on
+// DeepSeek-V3 at 128 tokens, back to back, ~1.5 us per dispatch and ~1 us per combine, of which
+// ~1.1 us is the prologue; and a smaller kernel starts faster from cold (~2.5 us per gated call).
+template <bool kTokenPathOnly, int kR, int kE, int kK, int kH>
+struct MoeShape {
+  static constexpr bool tokenPathOnly = kTokenPathOnly;
+  // True if the launch arguments are this entry's to run (the caller gets MOE_ERR_CONFIG if not).
+  GIN_DEVICE_INLINE static bool accepts(int R, int E, int K, int H, int M, int C) {
+    return (kR == 0 || R == kR) && (kE == 0 || E == kE) && (kK == 0 || K == kK) && (kH == 0 || H == kH) &&
+           (!kTokenPathOnly || moe_token_path(K, M, C));
+  }
+  // d with the fixed sizes as constants (call after accepts() held, or keep the error path short).
+  GIN_DEVICE_INLINE static void fix(Dims& d) {
+    if (kR != 0) d.R = kR;
+    if (kE != 0) d.E = kE;
+    if (kR != 0 && kE != 0) d.L = kE / (kR != 0 ? kR : 1);  // (the guard only silences a warning)
+    if (kK != 0) d.K = kK;
+    if (kH != 0) {
+      d.H = kH;
+      d.rowBytes = 2ull * (uint64_t)kH;
+    }
+  }
+};
+using MoeAnyShape = MoeShape<false, 0, 0, 0, 0>;
 
 // Token range of channel c: [c*T/C, (c+1)*T/C). Dispatch senders and combine consumers share it.
 GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) {
@@ -1602,6 +1638,18 @@ GIN_DEVICE_INLINE bool launch_ok(const Dims& d, int blocksPerChannel, bool needR
   return ok;
 }
 
+// After launch_ok: the entry point's Shape accepts the arguments (else MOE_ERR_CONFIG, block 0
+// reports it), and d takes S's fixed sizes as constants.
+template <class Shape>
+GIN_DEVICE_INLINE bool shape_ok(Dims& d, uint32_t* errorFlags) {
+  if (!Shape::accepts(d.R, d.E, d.K, d.H, d.M, d.C)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return false;
+  }
+  Shape::fix(d);
+  return true;
+}
+
 GIN_DEVICE_INLINE bool peers_ok(const uint64_t* peerBases, int R, uint32_t* errorFlags) {
   bool ok = true;
   for (int p = 0; p < R; ++p) ok &= peerBases[p] != 0 && (peerBases[p] & 15u) == 0;
@@ -1630,7 +1678,7 @@ using namespace moe_detail;
 // Grid 1, block 1.
 // ================================================================================================
 GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,
-                                 int32_t maxTokens, uint64_t* out) {
+                                 int32_t maxTokens, int32_t numChannels, uint64_t* out) {
   if (threadIdx.x != 0 || blockIdx.x != 0 || out == nullptr) return;
   for (int i = 0; i < MOE_Q_WORDS; ++i) out[i] = 0;
   if (!moe_sizes_ok(nRanks, numExperts, topK, hidden, maxTokens)) return;  // all zero = refused
@@ -1651,6 +1699,7 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
   out[MOE_Q_WS_TOKEN_POS] = s.tokenPos;
   out[MOE_Q_ROW_STRIDE] = w.rowStride;
   out[MOE_Q_VERSION] = MOE_LAYOUT_VERSION;
+  out[MOE_Q_TOKEN_PATH] = moe_token_path(topK, maxTokens, numChannels) ? 1 : 0;
 }
 
 constexpr int kTpWalkRounds = 2;  // token rounds of the receivers' walk with loads in flight together
@@ -1890,8 +1939,8 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
 // staging slot = token index right after the id walk; receivers lay out every source themselves;
 // the senders' positions follow their sends. Same outputs and workspace arrays (KERNELS.md).
 // ================================================================================================
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
-moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
+template <class Shape>
+GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
                  uint16_t* recvX, float* recvWeights, int32_t* recvCounts, const uint64_t* peerBases,
                  uint8_t* workspace, uint32_t* errorFlags, int32_t rank, int32_t nRanks, int32_t numExperts,
                  int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
@@ -1916,8 +1965,9 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   if (peerBases != nullptr && tid < nRanks && tid < MOE_MAX_RANKS) sharedBases[tid] = peerBases[tid];
   else if (tid == MOE_MAX_RANKS && workspace != nullptr && blockIdx.x < 2 * MOE_MAX_CHANNELS)
     sharedSeq = state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] + 1;
-  const Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
-  if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
+  Dims dims = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
+  if (!launch_ok(dims, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(dims, errorFlags)) return;
+  const Dims d = dims;
   if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||
       topkWeights == nullptr || (x == nullptr && d.T > 0)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -1932,7 +1982,7 @@ moe_gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWei
   int* slotInExpert = (int*)(workspace + ws.slotInExpert);
   int* sendList = (int*)(workspace + ws.sendList);
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(x, 16) && gin_is_aligned(recvX, 16);
-  const bool tokenPath = moe_token_path(d.K, d.M, d.C);
+  const bool tokenPath = Shape::tokenPathOnly || moe_token_path(d.K, d.M, d.C);
   MOE_PROF_AFTER(0, 23, (uint32_t)(wl.totalBytes + ws.totalBytes));  // checks and layouts done
   __syncthreads();
   bool basesOk = true;
@@ -2923,9 +2973,11 @@ GIN_DEVICE_INLINE int tp_entry_row(const TpCombSmem& s, int K, uint64_t entry, i
 #else
 #define MOE_NOINLINE __device__ __noinline__
 #endif
+template <class Shape>
 MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens,
-                                          uint16_t* y, const uint64_t* peerBases, uint8_t* workspace,
-                                          uint32_t* errorFlags, Dims d) {
+                                     uint16_t* y, const uint64_t* peerBases, uint8_t* workspace,
+                                     uint32_t* errorFlags, Dims d) {
+  Shape::fix(d);  // the shape's constants inside the call as well (it is not inlined on NVIDIA)
   __shared__ TpCombSmem s;
   const int tid = (int)threadIdx.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
@@ -3096,8 +3148,8 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
 //             from d (after its producer warp's progress word), fp32 -> bf16; then
 //             combConsumed[rank][c] = n into every remote rank's window.
 // ================================================================================================
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
-moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens, uint16_t* y,
+template <class Shape>
+GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens, uint16_t* y,
                 const uint64_t* peerBases, uint8_t* workspace, uint32_t* errorFlags, int32_t rank, int32_t nRanks,
                 int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ uint64_t sharedSeq;
@@ -3106,13 +3158,13 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
   __shared__ CombineCtx cxs[MOE_MAX_RANKS];
   MOE_PROF(1, 10);  // entry, before the prologue (write-after-read waits, ranges, load_seq)
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
-  if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags)) return;
+  if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(d, errorFlags)) return;
   if (expertOut == nullptr || recvWeights == nullptr || (y == nullptr && d.T > 0)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
-  if (moe_token_path(d.K, d.M, d.C)) {
-    combine_token_path(expertOut, recvWeights, numTokens, y, peerBases, workspace, errorFlags, d);
+  if (Shape::tokenPathOnly || moe_token_path(d.K, d.M, d.C)) {
+    combine_token_path<Shape>(expertOut, recvWeights, numTokens, y, peerBases, workspace, errorFlags, d);
     return;
   }
   if (!peers_ok(peerBases, d.R, errorFlags)) return;
@@ -3244,6 +3296,53 @@ moe_gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t num
   }
   if (tid == 0) state[MOE_STATE_SEQ_COMBINE + blockIdx.x] = seq;
 }
+
+// ================================================================================================
+// Entry points (session 5). moe_gin_dispatch / moe_gin_combine run any accepted instance, either
+// path. The token-path entries run only instances on the token path (moe_token_path; anything else
+// gets MOE_ERR_CONFIG) and leave the layout path out: moe_gin_{dispatch,combine}_tp for any shape,
+// and one pair per shape of MOE_TP_SHAPES, named ..._tp_r<R>_e<E>_k<K>_h<H>, for that shape only.
+// The Java side takes the most specific entry the code object has (KERNELS.md, "Entry points").
+// All entries of an instance share its window and workspace protocol: any mix of them is valid.
+// ================================================================================================
+#define MOE_DISPATCH_PARAMS                                                                                    \
+  const uint16_t *x, const int32_t *topkIdx, const float *topkWeights, int32_t numTokens, uint16_t *recvX,      \
+      float *recvWeights, int32_t *recvCounts, const uint64_t *peerBases, uint8_t *workspace,                  \
+      uint32_t *errorFlags, int32_t rank, int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,     \
+      int32_t maxTokens, int32_t numChannels
+#define MOE_DISPATCH_ARGS                                                                                      \
+  x, topkIdx, topkWeights, numTokens, recvX, recvWeights, recvCounts, peerBases, workspace, errorFlags, rank,  \
+      nRanks, numExperts, topK, hidden, maxTokens, numChannels
+#define MOE_COMBINE_PARAMS                                                                                     \
+  const uint16_t *expertOut, const float *recvWeights, int32_t numTokens, uint16_t *y,                         \
+      const uint64_t *peerBases, uint8_t *workspace, uint32_t *errorFlags, int32_t rank, int32_t nRanks,       \
+      int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens, int32_t numChannels
+#define MOE_COMBINE_ARGS                                                                                       \
+  expertOut, recvWeights, numTokens, y, peerBases, workspace, errorFlags, rank, nRanks, numExperts, topK,      \
+      hidden, maxTokens, numChannels
+
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch(MOE_DISPATCH_PARAMS) {
+  gin_dispatch<MoeAnyShape>(MOE_DISPATCH_ARGS);
+}
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine(MOE_COMBINE_PARAMS) {
+  gin_combine<MoeAnyShape>(MOE_COMBINE_ARGS);
+}
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp(MOE_DISPATCH_PARAMS) {
+  gin_dispatch<MoeShape<true, 0, 0, 0, 0>>(MOE_DISPATCH_ARGS);
+}
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp(MOE_COMBINE_PARAMS) {
+  gin_combine<MoeShape<true, 0, 0, 0, 0>>(MOE_COMBINE_ARGS);
+}
+#define MOE_TP_ENTRIES(R, E, K, H)                                                                      \
+  GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp_r##R##_e##E##_k##K##_h##H(      \
+      MOE_DISPATCH_PARAMS) {                                                                            \
+    gin_dispatch<MoeShape<true, R, E, K, H>>(MOE_DISPATCH_ARGS);                                        \
+  }                                                                                                     \
+  GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp_r##R##_e##E##_k##K##_h##H(       \
+      MOE_COMBINE_PARAMS) {                                                                             \
+    gin_combine<MoeShape<true, R, E, K, H>>(MOE_COMBINE_ARGS);                                          \
+  }
+MOE_TP_SHAPES(MOE_TP_ENTRIES)
 
 // ================================================================================================
 // HOST backend: local kernels around the Java side's ncclAlltoAll / ncclSend / ncclRecv.

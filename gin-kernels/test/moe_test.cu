@@ -243,8 +243,39 @@ struct Rank {
   int *countMatrix = nullptr, *hRecvCounts = nullptr;
 };
 
+// A pair of GIN entry points (moe.cu, "Entry points").
+using DispatchKernel = decltype(&moe_gin_dispatch);
+using CombineKernel = decltype(&moe_gin_combine);
+struct Entry {
+  std::string name;  // the dispatch's
+  DispatchKernel dispatch;
+  CombineKernel combine;
+};
+static const Entry kGenericEntry{"moe_gin_dispatch", moe_gin_dispatch, moe_gin_combine};
+static const Entry kTokenPathEntry{"moe_gin_dispatch_tp", moe_gin_dispatch_tp, moe_gin_combine_tp};
+// The entry of MOE_TP_SHAPES compiled for (R, E, K, H), if there is one.
+static bool shaped_entry(int R, int E, int K, int H, Entry& e) {
+#define MOE_TEST_SHAPED(R_, E_, K_, H_)                                                                  \
+  if (R == R_ && E == E_ && K == K_ && H == H_) {                                                      \
+    e = {"moe_gin_dispatch_tp_r" #R_ "_e" #E_ "_k" #K_ "_h" #H_, moe_gin_dispatch_tp_r##R_##_e##E_##_k##K_##_h##H_, \
+         moe_gin_combine_tp_r##R_##_e##E_##_k##K_##_h##H_};                                           \
+    return true;                                                                                       \
+  }
+  MOE_TP_SHAPES(MOE_TEST_SHAPED)
+#undef MOE_TEST_SHAPED
+  return false;
+}
+// What the Java side launches (MoeAllToAll.entryPoint): the shape's own token-path entry, else the
+// token-path one, off the token path the generic one.
+static Entry best_entry(int R, int E, int K, int H, int M, int C) {
+  if (!moe_token_path(K, M, C)) return kGenericEntry;
+  Entry e;
+  return shaped_entry(R, E, K, H, e) ? e : kTokenPathEntry;
+}
+
 struct Setup {
   int R, E, K, H, M, C, L;
+  Entry entry;  // the kernels gin_dispatch / gin_combine launch
   uint64_t rowBytes, capRows, sendCapRows;
   MoeWindowLayout wl;
   MoeWorkspaceLayout wsl;
@@ -274,6 +305,7 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
     fprintf(stderr, "configuration outside the kernels' limits: R=%d E=%d K=%d H=%d M=%d C=%d\n", s.R, E, K, H, M, C);
     exit(2);
   }
+  s.entry = best_entry(s.R, E, K, H, M, C);
   s.rowBytes = 2ull * H;
   s.capRows = moe_recv_capacity_rows(s.R, E, K, M);
   s.sendCapRows = (uint64_t)M * K;
@@ -392,14 +424,14 @@ static void poison_outputs(Setup& s) {
 static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  moe_gin_dispatch<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(x, idx, w, T, q.recvX, q.recvWeights, q.recvCounts,
+  s.entry.dispatch<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(x, idx, w, T, q.recvX, q.recvWeights, q.recvCounts,
                                                          q.peerBases, q.ws, q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
   CUDA_CHECK(cudaGetLastError());
 }
 static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  moe_gin_combine<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(q.expertOut, q.recvWeights, T, y, q.peerBases, q.ws, q.err, r,
+  s.entry.combine<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(q.expertOut, q.recvWeights, T, y, q.peerBases, q.ws, q.err, r,
                                                         s.R, s.E, s.K, s.H, s.M, s.C);
   CUDA_CHECK(cudaGetLastError());
 }
@@ -675,15 +707,17 @@ static const double kHostBound = 0.00392, kGinBound = 0.00786;
 // ------------------------------------------------------------------------------------------------
 // One correctness case: GIN and HOST dispatch + fake experts + combine, all checks.
 // ------------------------------------------------------------------------------------------------
-static void run_case(const Case& cs, std::mt19937_64& rng) {
+// entry: the GIN kernels to run (they must accept the case; the checks are the same for all).
+static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
   Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, true);
+  s.entry = entry;
   std::vector<int> T(s.R);
   for (int r = 0; r < s.R; ++r) T[r] = cs.T[r % cs.T.size()];
   std::vector<RankInput> in(s.R);
   for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, T[r], 0);
   printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d T=[", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C);
   for (int r = 0; r < s.R; ++r) printf("%s%d", r ? "," : "", T[r]);
-  printf("]\n");
+  printf("] %s\n", entry.name.c_str());
   upload_inputs(s, in);
   const uint32_t expectErr = cs.routing == INVALID_IDS ? MOE_ERR_EXPERT_ID : 0u;
 
@@ -710,8 +744,8 @@ static void run_case(const Case& cs, std::mt19937_64& rng) {
   std::vector<uint32_t> hostErr = read_errors(s, true);
 
   for (int r = 0; r < s.R; ++r) {
-    char tag[64];
-    snprintf(tag, sizeof tag, "%s rank %d", cs.name.c_str(), r);
+    char tag[160];
+    snprintf(tag, sizeof tag, "%s rank %d (%s)", cs.name.c_str(), r, entry.name.c_str());
     std::vector<RefRow> refRows;
     std::vector<int> refCounts;
     reference_dispatch(in, s.R, s.E, s.K, r, refRows, refCounts);
@@ -746,6 +780,56 @@ static void run_case(const Case& cs, std::mt19937_64& rng) {
     printf("  rank %d: %d rows received, combine max rel. error GIN %.2e HOST %.2e\n", r, total, rg, rh);
   }
   free_setup(s);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Entry points launched on instances they are not for: MOE_ERR_CONFIG on every rank, and nothing
+// written (recvCounts and y keep their poison). A token-path entry on a layout-path instance, and a
+// shape's entry on an instance of another shape.
+// ------------------------------------------------------------------------------------------------
+static void refusal_case(const char* what, int E, int K, int H, int M, int C, const Entry& entry, std::mt19937_64& rng) {
+  Setup s = make_setup(E, K, H, M, C, false);
+  s.entry = entry;
+  Case cs{what, E, K, H, M, C, {M}, UNIFORM, 0.0};
+  std::vector<RankInput> in(s.R);
+  for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, M, 0);
+  upload_inputs(s, in);
+  poison_outputs(s);
+  for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, M);
+  sync_all(s);
+  std::vector<uint32_t> errD = read_errors(s, false);
+  for (int r = 0; r < s.R; ++r) gin_combine(s, r, M, s.rk[r].y);
+  sync_all(s);
+  std::vector<uint32_t> errC = read_errors(s, false);
+  for (int r = 0; r < s.R; ++r) {
+    std::vector<uint32_t> counts(s.L);
+    std::vector<uint16_t> y((size_t)M * s.H);
+    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaMemcpy(counts.data(), s.rk[r].recvCounts, 4ull * s.L, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(y.data(), s.rk[r].y, y.size() * 2, cudaMemcpyDeviceToHost));
+    bool untouched = true;
+    for (uint32_t c : counts) untouched &= c == 0xFFFFFFFFu;
+    for (uint16_t v : y) untouched &= v == 0xFFFFu;
+    char detail[160];
+    snprintf(detail, sizeof detail, "errorFlags dispatch 0x%x combine 0x%x (expected 0x%x each), outputs %s", errD[r], errC[r],
+             MOE_ERR_CONFIG, untouched ? "untouched" : "WRITTEN");
+    record(errD[r] == MOE_ERR_CONFIG && errC[r] == MOE_ERR_CONFIG && untouched,
+           std::string("refusal: ") + what + " rank " + std::to_string(r) + " (" + entry.name + ")", detail);
+  }
+  free_setup(s);
+}
+
+static void run_entry_refusals(std::mt19937_64& rng) {
+  const int R = gNumGpus;
+  printf("case entry refusals: token-path entries on a layout-path instance, a shape's entry on another shape\n");
+  refusal_case("token-path entry, M*K = 4800", 16 * R, 8, 256, 600, 8, kTokenPathEntry, rng);
+  Entry shaped;
+  if (shaped_entry(R, 256, 8, 7168, shaped)) {
+    refusal_case("DeepSeek-V3 entry, H=256", 16 * R, 8, 256, 64, 4, shaped, rng);
+    refusal_case("DeepSeek-V3 entry, K=4", 256, 4, 7168, 64, 4, shaped, rng);
+  } else {
+    printf("  skipped: no DeepSeek-V3 token-path entry compiled for %d ranks (MOE_TP_SHAPES)\n", R);
+  }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -1061,20 +1145,43 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         recvRows = rr.size();
       }
       const double crossBytes = (double)crossRows * s.rowBytes;
-      std::vector<float> td, tc;
+      // The entry the Java side takes and, where that is a token-path one, the generic entry too,
+      // alternately in the same loop (same-run A/B). Per variant: gated single calls, and 8 calls
+      // back to back after the gate (/ 8: the steady state that pipelined Java calls see).
+      const Entry best = s.entry;
+      std::vector<Entry> variants{best};
+      if (best.name != kGenericEntry.name) variants.push_back(kGenericEntry);
+      const int nb = 8;
+      std::vector<std::vector<float>> vd(variants.size()), vc(variants.size()), vbd(variants.size()), vbc(variants.size());
       for (int i = 0; i < warm + iters; ++i) {
-        float a = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
-        });
-        for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
-        float b = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
-        });
-        if (i >= warm) {
-          td.push_back(a);
-          tc.push_back(b);
+        for (size_t v = 0; v < variants.size(); ++v) {
+          s.entry = variants[v];
+          const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+          });
+          for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+          const float b = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
+          });
+          const float ba = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int j = 0; j < nb; ++j)
+              for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+          });
+          const float bb = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int j = 0; j < nb; ++j)
+              for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
+          });
+          if (i >= warm) {
+            vd[v].push_back(a);
+            vc[v].push_back(b);
+            vbd[v].push_back(ba / nb);
+            vbc[v].push_back(bb / nb);
+          }
         }
       }
+      s.entry = best;
+      std::vector<float>& td = vd[0];
+      std::vector<float>& tc = vc[0];
       if (gProfile) {
         profile_enable(s, true);
         const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
@@ -1092,7 +1199,6 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         profile_print(s, "combine", b);
         // The same in steady state: 8 calls back to back after the gate; the stamps are the
         // last call's (each call overwrites them).
-        const int nb = 8;
         profile_enable(s, true);
         const float pa = timed_all_ranks(s, g, ev0, ev1, [&] {
           for (int i = 0; i < nb; ++i)
@@ -1153,6 +1259,9 @@ static void run_bench(std::mt19937_64& rng, int channels) {
       printf("%-14s %6d | %11.1f %8.1f | %11.1f %8.1f | %10.1f %10llu | %9.1f %9.1f%s\n", sh.name, T, md,
              crossBytes / (md * 1e3), mc, crossBytes / (mc * 1e3), crossBytes / 1e6, (unsigned long long)recvRows,
              median(hd), median(hcomb), errOk ? "" : "  (errorFlags set!)");
+      for (size_t v = 0; v < variants.size(); ++v)
+        printf("%-14s %6s   %s: gated %.1f / %.1f us, 8 back to back %.1f / %.1f us per call (dispatch / combine)\n", "", "",
+               variants[v].name.c_str(), median(vd[v]), median(vc[v]), median(vbd[v]), median(vbc[v]));
       record(errOk, std::string("bench ") + sh.name + " error flags", "errorFlags nonzero during timing");
       for (int r = 0; r < s.R; ++r) {
         CUDA_CHECK(cudaSetDevice(r));
@@ -1251,8 +1360,13 @@ int main(int argc, char** argv) {
         printf("case %-28s skipped: E=%d not a multiple of %d ranks\n", cs.name.c_str(), cs.E, R);
         continue;
       }
-      run_case(cs, rng);
+      // The entry the Java side takes, and the less specific ones that also accept the case.
+      const Entry best = best_entry(R, cs.E, cs.K, cs.H, cs.M, cs.C);
+      run_case(cs, rng, best);
+      if (best.name != kTokenPathEntry.name && moe_token_path(cs.K, cs.M, cs.C)) run_case(cs, rng, kTokenPathEntry);
+      if (best.name != kGenericEntry.name) run_case(cs, rng, kGenericEntry);
     }
+    run_entry_refusals(rng);
     run_back_to_back(rng, 200, 5);
     run_back_to_back(rng, 100, 2);
     printf("\n%d passed, %d failed\n", gPassed, gFailed);

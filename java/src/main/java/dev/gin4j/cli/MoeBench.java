@@ -41,7 +41,7 @@ final class MoeBench {
     record Shape(String name, int hidden, int experts, int topK) {}
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
-               long crossingBytes) {}
+               long crossingBytes, String kernel) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8), new Shape("qwen3-30b-a3b", 2048, 128, 8), new Shape("mixtral", 4096, 8, 2));
 
@@ -73,11 +73,11 @@ final class MoeBench {
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
                                 Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
                                 Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
-                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()), m.crossingBytes());
+                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()), m.crossingBytes(), m.kernel());
                         rows.add(r);
-                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)%n",
+                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)  %s%n",
                                 shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
-                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs());
+                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.kernel());
                     }
                 }
             }
@@ -108,8 +108,8 @@ final class MoeBench {
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"crossing_bytes\": %d}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.crossingBytes(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"crossing_bytes\": %d, \"kernel\": \"%s\"}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.crossingBytes(), r.kernel(), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
@@ -200,7 +200,7 @@ final class MoeBench {
             double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
-                    median(dc), median(cc), graph[0], graph[1], crossing / local);
+                    median(dc), median(cc), graph[0], graph[1], crossing / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL");
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);

@@ -13,6 +13,7 @@ import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.KernelLibrary;
 import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.Stream;
 
@@ -37,7 +38,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  */
 public final class MoeAllToAll implements AutoCloseable {
     private static final int Q_WINDOW_BYTES = 0, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
-            Q_WS_EXPERT_COUNT = 7, Q_WS_EXPERT_OFFSET = 8, Q_WS_ROWS_TO = 9, Q_VERSION = 14;
+            Q_WS_EXPERT_COUNT = 7, Q_WS_EXPERT_OFFSET = 8, Q_WS_ROWS_TO = 9, Q_VERSION = 14, Q_TOKEN_PATH = 15;
     private static final int THREADS = 512;
 
     private final CommGroup group;
@@ -76,8 +77,8 @@ public final class MoeAllToAll implements AutoCloseable {
             recvCounts = device.allocate(4L * localExperts, arena);
             y = device.allocate((long) cfg.maxTokens() * rowBytes, arena);
             errors = new KernelErrors(device, arena, setup);
-            dispatch = code.kernel("moe_gin_dispatch");
-            combine = code.kernel("moe_gin_combine");
+            dispatch = code.kernel(entryPoint("moe_gin_dispatch", device));
+            combine = code.kernel(entryPoint("moe_gin_combine", device));
             layout = code.kernel("moe_host_layout");
             pack = code.kernel("moe_host_pack");
             permute = code.kernel("moe_host_permute");
@@ -150,8 +151,9 @@ public final class MoeAllToAll implements AutoCloseable {
     private long[] queryLayout(Device d) {
         try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("moe")) {
             DeviceBuffer out = d.allocate(16 * 8, a);
-            KernelArgs args = KernelArgs.of(a, I32, I32, I32, I32, I32, POINTER);
-            args.setInt(0, nRanks).setInt(1, cfg.experts()).setInt(2, cfg.topK()).setInt(3, cfg.hidden()).setInt(4, cfg.maxTokens()).setPointer(5, out);
+            KernelArgs args = KernelArgs.of(a, I32, I32, I32, I32, I32, I32, POINTER);
+            args.setInt(0, nRanks).setInt(1, cfg.experts()).setInt(2, cfg.topK()).setInt(3, cfg.hidden()).setInt(4, cfg.maxTokens())
+                    .setInt(5, channels).setPointer(6, out);
             code.kernel("moe_query_layout").launch(s, LaunchConfig.of(1, 1), args);
             s.synchronize();
             long[] q = out.readLongs(16);
@@ -159,6 +161,20 @@ public final class MoeAllToAll implements AutoCloseable {
             return q;
         }
     }
+
+    /**
+     * The most specific GIN entry point of {@code base} the code object has for this instance: on the
+     * token path, the one compiled for this shape ({@code base_tp_r<R>_e<E>_k<K>_h<H>}, sizes as
+     * constants), else {@code base_tp}; otherwise {@code base} (gin-kernels/KERNELS.md, "Entry points").
+     */
+    private String entryPoint(String base, Device device) {
+        if (query[Q_TOKEN_PATH] != 1) return base;
+        String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
+        return KernelLibrary.get().kernels(device.arch(), "moe").contains(shaped) ? shaped : base + "_tp";
+    }
+
+    /** The dispatch kernel this instance launches (for reports). */
+    public String dispatchKernelName() { return ranks.getFirst().dispatch.name(); }
 
     public MoeConfig config() { return cfg; }
     public int localExperts() { return localExperts; }

@@ -219,7 +219,21 @@ class MoeGpuTest {
         }
     }
 
-    @Test void deepSeekShapeSmall() { both(7168, 256, 8, 128, new int[] {128, 97}, Routing.UNIFORM); }
+    @Test void deepSeekShapeSmall() {
+        both(7168, 256, 8, 128, new int[] {128, 97}, Routing.UNIFORM);
+        // DeepSeek-V3 has token-path entry points of its own at 2, 4 and 8 ranks (the shape as constants)
+        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, 256, 8, 128, Backend.GIN))) {
+            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_tp";
+            assertEquals(want, gin.dispatchKernelName());
+        }
+    }
+    @Test void layoutPath() {
+        // maxTokens x topK above 4096: the layout path, through the generic entry point
+        both(256, 16, 8, 600, new int[] {600, 321}, Routing.UNIFORM);
+        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(256, 16, 8, 600, Backend.GIN))) {
+            assertEquals("moe_gin_dispatch", gin.dispatchKernelName());
+        }
+    }
     @Test void oddHiddenSizes() {
         both(2050, 8, 2, 64, new int[] {64, 40}, Routing.UNIFORM);
         both(7, 16, 4, 33, new int[] {33, 1}, Routing.SOME_MASKED);
