@@ -165,12 +165,15 @@ public final class MoeAllToAll implements AutoCloseable {
     /**
      * The most specific GIN entry point of {@code base} the code object has for this instance: on the
      * token path, the one compiled for this shape ({@code base_tp_r<R>_e<E>_k<K>_h<H>}, sizes as
-     * constants), else {@code base_tp}; otherwise {@code base} (gin-kernels/KERNELS.md, "Entry points").
+     * constants), else {@code base_tp}; otherwise, or where the manifest lists neither, {@code base}
+     * (gin-kernels/KERNELS.md, "Entry points").
      */
     private String entryPoint(String base, Device device) {
         if (query[Q_TOKEN_PATH] != 1) return base;
+        List<String> shipped = KernelLibrary.get().kernels(device.arch(), "moe");
         String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
-        return KernelLibrary.get().kernels(device.arch(), "moe").contains(shaped) ? shaped : base + "_tp";
+        if (shipped.contains(shaped)) return shaped;
+        return shipped.contains(base + "_tp") ? base + "_tp" : base;
     }
 
     /** The dispatch kernel this instance launches (for reports). */
