@@ -1,7 +1,8 @@
 // moe_test.cu - standalone check and benchmark of gin-kernels/src/moe.cu (CUDA runtime only).
 //
-// One process drives every visible GPU as one rank each (one GPU: R = 1, nothing crosses a link): symmetric windows are plain
-// cudaMalloc buffers made reachable with peer access, peerBases tables are built on the host.
+// One process drives every visible GPU as one rank each (one GPU: R = 1, nothing crosses a link):
+// symmetric windows are plain cudaMalloc buffers made reachable with peer access, peerBases tables
+// are built on the host.
 // Part 1 (correctness): the GIN kernels run on all GPUs concurrently (one stream each); the HOST
 // backend's local kernels run with the exchange emulated by cudaMemcpyPeerAsync of the counted
 // rows (the library uses NCCL from Java for it). Everything is checked against a CPU reference:
@@ -1358,7 +1359,7 @@ int main(int argc, char** argv) {
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
-        printf("case %-28s skipped: E=%d not a multiple of %d ranks\n", cs.name.c_str(), cs.E, R);
+        printf("case %-28s skipped: needs E %% R == 0 and K <= E (E=%d, R=%d, K=%d)\n", cs.name.c_str(), cs.E, R, cs.K);
         continue;
       }
       // The entry the Java side takes, and the less specific ones that also accept the case.
