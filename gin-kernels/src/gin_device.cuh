@@ -34,6 +34,16 @@
 // 16-byte vector: the widest single load/store on both vendors.
 typedef uint4 gin_vec16_t;
 
+// Programmatic dependent launch (NVIDIA sm_90+): a kernel launched with the PDL attribute may start
+// while the kernel before it in the stream still runs; this waits until every grid it depends on
+// has completed and its memory is visible. Call it before the first access to memory an earlier
+// kernel may write. Without the attribute (and on AMD, which has no PDL) it returns at once.
+GIN_DEVICE_INLINE void gin_wait_prior_grids() {
+#if !GIN_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // Lane index inside the warp/wavefront.
 GIN_DEVICE_INLINE uint32_t gin_lane_id() {
 #if GIN_HIP

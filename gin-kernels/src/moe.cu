@@ -1955,6 +1955,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
   __shared__ int* tpTokenPos;
   __shared__ int* tpChanStartTo;
   __shared__ uint64_t* tpState;
+  gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
   MOE_PROF(0, 10);  // entry, before the checks and the prologue's loads
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   uint64_t* state = state_of(workspace);
@@ -3160,6 +3161,7 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
   // Producer: [q] = the q-th remote source's slot count and channel range; consumer: [r] = rank r's.
   __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS], srcSlots[MOE_MAX_RANKS];
   __shared__ CombineCtx cxs[MOE_MAX_RANKS];
+  gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
   MOE_PROF(1, 10);  // entry, before the prologue (write-after-read waits, ranges, load_seq)
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(d, errorFlags)) return;

@@ -277,6 +277,7 @@ static Entry best_entry(int R, int E, int K, int H, int M, int C) {
 struct Setup {
   int R, E, K, H, M, C, L;
   Entry entry;  // the kernels gin_dispatch / gin_combine launch
+  bool pdl = false;  // launched with programmatic dependent launch (the kernels wait for prior grids)
   uint64_t rowBytes, capRows, sendCapRows;
   MoeWindowLayout wl;
   MoeWorkspaceLayout wsl;
@@ -422,19 +423,32 @@ static void poison_outputs(Setup& s) {
 // ------------------------------------------------------------------------------------------------
 // Launchers.
 // ------------------------------------------------------------------------------------------------
-static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T) {
+// Grid 2C x MOE_THREADS on rank r's stream; with s.pdl the programmatic-stream-serialization
+// attribute lets the kernel start while the previous one on the stream drains.
+template <typename Kernel, typename... Args>
+static void gin_launch(Setup& s, int r, Kernel kernel, Args... args) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  s.entry.dispatch<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(x, idx, w, T, q.recvX, q.recvWeights, q.recvCounts,
-                                                         q.peerBases, q.ws, q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
-  CUDA_CHECK(cudaGetLastError());
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(2 * s.C);
+  cfg.blockDim = dim3(MOE_THREADS);
+  cfg.stream = q.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = s.pdl ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+}
+static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T) {
+  Rank& q = s.rk[r];
+  gin_launch(s, r, s.entry.dispatch, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
+             (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
 }
 static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   Rank& q = s.rk[r];
-  CUDA_CHECK(cudaSetDevice(q.dev));
-  s.entry.combine<<<2 * s.C, MOE_THREADS, 0, q.stream>>>(q.expertOut, q.recvWeights, T, y, q.peerBases, q.ws, q.err, r,
-                                                        s.R, s.E, s.K, s.H, s.M, s.C);
-  CUDA_CHECK(cudaGetLastError());
+  gin_launch(s, r, s.entry.combine, (const uint16_t*)q.expertOut, (const float*)q.recvWeights, T, y,
+             (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
 }
 static void fake_expert(Setup& s, int r, const uint16_t* in, uint16_t* out, const int* counts) {
   Rank& q = s.rk[r];
@@ -839,12 +853,15 @@ static void run_entry_refusals(std::mt19937_64& rng) {
 // device, all checked at the end.
 // ------------------------------------------------------------------------------------------------
 // channels = 5: the token path (<= 32 tokens per channel, round 8); 2: the layout path (48).
-static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels) {
-  Case cs{channels <= 2 ? "back-to-back layout path" : "back-to-back token path", 32, 4, 264, 96, channels, {96}, UNIFORM, 0.1};
+// pdl: every dispatch and combine launched with programmatic dependent launch.
+static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, bool pdl) {
+  Case cs{std::string(channels <= 2 ? "back-to-back layout path" : "back-to-back token path") + (pdl ? " PDL" : ""), 32, 4,
+          264, 96, channels, {96}, UNIFORM, 0.1};
   if (cs.E % gNumGpus != 0) cs.E = 16 * gNumGpus;
   Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, false);
-  printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d, %d rounds\n", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C,
-         rounds);
+  s.pdl = pdl;
+  printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d, %d rounds, %s\n", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C,
+         rounds, s.entry.name.c_str());
   std::vector<std::vector<RankInput>> in(rounds, std::vector<RankInput>(s.R));
   for (int i = 0; i < rounds; ++i)
     for (int r = 0; r < s.R; ++r) {
@@ -1146,17 +1163,24 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         recvRows = rr.size();
       }
       const double crossBytes = (double)crossRows * s.rowBytes;
-      // The entry the Java side takes and, where that is a token-path one, the generic entry too,
-      // alternately in the same loop (same-run A/B). Per variant: gated single calls, and 8 calls
-      // back to back after the gate (/ 8: the steady state that pipelined Java calls see).
+      // The entry the Java side takes, the same with programmatic dependent launch, and where the
+      // first is a token-path one the generic entry too, alternately in the same loop (same-run
+      // A/B). Per variant: gated single calls, and 8 calls back to back after the gate (/ 8: the
+      // steady state that pipelined Java calls see).
+      struct Variant {
+        Entry entry;
+        bool pdl;
+        std::string name() const { return entry.name + (pdl ? " + PDL" : ""); }
+      };
       const Entry best = s.entry;
-      std::vector<Entry> variants{best};
-      if (best.name != kGenericEntry.name) variants.push_back(kGenericEntry);
+      std::vector<Variant> variants{{best, false}, {best, true}};
+      if (best.name != kGenericEntry.name) variants.push_back({kGenericEntry, false});
       const int nb = 8;
       std::vector<std::vector<float>> vd(variants.size()), vc(variants.size()), vbd(variants.size()), vbc(variants.size());
       for (int i = 0; i < warm + iters; ++i) {
         for (size_t v = 0; v < variants.size(); ++v) {
-          s.entry = variants[v];
+          s.entry = variants[v].entry;
+          s.pdl = variants[v].pdl;
           const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
             for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
           });
@@ -1181,6 +1205,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         }
       }
       s.entry = best;
+      s.pdl = false;
       std::vector<float>& td = vd[0];
       std::vector<float>& tc = vc[0];
       if (gProfile) {
@@ -1262,7 +1287,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
              median(hd), median(hcomb), errOk ? "" : "  (errorFlags set!)");
       for (size_t v = 0; v < variants.size(); ++v)
         printf("%-14s %6s   %s: gated %.1f / %.1f us, 8 back to back %.1f / %.1f us per call (dispatch / combine)\n", "", "",
-               variants[v].name.c_str(), median(vd[v]), median(vc[v]), median(vbd[v]), median(vbc[v]));
+               variants[v].name().c_str(), median(vd[v]), median(vc[v]), median(vbd[v]), median(vbc[v]));
       record(errOk, std::string("bench ") + sh.name + " error flags", "errorFlags nonzero during timing");
       for (int r = 0; r < s.R; ++r) {
         CUDA_CHECK(cudaSetDevice(r));
@@ -1369,8 +1394,10 @@ int main(int argc, char** argv) {
       if (best.name != kGenericEntry.name) run_case(cs, rng, kGenericEntry);
     }
     run_entry_refusals(rng);
-    run_back_to_back(rng, 200, 5);
-    run_back_to_back(rng, 100, 2);
+    run_back_to_back(rng, 200, 5, false);
+    run_back_to_back(rng, 100, 2, false);
+    run_back_to_back(rng, 100, 5, true);
+    run_back_to_back(rng, 50, 2, true);
     printf("\n%d passed, %d failed\n", gPassed, gFailed);
   }
   if (bench) run_bench(rng, channels);
