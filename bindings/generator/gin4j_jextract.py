@@ -3,8 +3,8 @@
 libclang (the engine jextract uses) and writes Java sources of jextract's shape.
 
 Only the subset of jextract that the CUDA driver, HIP runtime and NCCL headers need is
-implemented; anything outside it (unions, bitfield accessors, function pointers, variadic
-functions, globals) is reported as an error instead of being skipped silently.
+implemented; anything outside it (bitfield accessors, function pointers, variadic functions,
+globals, anonymous struct/union members) is reported as an error instead of being skipped silently.
 See bindings/GENERATED.md for the differences to stock jextract.
 
 Usage:
@@ -70,7 +70,7 @@ class Options:
         self.package = None
         self.header_class = None
         self.libraries = []
-        self.include = {"function": [], "struct": [], "typedef": [], "constant": []}
+        self.include = {"function": [], "struct": [], "union": [], "typedef": [], "constant": []}
         it = iter(tokens)
         for tok in it:
             def value():
@@ -305,15 +305,17 @@ class Generator:
     def resolve(self):
         inc = self.opts.include
         missing = []
-        for name in inc["struct"]:
-            c = self.m.records.get(name)
-            if c is None:
-                missing.append(f"--include-struct {name}")
-                continue
-            if c.kind != ci.CursorKind.STRUCT_DECL:
-                raise GenError(f"{name} is a union: unions are not supported by this generator")
-            self.struct_classes[name] = ("record", c)
-            self.record_class_of[c.hash] = name
+        for kind, want in (("struct", ci.CursorKind.STRUCT_DECL), ("union", ci.CursorKind.UNION_DECL)):
+            for name in inc[kind]:
+                c = self.m.records.get(name)
+                if c is None:
+                    missing.append(f"--include-{kind} {name}")
+                    continue
+                if c.kind != want:
+                    other = "union" if kind == "struct" else "struct"
+                    raise GenError(f"{name} is a {other}: include it with --include-{other}")
+                self.struct_classes[name] = ("record", c)
+                self.record_class_of[c.hash] = name
         self.typedef_layouts = []
         for name in inc["typedef"]:
             c = self.m.typedefs.get(name)
@@ -326,8 +328,6 @@ class Generator:
                 decl = canon.get_declaration()
                 if not decl.is_definition() and decl.get_definition() is None:
                     raise GenError(f"typedef {name} names an incomplete struct: leave it out, pointers to it are C_POINTER")
-                if decl.kind != ci.CursorKind.STRUCT_DECL:
-                    raise GenError(f"typedef {name} is a union: unions are not supported")
                 if is_unnamed(decl.get_definition() or decl):
                     self.struct_classes[name] = ("record", decl.get_definition() or decl)
                     self.record_class_of[(decl.get_definition() or decl).hash] = name
@@ -625,19 +625,41 @@ class Generator:
         return f"{sp} {f.spelling}{dims}"
 
     def struct_class(self, cls, cursor):
-        h = self.h
+        return self.file_header() + self.record_class_text(cls, cls, cursor, nested=False)
+
+    def record_class_text(self, cls, path, cursor, nested):
+        """One struct or union as a Java class (path: its name as other classes spell it). A member
+        of an unnamed struct/union type becomes a nested class named after the member, as jextract
+        names it; anonymous members (no name) are not supported."""
+        is_union = cursor.kind == ci.CursorKind.UNION_DECL
+        what = "union" if is_union else "struct"
         ctype = cursor.type
         size = ctype.get_size()
         fields = [f for f in cursor.get_children() if f.kind == ci.CursorKind.FIELD_DECL]
+        # An unnamed struct/union inside is either the type of a named member (struct { .. } dim;),
+        # which becomes a nested class, or an anonymous member (C11), which is not supported.
+        field_types = {(canonical(f.type).get_declaration().get_definition() or canonical(f.type).get_declaration()).hash
+                       for f in fields if canonical(f.type).kind == ci.TypeKind.RECORD}
         for f in cursor.get_children():
-            if f.kind in (ci.CursorKind.STRUCT_DECL, ci.CursorKind.UNION_DECL) and f.is_anonymous():
-                raise GenError(f"struct {cls}: anonymous nested struct/union members are not supported")
+            if f.kind in (ci.CursorKind.STRUCT_DECL, ci.CursorKind.UNION_DECL) and f.is_anonymous() \
+                    and (f.get_definition() or f).hash not in field_types:
+                raise GenError(f"{what} {path}: anonymous nested struct/union members are not supported")
+        nested_classes = []
+        for f in fields:
+            ft = canonical(f.type)
+            if ft.kind == ci.TypeKind.RECORD:
+                d = ft.get_declaration()
+                d = d.get_definition() or d
+                if is_unnamed(d) and d.hash not in self.record_class_of:
+                    self.record_class_of[d.hash] = f"{path}.{f.spelling}"
+                    nested_classes.append(self.record_class_text(f.spelling, f"{path}.{f.spelling}", d, nested=True))
         members = []      # layout lines
         accessors = []
         pos = 0
+        widest = 0
         c_lines = []
         tag = "" if is_unnamed(cursor) else cursor.spelling
-        header_line = f"struct {tag} {{" if tag else "struct {"
+        header_line = f"{what} {tag} {{" if tag else f"{what} {{"
         c_lines.append(header_line)
         i = 0
         while i < len(fields):
@@ -645,6 +667,8 @@ class Generator:
             c_lines.append("    " + (f"{self.field_decl_text(f)} : {f.get_bitfield_width()};" if f.is_bitfield() else f"{self.field_decl_text(f)};"))
             off_bits = f.get_field_offsetof()
             if f.is_bitfield():
+                if is_union:
+                    raise GenError(f"union {path}: bitfield members are not supported")
                 # jextract does not generate accessors for bitfields: their storage becomes padding
                 j = i
                 while j + 1 < len(fields) and fields[j + 1].is_bitfield():
@@ -665,35 +689,48 @@ class Generator:
                 i = j + 1
                 continue
             if off_bits % 8:
-                raise GenError(f"struct {cls}: field {f.spelling} is not byte aligned")
+                raise GenError(f"{what} {path}: field {f.spelling} is not byte aligned")
             off = off_bits // 8
-            if off > pos:
+            if is_union:
+                if off != 0:
+                    raise GenError(f"union {path}: member {f.spelling} is not at offset 0")
+            elif off > pos:
                 members.append(f"MemoryLayout.paddingLayout({off - pos})")
                 pos = off
             elif off < pos:
-                raise GenError(f"struct {cls}: overlapping field {f.spelling}")
-            info = self.type_info(f.type, f"field {cls}.{f.spelling}")
+                raise GenError(f"struct {path}: overlapping field {f.spelling}")
+            info = self.type_info(f.type, f"field {path}.{f.spelling}")
             fname = f.spelling
             jname = self.java_name(fname)
             members.append(f"{info.layout}.withName(\"{fname}\")")
-            pos = off + f.type.get_size()
+            if is_union:
+                widest = max(widest, f.type.get_size())
+            else:
+                pos = off + f.type.get_size()
             accessors.append(self.field_accessors(cls, f, jname, fname, info, off))
             i += 1
-        if size > pos:
+        if is_union:
+            if size > widest:
+                members.append(f"MemoryLayout.paddingLayout({size})")
+        elif size > pos:
             members.append(f"MemoryLayout.paddingLayout({size - pos})")
         c_lines.append("}")
-        s = [self.file_header()]
+        s = []
         s.append(self.snippet(c_lines, indent="").replace("\n * ", "\n * ", 1))
-        s.append(f"public class {cls} {{\n\n")
+        s.append(f"public {'static ' if nested else ''}class {cls} {{\n\n")
         s.append(f"    {cls}() {{\n        // Should not be called directly\n    }}\n\n")
         lname = tag if tag else cls
-        s.append("    private static final GroupLayout $LAYOUT = MemoryLayout.structLayout(\n        "
+        kind_layout = "unionLayout" if is_union else "structLayout"
+        s.append(f"    private static final GroupLayout $LAYOUT = MemoryLayout.{kind_layout}(\n        "
                  + ",\n        ".join(members) + f"\n    ).withName(\"{lname}\");\n\n")
-        s.append(self.doc("The layout of this struct"))
+        s.append(self.doc(f"The layout of this {what}"))
         s.append("    public static final GroupLayout layout() {\n        return $LAYOUT;\n    }\n\n")
+        for n in nested_classes:
+            s.append("".join(("    " + l) if l.strip() else l for l in n.splitlines(True)) + "\n")
         s.extend(accessors)
-        s.append(self.struct_tail())
-        return "".join(s).rstrip("\n") + "\n}\n"
+        s.append(self.struct_tail(what))
+        text = "".join(s).rstrip("\n") + "\n}\n"
+        return text
 
     def field_accessors(self, cls, f, jname, fname, info, off):
         decl = self.field_decl_text(f)
@@ -747,12 +784,12 @@ class Generator:
                          f"        MemorySegment.copy(fieldValue, 0L, {jname}(struct, {idx_args}), 0L, {elem.layout}.byteSize());\n    }}\n\n")
         return "".join(s)
 
-    def struct_tail(self):
+    def struct_tail(self, what="struct"):
         return ("    /**\n     * Obtains a slice of {@code arrayParam} which selects the array element at {@code index}.\n"
                 "     * The returned segment has address {@code arrayParam.address() + index * layout().byteSize()}\n     */\n"
                 "    public static MemorySegment asSlice(MemorySegment array, long index) {\n"
                 "        return array.asSlice(layout().byteSize() * index);\n    }\n\n"
-                "    /**\n     * The size (in bytes) of this struct\n     */\n"
+                f"    /**\n     * The size (in bytes) of this {what}\n     */\n"
                 "    public static long sizeof() { return layout().byteSize(); }\n\n"
                 "    /**\n     * Allocate a segment of size {@code layout().byteSize()} using {@code allocator}\n     */\n"
                 "    public static MemorySegment allocate(SegmentAllocator allocator) {\n"

@@ -13,6 +13,18 @@ GIN_KERNEL void gin_fill_u32(uint32_t* dst, uint64_t n, uint32_t value) {
   for (uint64_t i = gin_global_thread_id(); i < n; i += stride) dst[i] = value;
 }
 
+// data[i] += add for i < n once every earlier grid on the stream is done, and the next
+// programmatic-dependent launch may start at once: chained so, a wait that did not hold would
+// lose additions (RuntimeGpuTest checks the sum).
+GIN_KERNEL void gin_add_after_prior_u32(uint32_t* data, uint64_t n, uint32_t add) {
+  gin_wait_prior_grids();
+#if !GIN_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  const uint64_t stride = gin_grid_threads();
+  for (uint64_t i = gin_global_thread_id(); i < n; i += stride) data[i] += add;
+}
+
 // dst[i] = alpha * src[i] for i < n.
 GIN_KERNEL void gin_scale_f32(const float* src, float* dst, uint64_t n, float alpha) {
   const uint64_t stride = gin_grid_threads();

@@ -50,6 +50,9 @@ class LayoutTest {
         for (String s : args.include.get("struct")) {
             types.add(new String[] {s, "struct " + s});
         }
+        for (String u : args.include.get("union")) {
+            types.add(new String[] {u, "union " + u});
+        }
         for (String t : args.include.get("typedef")) {
             if (classOrNull(args.targetPackage + "." + t) != null) {
                 types.add(new String[] {t, t});

@@ -120,7 +120,7 @@ final class TestSupport {
 
         private ArgFile(String name) {
             this.name = name;
-            for (String kind : List.of("function", "struct", "typedef", "constant")) {
+            for (String kind : List.of("function", "struct", "union", "typedef", "constant")) {
                 include.put(kind, new ArrayList<>());
             }
         }

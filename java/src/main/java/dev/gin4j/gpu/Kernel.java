@@ -59,7 +59,7 @@ public final class Kernel {
         args.checkComplete(name);
         device.driver().ensureCurrent(device.ordinal());
         device.driver().launch(function, config.gridX(), config.gridY(), config.gridZ(), config.blockX(), config.blockY(), config.blockZ(),
-                config.sharedBytes(), stream.handle(), args.params(), config.cooperative());
+                config.sharedBytes(), stream.handle(), args.params(), config.cooperative(), config.programmaticDependent());
     }
 
     @Override public String toString() { return "kernel " + name + " of " + codeObject.describe(); }

@@ -1,16 +1,25 @@
 package dev.gin4j.gpu;
 
-/** Grid and block shape, dynamic shared memory and whether the launch is cooperative. */
+/**
+ * Grid and block shape, dynamic shared memory, whether the launch is cooperative, and whether it is a
+ * programmatic dependent launch: the kernel may start while the kernel before it on the stream still
+ * drains (NVIDIA sm_90+; ~1 us less per back-to-back launch), so it must wait
+ * ({@code gin_wait_prior_grids}, griddepcontrol.wait) before it touches memory an earlier kernel
+ * writes. Only kernels that do may be launched so. On AMD it is an ordinary launch.
+ */
 public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int blockY, int blockZ,
-                           int sharedBytes, boolean cooperative) {
+                           int sharedBytes, boolean cooperative, boolean programmaticDependent) {
     public LaunchConfig {
+        if (cooperative && programmaticDependent) throw new IllegalArgumentException("a launch is either cooperative or programmatic-dependent, not both");
         if (gridX < 1 || gridY < 1 || gridZ < 1) throw new IllegalArgumentException("grid " + gridX + "x" + gridY + "x" + gridZ + " must be at least 1 in every dimension");
         if (blockX < 1 || blockY < 1 || blockZ < 1) throw new IllegalArgumentException("block " + blockX + "x" + blockY + "x" + blockZ + " must be at least 1 in every dimension");
         if (sharedBytes < 0) throw new IllegalArgumentException("dynamic shared memory " + sharedBytes + " must be >= 0");
     }
 
-    public static LaunchConfig of(int grid, int block) { return new LaunchConfig(grid, 1, 1, block, 1, 1, 0, false); }
-    public LaunchConfig withSharedBytes(int bytes) { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, bytes, cooperative); }
-    public LaunchConfig asCooperative() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, true); }
+    public static LaunchConfig of(int grid, int block) { return new LaunchConfig(grid, 1, 1, block, 1, 1, 0, false, false); }
+    public LaunchConfig withSharedBytes(int bytes) { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, bytes, cooperative, programmaticDependent); }
+    public LaunchConfig asCooperative() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, true, programmaticDependent); }
+    /** See the class comment: only for kernels that wait for prior grids before their first memory access. */
+    public LaunchConfig asProgrammaticDependent() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, cooperative, true); }
     public long threadsPerBlock() { return (long) blockX * blockY * blockZ; }
 }

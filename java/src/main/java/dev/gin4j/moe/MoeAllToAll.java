@@ -44,6 +44,9 @@ public final class MoeAllToAll implements AutoCloseable {
     private final CommGroup group;
     private final MoeConfig cfg;
     private final int nRanks, localExperts, channels;
+    // GIN dispatch / combine: 2 x channels blocks, programmatic dependent launch (the kernels wait
+    // for prior grids before anything else, so they may start while the previous kernel drains)
+    private final LaunchConfig ginLaunch;
     private final long[] query;
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;       // GIN only
@@ -114,6 +117,7 @@ public final class MoeAllToAll implements AutoCloseable {
         this.localExperts = cfg.experts() / nRanks;
         int sms = group.rank(0).device().multiprocessors();
         this.channels = Math.max(1, Math.min(128, sms / 2));
+        this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
         this.query = queryLayout(group.rank(0).device());
         if (query[Q_WINDOW_BYTES] == 0) {
             throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
@@ -211,7 +215,7 @@ public final class MoeAllToAll implements AutoCloseable {
                 .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
                 .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
-        r.dispatch.launch(stream, LaunchConfig.of(2 * channels, THREADS), a);
+        r.dispatch.launch(stream, ginLaunch, a);
         r.lastSequence = seq;
         return new MoeDispatch(localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
@@ -330,7 +334,7 @@ public final class MoeAllToAll implements AutoCloseable {
         a.setPointer(0, expertOut).setPointer(1, r.recvWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
                 .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
-        r.combine.launch(stream, LaunchConfig.of(2 * channels, THREADS), a);
+        r.combine.launch(stream, ginLaunch, a);
         return r.y.slice(0, (long) handle.numTokens() * cfg.rowBytes());
     }
 

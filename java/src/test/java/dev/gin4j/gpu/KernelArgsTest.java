@@ -53,5 +53,8 @@ class KernelArgsTest {
         assertThrows(IllegalArgumentException.class, () -> LaunchConfig.of(1, 0));
         assertThrows(IllegalArgumentException.class, () -> LaunchConfig.of(1, 32).withSharedBytes(-1));
         assertEquals(256, LaunchConfig.of(4, 256).threadsPerBlock());
+        IllegalArgumentException both = assertThrows(IllegalArgumentException.class, () -> LaunchConfig.of(1, 32).asCooperative().asProgrammaticDependent());
+        assertTrue(both.getMessage().contains("cooperative or programmatic-dependent"), both.getMessage());
+        assertTrue(LaunchConfig.of(2, 64).asProgrammaticDependent().withSharedBytes(128).programmaticDependent());
     }
 }

@@ -102,6 +102,35 @@ class RuntimeGpuTest {
         }
     }
 
+    @Test void programmaticDependentLaunchesStayOrdered() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+            int n = 4_000_037;
+            DeviceBuffer buf = dev.allocate(4L * n, arena);
+            int base = random.nextInt();
+            KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32);
+            fill.setPointer(0, buf).setLong(1, n).setInt(2, base);
+            basic.kernel("gin_fill_u32").launch(s, LaunchConfig.of(120, 256), fill);
+            // 60 read-modify-write kernels back to back, each allowed to start while the one before
+            // drains; each lets the next start at once, so a wait that did not hold would lose additions
+            Kernel add = basic.kernel("gin_add_after_prior_u32");
+            KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32);
+            int expected = base;
+            for (int i = 0; i < 60; i++) {
+                int delta = random.nextInt();
+                expected += delta;
+                args.setPointer(0, buf).setLong(1, n).setInt(2, delta);
+                add.launch(s, LaunchConfig.of(1 + random.nextInt(64), 256).asProgrammaticDependent(), args);
+            }
+            s.synchronize();
+            MemorySegment host = arena.allocate(4L * n);
+            buf.copyToHost(host);
+            for (int i = 0; i < n; i++) assertEquals(expected, host.getAtIndex(ValueLayout.JAVA_INT, i), "element " + i + " after 60 chained additions");
+        }
+    }
+
     @Test void structPassedByValue() {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");

@@ -2241,6 +2241,16 @@ public class cuda_h {
      */
     public static final ValueLayout.OfInt CUfunction_attribute = cuda_h.C_INT;
 
+    private static final int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = (int)6L;
+    /**
+     * {@snippet lang=c :
+     * enum CUlaunchAttributeID_enum.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+     * }
+     */
+    public static int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION() {
+        return CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    }
+
     private static final int CU_STREAM_CAPTURE_STATUS_NONE = (int)0L;
     /**
      * {@snippet lang=c :
@@ -7199,6 +7209,71 @@ public class cuda_h {
                 traceDowncall("cuLaunchKernel", f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
             }
             return (int)mh$.invokeExact(f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra);
+        } catch (Error | RuntimeException ex) {
+            throw ex;
+        } catch (Throwable ex$) {
+            throw new AssertionError("should not reach here", ex$);
+        }
+    }
+
+    private static class cuLaunchKernelEx {
+        public static final FunctionDescriptor DESC = FunctionDescriptor.of(
+            cuda_h.C_INT,
+            cuda_h.C_POINTER,
+            cuda_h.C_POINTER,
+            cuda_h.C_POINTER,
+            cuda_h.C_POINTER
+        );
+
+        public static final MemorySegment ADDR = cuda_h.findOrNull("cuLaunchKernelEx");
+
+        public static final MethodHandle HANDLE = ADDR == null ? null : Linker.nativeLinker().downcallHandle(ADDR, DESC);
+    }
+
+    /**
+     * Function descriptor for:
+     * {@snippet lang=c :
+     * CUresult cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra)
+     * }
+     */
+    public static FunctionDescriptor cuLaunchKernelEx$descriptor() {
+        return cuLaunchKernelEx.DESC;
+    }
+
+    /**
+     * Downcall method handle for:
+     * {@snippet lang=c :
+     * CUresult cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra)
+     * }
+     * @throws UnsatisfiedLinkError if the library or the symbol is missing
+     */
+    public static MethodHandle cuLaunchKernelEx$handle() {
+        return requireHandle(cuLaunchKernelEx.HANDLE, "cuLaunchKernelEx");
+    }
+
+    /**
+     * Address for:
+     * {@snippet lang=c :
+     * CUresult cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra)
+     * }
+     * @throws UnsatisfiedLinkError if the library or the symbol is missing
+     */
+    public static MemorySegment cuLaunchKernelEx$address() {
+        return requireAddress(cuLaunchKernelEx.ADDR, "cuLaunchKernelEx");
+    }
+
+    /**
+     * {@snippet lang=c :
+     * CUresult cuLaunchKernelEx(const CUlaunchConfig * config, CUfunction f, void ** kernelParams, void ** extra)
+     * }
+     */
+    public static int cuLaunchKernelEx(MemorySegment config, MemorySegment f, MemorySegment kernelParams, MemorySegment extra) {
+        var mh$ = requireHandle(cuLaunchKernelEx.HANDLE, "cuLaunchKernelEx");
+        try {
+            if (TRACE_DOWNCALLS) {
+                traceDowncall("cuLaunchKernelEx", config, f, kernelParams, extra);
+            }
+            return (int)mh$.invokeExact(config, f, kernelParams, extra);
         } catch (Error | RuntimeException ex) {
             throw ex;
         } catch (Throwable ex$) {

@@ -8,6 +8,10 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 
+import dev.gin4j.bindings.cuda.CUlaunchAttributeValue_union;
+import dev.gin4j.bindings.cuda.CUlaunchAttribute_st;
+import dev.gin4j.bindings.cuda.CUlaunchConfig_st;
+
 import static dev.gin4j.bindings.cuda.cuda_h.*;
 
 /**
@@ -333,8 +337,31 @@ public final class CudaDriver implements Driver {
                 out -> cuOccupancyMaxActiveBlocksPerMultiprocessor(out, MemorySegment.ofAddress(function), blockSize, dynamicSharedBytes));
     }
 
+    /** Per thread: a CUlaunchConfig followed by its one CUlaunchAttribute, so a launch allocates nothing. */
+    private static final ThreadLocal<MemorySegment> LAUNCH_EX = ThreadLocal.withInitial(
+            () -> Arena.ofAuto().allocate(CUlaunchConfig_st.sizeof() + CUlaunchAttribute_st.sizeof(), 16));
+
     @Override public void launch(long function, int gx, int gy, int gz, int bx, int by, int bz, int sharedBytes,
-                                 long stream, MemorySegment params, boolean cooperative) {
+                                 long stream, MemorySegment params, boolean cooperative, boolean programmaticDependent) {
+        if (programmaticDependent) {
+            MemorySegment config = LAUNCH_EX.get();
+            MemorySegment attr = config.asSlice(CUlaunchConfig_st.sizeof(), CUlaunchAttribute_st.sizeof());
+            CUlaunchAttribute_st.id(attr, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION());
+            CUlaunchAttributeValue_union.programmaticStreamSerializationAllowed(CUlaunchAttribute_st.value(attr), 1);
+            CUlaunchConfig_st.gridDimX(config, gx);
+            CUlaunchConfig_st.gridDimY(config, gy);
+            CUlaunchConfig_st.gridDimZ(config, gz);
+            CUlaunchConfig_st.blockDimX(config, bx);
+            CUlaunchConfig_st.blockDimY(config, by);
+            CUlaunchConfig_st.blockDimZ(config, bz);
+            CUlaunchConfig_st.sharedMemBytes(config, sharedBytes);
+            CUlaunchConfig_st.hStream(config, MemorySegment.ofAddress(stream));
+            CUlaunchConfig_st.attrs(config, attr);
+            CUlaunchConfig_st.numAttrs(config, 1);
+            int rc = cuLaunchKernelEx(config, MemorySegment.ofAddress(function), params, MemorySegment.NULL);
+            if (rc != 0) throw error("cuLaunchKernelEx (programmatic stream serialization)", rc);
+            return;
+        }
         int rc = cooperative
                 ? cuLaunchCooperativeKernel(MemorySegment.ofAddress(function), gx, gy, gz, bx, by, bz, sharedBytes, MemorySegment.ofAddress(stream), params)
                 : cuLaunchKernel(MemorySegment.ofAddress(function), gx, gy, gz, bx, by, bz, sharedBytes, MemorySegment.ofAddress(stream), params, MemorySegment.NULL);

@@ -79,9 +79,13 @@ public interface Driver {
     void setMaxDynamicSharedMemory(int dev, long function, int bytes);
     int occupancyBlocksPerMultiprocessor(int dev, long function, int blockSize, int dynamicSharedBytes);
 
-    /** The hot path: no allocation, no context switch (the caller made the device current). */
+    /**
+     * The hot path: no allocation, no context switch (the caller made the device current).
+     * programmaticDependent: see {@link dev.gin4j.gpu.LaunchConfig} (a plain launch where the
+     * platform has no such launch).
+     */
     void launch(long function, int gx, int gy, int gz, int bx, int by, int bz, int sharedBytes,
-                long stream, MemorySegment params, boolean cooperative);
+                long stream, MemorySegment params, boolean cooperative, boolean programmaticDependent);
 
     void beginCapture(int dev, long stream);
     long endCapture(int dev, long stream);

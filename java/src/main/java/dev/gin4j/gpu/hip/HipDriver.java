@@ -303,7 +303,8 @@ public final class HipDriver implements Driver {
     }
 
     @Override public void launch(long function, int gx, int gy, int gz, int bx, int by, int bz, int sharedBytes,
-                                 long stream, MemorySegment params, boolean cooperative) {
+                                 long stream, MemorySegment params, boolean cooperative, boolean programmaticDependent) {
+        // HIP has no programmatic dependent launch: an ordinary launch, stream-ordered (the kernels' wait is a no-op there)
         int rc = cooperative
                 ? hipModuleLaunchCooperativeKernel(ptr(function), gx, gy, gz, bx, by, bz, sharedBytes, ptr(stream), params)
                 : hipModuleLaunchKernel(ptr(function), gx, gy, gz, bx, by, bz, sharedBytes, ptr(stream), params, MemorySegment.NULL);
