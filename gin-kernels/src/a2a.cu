@@ -898,13 +898,15 @@ GIN_DEVICE_INLINE void a2a_ll128(const uint8_t* send, uint64_t sendBytes, uint64
 // ================================================================================================
 // Entry points. Grid: nranks * chunksPerPeer blocks (1-D), all co-resident; blockDim.x <= 1024
 // (direct) or <= 512 (LL, LL128), a multiple of 32 recommended (LL128: required, a multiple of the
-// warp size); no dynamic shared memory. See KERNELS.md for every argument.
+// warp size); no dynamic shared memory. See KERNELS.md for every argument. Each waits for prior
+// grids first (gin_wait_prior_grids), so it may be launched as a programmatic dependent launch.
 // ================================================================================================
 
 extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
 gin_a2a(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
         uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
         int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
   gin_a2a_detail::a2a_direct<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
                                     signalOffset, seqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
                                     errorFlags);
@@ -915,6 +917,7 @@ gin_a2av(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts, co
          const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
          uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks, int32_t chunksPerPeer,
          int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
   gin_a2a_detail::a2a_direct<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
                                    recvCountsOffset, signalOffset, seqState, rank, nranks, chunksPerPeer,
                                    maxChunksPerPeer, errorFlags);
@@ -924,6 +927,7 @@ extern "C" __global__ void __launch_bounds__(GIN_A2A_LL_MAX_THREADS)
 gin_a2a_ll(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
            uint64_t slotBytes, uint64_t llOffset, uint64_t llCapacity, uint64_t* llSeqState, int32_t rank,
            int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
   gin_a2a_detail::a2a_ll<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
                                 llOffset, llCapacity, llSeqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
                                 errorFlags);
@@ -934,6 +938,7 @@ gin_a2av_ll(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts,
             const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
             uint64_t llOffset, uint64_t llCapacity, uint64_t* llSeqState, int32_t rank, int32_t nranks,
             int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
   gin_a2a_detail::a2a_ll<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
                                recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunksPerPeer,
                                maxChunksPerPeer, errorFlags);
@@ -943,6 +948,7 @@ extern "C" __global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS)
 gin_a2a_ll128(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
               uint64_t slotBytes, uint64_t ll128Offset, uint64_t ll128Capacity, uint64_t* ll128SeqState,
               int32_t rank, int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
   gin_a2a_detail::a2a_ll128<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
                                    ll128Offset, ll128Capacity, ll128SeqState, rank, nranks, chunksPerPeer,
                                    maxChunksPerPeer, errorFlags);
@@ -953,6 +959,7 @@ gin_a2av_ll128(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCoun
                const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
                uint64_t ll128Offset, uint64_t ll128Capacity, uint64_t* ll128SeqState, int32_t rank, int32_t nranks,
                int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
   gin_a2a_detail::a2a_ll128<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
                                   recvCountsOffset, ll128Offset, ll128Capacity, ll128SeqState, rank, nranks,
                                   chunksPerPeer, maxChunksPerPeer, errorFlags);

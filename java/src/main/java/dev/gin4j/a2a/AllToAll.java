@@ -138,7 +138,8 @@ public final class AllToAll implements AutoCloseable {
             return;
         }
         long peerBases = gin.peers.table(i).address();
-        LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads());
+        // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
+        LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
         if (plan.protocol() == Protocol.LL) {
             KernelArgs a = r.llArgs;
             a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
