@@ -10,12 +10,16 @@
 // only. Each kernel reads a counter the previous launch bumped (after its wait); at the end the
 // counter must equal the number of launches.
 // Session 5 (one H200): plain 4.4 / 5.3 / 8.3 / 13.3 us per launch for 0 / 2 / 5 / 10 us busy;
-// PDL with the wait only 3.7 / 4.2 / 7.3 / 12.2: ~1 us less per launch.
+// PDL with the wait only 3.7 / 4.2 / 7.3 / 12.2: ~1 us less per launch. Then the host side: the
+// calling thread's CPU time per launch with <<<>>>, cudaLaunchKernelEx, and cudaLaunchKernelEx + PDL:
+// 3.64 / 3.52 / 2.85 us and 4.56 / 4.36 / 3.99 us in two runs a second apart (a PDL launch costs no
+// more CPU; the host's launch cost itself moves by ~1 us from run to run).
 //
 // Build: gin-kernels/build --tests (or nvcc -arch=sm_90 -O3 -o pdl_probe pdl_probe.cu)
 // Run:   pdl_probe          Exit status: 0 = done, 1 = the counter check failed, 2 = CUDA error.
 #include <cuda_runtime.h>
 #include <cstdint>
+#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -45,6 +49,19 @@ __global__ void __launch_bounds__(512, 1) busy(uint64_t ns, unsigned* sink, int*
     unsigned prev = atomicAdd((unsigned*)&sink[1023], 1u);
     if (prev == gridDim.x - 1) { sink[1023] = 0; __threadfence(); atomicAdd(counter, 1); }
   }
+}
+
+// No work: the host-side launch cost (twelve arguments, like gin_a2a_ll128). Waits for prior grids
+// so that it may be launched with PDL.
+__global__ void empty12(unsigned* a, uint64_t b, unsigned* c, uint64_t d, uint64_t e, uint64_t f, unsigned* g, int h,
+                        int i, int j, int k, int* l) {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+static double thread_cpu_us() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
 }
 
 int main(int argc, char** argv) {
@@ -87,5 +104,37 @@ int main(int argc, char** argv) {
   }
   int got = 0; CK(cudaMemcpy(&got, counter, 4, cudaMemcpyDeviceToHost));
   printf("counter %d, expected %d: %s\n", got, expect, got == expect ? "ok" : "MISMATCH");
+
+  // The host side: CPU time of the calling thread per launch of an empty kernel (12 arguments, as
+  // the all-to-all kernels have), 64 launches back to back, median of 31 batches: <<<>>>,
+  // cudaLaunchKernelEx without attributes, cudaLaunchKernelEx with the PDL attribute.
+  printf("host CPU per launch (empty kernel, 64 back to back, median of 31 batches), us:\n");
+  const char* names[3] = {"<<<>>>", "LaunchKernelEx", "LaunchKernelEx + PDL"};
+  for (int mode = 0; mode < 3; ++mode) {
+    std::vector<double> v;
+    for (int b = 0; b < 32; ++b) {
+      CK(cudaStreamSynchronize(st));
+      const double t0 = thread_cpu_us();
+      for (int i = 0; i < 64; ++i) {
+        if (mode == 0) {
+          empty12<<<sms, 256, 0, st>>>(sink, 0, sink, 0, 0, 0, sink, 0, 0, 0, 0, counter);
+        } else {
+          cudaLaunchConfig_t cfg = {};
+          cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.stream = st;
+          cudaLaunchAttribute at[1];
+          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+          at[0].val.programmaticStreamSerializationAllowed = 1;
+          cfg.attrs = at; cfg.numAttrs = mode == 2 ? 1 : 0;
+          CK(cudaLaunchKernelEx(&cfg, empty12, sink, (uint64_t)0, sink, (uint64_t)0, (uint64_t)0, (uint64_t)0, sink, 0, 0, 0, 0, counter));
+        }
+      }
+      const double t1 = thread_cpu_us();
+      CK(cudaGetLastError());
+      if (b) v.push_back((t1 - t0) / 64);
+    }
+    std::sort(v.begin(), v.end());
+    printf("  %-22s %6.2f\n", names[mode], v[v.size() / 2]);
+  }
+  CK(cudaStreamSynchronize(st));
   return got == expect ? 0 : 1;
 }
