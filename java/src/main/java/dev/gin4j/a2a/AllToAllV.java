@@ -90,7 +90,7 @@ public final class AllToAllV implements AutoCloseable {
             GinState.Rank r = gin.ranks.get(i);
             DeviceBuffer in = inputs.get(i);
             // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
-        LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
+            LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
             long peerBases = gin.peers.table(i).address();
             if (plan.protocol() == Protocol.LL) {
                 KernelArgs a = r.llVArgs;
