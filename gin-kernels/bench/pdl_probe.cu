@@ -58,6 +58,19 @@ __global__ void empty12(unsigned* a, uint64_t b, unsigned* c, uint64_t d, uint64
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+// cudaLaunchKernelEx's configuration: grid x block on st, with the PDL attribute (in *attr) if pdl.
+static cudaLaunchConfig_t launch_config(int grid, int block, cudaStream_t st, bool pdl, cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.stream = st;
+  attr->id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr->val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cfg;
+}
+
 static double thread_cpu_us() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -81,12 +94,8 @@ int main(int argc, char** argv) {
       for (int b = 0; b < 10; ++b) {
         CK(cudaEventRecord(e0, st));
         for (int i = 0; i < 20; ++i) {
-          cudaLaunchConfig_t cfg = {};
-          cfg.gridDim = dim3(sms); cfg.blockDim = dim3(512); cfg.stream = st;
-          cudaLaunchAttribute at[1];
-          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          at[0].val.programmaticStreamSerializationAllowed = 1;
-          cfg.attrs = at; cfg.numAttrs = mode == 0 ? 0 : 1;
+          cudaLaunchAttribute at;
+          cudaLaunchConfig_t cfg = launch_config(sms, 512, st, mode != 0, &at);
           if (mode == 0) CK(cudaLaunchKernelEx(&cfg, busy<0>, ns, sink, counter));
           else if (mode == 1) CK(cudaLaunchKernelEx(&cfg, busy<1>, ns, sink, counter));
           else CK(cudaLaunchKernelEx(&cfg, busy<2>, ns, sink, counter));
@@ -119,12 +128,8 @@ int main(int argc, char** argv) {
         if (mode == 0) {
           empty12<<<sms, 256, 0, st>>>(sink, 0, sink, 0, 0, 0, sink, 0, 0, 0, 0, counter);
         } else {
-          cudaLaunchConfig_t cfg = {};
-          cfg.gridDim = dim3(sms); cfg.blockDim = dim3(256); cfg.stream = st;
-          cudaLaunchAttribute at[1];
-          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          at[0].val.programmaticStreamSerializationAllowed = 1;
-          cfg.attrs = at; cfg.numAttrs = mode == 2 ? 1 : 0;
+          cudaLaunchAttribute at;
+          cudaLaunchConfig_t cfg = launch_config(sms, 256, st, mode == 2, &at);
           CK(cudaLaunchKernelEx(&cfg, empty12, sink, (uint64_t)0, sink, (uint64_t)0, (uint64_t)0, (uint64_t)0, sink, 0, 0, 0, 0, counter));
         }
       }

@@ -337,17 +337,24 @@ public final class CudaDriver implements Driver {
                 out -> cuOccupancyMaxActiveBlocksPerMultiprocessor(out, MemorySegment.ofAddress(function), blockSize, dynamicSharedBytes));
     }
 
-    /** Per thread: a CUlaunchConfig followed by its one CUlaunchAttribute, so a launch allocates nothing. */
-    private static final ThreadLocal<MemorySegment> LAUNCH_EX = ThreadLocal.withInitial(
-            () -> Arena.ofAuto().allocate(CUlaunchConfig_st.sizeof() + CUlaunchAttribute_st.sizeof(), 16));
+    /**
+     * Per thread: a CUlaunchConfig followed by its one attribute (programmatic stream serialization),
+     * written once; a launch fills in only the grid, block, shared memory and stream.
+     */
+    private static final ThreadLocal<MemorySegment> LAUNCH_EX = ThreadLocal.withInitial(() -> {
+        MemorySegment config = Arena.ofAuto().allocate(CUlaunchConfig_st.sizeof() + CUlaunchAttribute_st.sizeof(), 16);
+        MemorySegment attr = config.asSlice(CUlaunchConfig_st.sizeof(), CUlaunchAttribute_st.sizeof());
+        CUlaunchAttribute_st.id(attr, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION());
+        CUlaunchAttributeValue_union.programmaticStreamSerializationAllowed(CUlaunchAttribute_st.value(attr), 1);
+        CUlaunchConfig_st.attrs(config, attr);
+        CUlaunchConfig_st.numAttrs(config, 1);
+        return config;
+    });
 
     @Override public void launch(long function, int gx, int gy, int gz, int bx, int by, int bz, int sharedBytes,
                                  long stream, MemorySegment params, boolean cooperative, boolean programmaticDependent) {
         if (programmaticDependent) {
             MemorySegment config = LAUNCH_EX.get();
-            MemorySegment attr = config.asSlice(CUlaunchConfig_st.sizeof(), CUlaunchAttribute_st.sizeof());
-            CUlaunchAttribute_st.id(attr, CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION());
-            CUlaunchAttributeValue_union.programmaticStreamSerializationAllowed(CUlaunchAttribute_st.value(attr), 1);
             CUlaunchConfig_st.gridDimX(config, gx);
             CUlaunchConfig_st.gridDimY(config, gy);
             CUlaunchConfig_st.gridDimZ(config, gz);
@@ -356,8 +363,6 @@ public final class CudaDriver implements Driver {
             CUlaunchConfig_st.blockDimZ(config, bz);
             CUlaunchConfig_st.sharedMemBytes(config, sharedBytes);
             CUlaunchConfig_st.hStream(config, MemorySegment.ofAddress(stream));
-            CUlaunchConfig_st.attrs(config, attr);
-            CUlaunchConfig_st.numAttrs(config, 1);
             int rc = cuLaunchKernelEx(config, MemorySegment.ofAddress(function), params, MemorySegment.NULL);
             if (rc != 0) throw error("cuLaunchKernelEx (programmatic stream serialization)", rc);
             return;
