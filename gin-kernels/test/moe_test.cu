@@ -1,8 +1,10 @@
 // moe_test.cu - standalone check and benchmark of gin-kernels/src/moe.cu (CUDA runtime only).
 //
-// One process drives every visible GPU as one rank each (one GPU: R = 1, nothing crosses a link):
-// symmetric windows are plain cudaMalloc buffers made reachable with peer access, peerBases tables
-// are built on the host.
+// One process drives every visible GPU as one rank each (one GPU: R = 1, nothing crosses a link), or
+// with --ranks R, R ranks with rank r on GPU r % GPUs (how the R = 4 and 8 entry points run on a
+// 2-GPU host; the channels are lowered so that the grids of the ranks sharing a GPU fit on it
+// together): symmetric windows are plain cudaMalloc buffers made reachable with peer access,
+// peerBases tables are built on the host.
 // Part 1 (correctness): the GIN kernels run on all GPUs concurrently (one stream each); the HOST
 // backend's local kernels run with the exchange emulated by cudaMemcpyPeerAsync of the counted
 // rows (the library uses NCCL from Java for it). Everything is checked against a CPU reference:
@@ -13,7 +15,7 @@
 // and Mixtral shapes at 128 and 4096 tokens per rank.
 //
 //   nvcc -arch=sm_90 -O3 -std=c++17 -Igin-kernels/src -o /tmp/moe_test gin-kernels/test/moe_test.cu
-//   /tmp/moe_test [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile]
+//   /tmp/moe_test [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R]
 // --profile: after each timed shape, one more gated dispatch and combine with per-block phase
 // stamps (%globaltimer, see MOE_PROF in moe.cu), printed as median / max over blocks in us from the
 // kernel's first block start on that GPU.
@@ -285,7 +287,10 @@ struct Setup {
 };
 
 static int gNumGpus = 0;
+static int gNumRanks = 0;  // --ranks: R ranks over the GPUs, rank r on GPU r % gNumGpus
 static int gSmCount = 0;
+static int gRanksPerGpu = 1;
+static int dev_of(int rank) { return rank % gNumGpus; }
 
 template <typename T>
 static T* dmalloc(size_t bytes) {
@@ -296,7 +301,7 @@ static T* dmalloc(size_t bytes) {
 
 static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
   Setup s;
-  s.R = gNumGpus;
+  s.R = gNumRanks;
   s.E = E;
   s.K = K;
   s.H = H;
@@ -305,6 +310,13 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
   s.L = E / s.R;
   if (!moe_sizes_ok(s.R, E, K, H, M) || C < 1 || C > MOE_MAX_CHANNELS) {
     fprintf(stderr, "configuration outside the kernels' limits: R=%d E=%d K=%d H=%d M=%d C=%d\n", s.R, E, K, H, M, C);
+    exit(2);
+  }
+  // Ranks that share a GPU wait for each other inside a call, so all their grids (2C blocks of
+  // MOE_THREADS each, one per SM) must be resident together.
+  if (gRanksPerGpu * 2 * C > gSmCount) {
+    fprintf(stderr, "C=%d: %d ranks per GPU need %d SMs for their grids together, the GPU has %d (lower --channels)\n", C,
+            gRanksPerGpu, gRanksPerGpu * 2 * C, gSmCount);
     exit(2);
   }
   s.entry = best_entry(s.R, E, K, H, M, C);
@@ -317,8 +329,8 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
   std::vector<uint64_t> bases(s.R);
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
-    q.dev = r;
-    CUDA_CHECK(cudaSetDevice(r));
+    q.dev = dev_of(r);
+    CUDA_CHECK(cudaSetDevice(q.dev));
     CUDA_CHECK(cudaStreamCreateWithFlags(&q.stream, cudaStreamNonBlocking));
     q.window = dmalloc<uint8_t>(s.wl.totalBytes);
     CUDA_CHECK(cudaMemset(q.window, 0, s.wl.totalBytes));
@@ -354,11 +366,11 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
     bases[r] = (uint64_t)(uintptr_t)q.window;
   }
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaMemcpy(s.rk[r].peerBases, bases.data(), 8ull * s.R, cudaMemcpyHostToDevice));
   }
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaDeviceSynchronize());
   }
   return s;
@@ -486,7 +498,7 @@ static HostCounts host_read_counts(Setup& s) {
   hc.expertOffset.resize(s.R);
   sync_all(s);
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     hc.expertCount[r].resize(s.E);
     hc.expertOffset[r].resize(s.E + 1);
     CUDA_CHECK(cudaMemcpy(hc.expertCount[r].data(), s.rk[r].hws + s.wsl.expertCount, 4ull * s.E, cudaMemcpyDeviceToHost));
@@ -506,7 +518,7 @@ static void host_upload_count_matrix(Setup& s, const HostCounts& hc) {
     std::vector<int> m((size_t)s.R * s.L);
     for (int src = 0; src < s.R; ++src)
       for (int e = 0; e < s.L; ++e) m[(size_t)src * s.L + e] = hc.expertCount[src][d * s.L + e];
-    CUDA_CHECK(cudaSetDevice(d));
+    CUDA_CHECK(cudaSetDevice(dev_of(d)));
     CUDA_CHECK(cudaMemcpy(s.rk[d].countMatrix, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
   }
 }
@@ -525,12 +537,12 @@ static void host_pack_all(Setup& s, const std::vector<int>& T) {
 static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
   std::vector<cudaEvent_t> ev(s.R);
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaEventCreateWithFlags(&ev[r], cudaEventDisableTiming));
     CUDA_CHECK(cudaEventRecord(ev[r], s.rk[r].stream));
   }
   for (int r = 0; r < s.R; ++r) {  // every stream waits for every producer's kernels
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     for (int o = 0; o < s.R; ++o) CUDA_CHECK(cudaStreamWaitEvent(s.rk[r].stream, ev[o], 0));
   }
   for (int d = 0; d < s.R; ++d) {
@@ -540,16 +552,16 @@ static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
       const uint64_t sendRow = (uint64_t)hc.expertOffset[src][d * s.L];
       if (n > 0) {
         if (!back) {
-          CUDA_CHECK(cudaSetDevice(src));
-          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[d].recvBuf + recvRow * s.rowBytes, d,
-                                         (uint8_t*)s.rk[src].sendRows + sendRow * s.rowBytes, src, n * s.rowBytes,
+          CUDA_CHECK(cudaSetDevice(dev_of(src)));
+          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[d].recvBuf + recvRow * s.rowBytes, dev_of(d),
+                                         (uint8_t*)s.rk[src].sendRows + sendRow * s.rowBytes, dev_of(src), n * s.rowBytes,
                                          s.rk[src].stream));
-          CUDA_CHECK(cudaMemcpyPeerAsync(s.rk[d].recvBufWeights + recvRow, d, s.rk[src].sendWeights + sendRow, src,
+          CUDA_CHECK(cudaMemcpyPeerAsync(s.rk[d].recvBufWeights + recvRow, dev_of(d), s.rk[src].sendWeights + sendRow, dev_of(src),
                                          4ull * n, s.rk[src].stream));
         } else {
-          CUDA_CHECK(cudaSetDevice(d));
-          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[src].returned + sendRow * s.rowBytes, src,
-                                         (uint8_t*)s.rk[d].backBuf + recvRow * s.rowBytes, d, n * s.rowBytes,
+          CUDA_CHECK(cudaSetDevice(dev_of(d)));
+          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[src].returned + sendRow * s.rowBytes, dev_of(src),
+                                         (uint8_t*)s.rk[d].backBuf + recvRow * s.rowBytes, dev_of(d), n * s.rowBytes,
                                          s.rk[d].stream));
         }
       }
@@ -557,16 +569,16 @@ static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
     }
   }
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaEventRecord(ev[r], s.rk[r].stream));
   }
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     for (int o = 0; o < s.R; ++o) CUDA_CHECK(cudaStreamWaitEvent(s.rk[r].stream, ev[o], 0));
   }
   sync_all(s);
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaEventDestroy(ev[r]));
   }
 }
@@ -622,7 +634,7 @@ struct DispatchResult {
 static DispatchResult read_dispatch(Setup& s, int r, const uint16_t* recvX, const float* recvWeights,
                                     const int* recvCounts, int expectTotal) {
   DispatchResult d;
-  CUDA_CHECK(cudaSetDevice(r));
+  CUDA_CHECK(cudaSetDevice(dev_of(r)));
   d.counts.resize(s.L);
   CUDA_CHECK(cudaMemcpy(d.counts.data(), recvCounts, 4ull * s.L, cudaMemcpyDeviceToHost));
   const uint64_t n = (uint64_t)std::max(0, expectTotal);
@@ -707,7 +719,7 @@ static double check_combine(const Setup& s, const std::vector<RankInput>& in, in
 static std::vector<uint32_t> read_errors(Setup& s, bool host) {
   std::vector<uint32_t> out(s.R);
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaMemcpy(&out[r], s.rk[r].err, 4, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemset(s.rk[r].err, 0, 4));
   }
@@ -776,7 +788,7 @@ static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
     record(same, std::string(tag) + " GIN == HOST layout", "recvX / recvWeights / recvCounts differ");
 
     std::vector<uint16_t> yg((size_t)T[r] * s.H), yh((size_t)T[r] * s.H);
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     if (T[r] > 0) {
       CUDA_CHECK(cudaMemcpy(yg.data(), s.rk[r].y, yg.size() * 2, cudaMemcpyDeviceToHost));
       CUDA_CHECK(cudaMemcpy(yh.data(), s.rk[r].hy, yh.size() * 2, cudaMemcpyDeviceToHost));
@@ -819,7 +831,7 @@ static void refusal_case(const char* what, int E, int K, int H, int M, int C, co
   for (int r = 0; r < s.R; ++r) {
     std::vector<uint32_t> counts(s.L);
     std::vector<uint16_t> y((size_t)M * s.H);
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaMemcpy(counts.data(), s.rk[r].recvCounts, 4ull * s.L, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(y.data(), s.rk[r].y, y.size() * 2, cudaMemcpyDeviceToHost));
     bool untouched = true;
@@ -835,7 +847,7 @@ static void refusal_case(const char* what, int E, int K, int H, int M, int C, co
 }
 
 static void run_entry_refusals(std::mt19937_64& rng) {
-  const int R = gNumGpus;
+  const int R = gNumRanks;
   printf("case entry refusals: token-path entries on a layout-path instance, a shape's entry on another shape\n");
   refusal_case("token-path entry, M*K = 4800", 16 * R, 8, 256, 600, 8, kTokenPathEntry, rng);
   Entry shaped;
@@ -857,7 +869,7 @@ static void run_entry_refusals(std::mt19937_64& rng) {
 static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, bool pdl) {
   Case cs{std::string(channels <= 2 ? "back-to-back layout path" : "back-to-back token path") + (pdl ? " PDL" : ""), 32, 4,
           264, 96, channels, {96}, UNIFORM, 0.1};
-  if (cs.E % gNumGpus != 0) cs.E = 16 * gNumGpus;
+  if (cs.E % gNumRanks != 0) cs.E = 16 * gNumRanks;
   Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, false);
   s.pdl = pdl;
   printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d, %d rounds, %s\n", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C,
@@ -876,7 +888,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
   };
   std::vector<Bufs> b(s.R);
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     b[r].x = dmalloc<uint16_t>(rounds * xStride * 2);
     b[r].y1 = dmalloc<uint16_t>(rounds * xStride * 2);
     b[r].y2 = dmalloc<uint16_t>(rounds * xStride * 2);
@@ -923,7 +935,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
       std::vector<int> counts;
       reference_dispatch(in[i], s.R, s.E, s.K, r, rows, counts);
       std::vector<int> got(s.L);
-      CUDA_CHECK(cudaSetDevice(r));
+      CUDA_CHECK(cudaSetDevice(dev_of(r)));
       CUDA_CHECK(cudaMemcpy(got.data(), b[r].counts + (size_t)i * s.L, 4ull * s.L, cudaMemcpyDeviceToHost));
       std::string why;
       if (got != counts) why = "recvCounts differ from the reference";
@@ -953,7 +965,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
   printf("  %d rounds (2 dispatch + 2 combine each) in %.1f ms, combine max rel. error %.2e\n", rounds, secs * 1e3,
          maxRel);
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaFree(b[r].x));
     CUDA_CHECK(cudaFree(b[r].y1));
     CUDA_CHECK(cudaFree(b[r].y2));
@@ -977,14 +989,14 @@ template <typename Op>
 static float timed_all_ranks(Setup& s, Gate& g, std::vector<cudaEvent_t>& ev0, std::vector<cudaEvent_t>& ev1, Op op) {
   ++g.value;
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     gate_kernel<<<1, 1, 0, s.rk[r].stream>>>(g.host, g.value);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaEventRecord(ev0[r], s.rk[r].stream));
   }
   op();
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaEventRecord(ev1[r], s.rk[r].stream));
   }
   *(volatile uint32_t*)g.host = g.value;
@@ -1017,12 +1029,12 @@ static std::vector<uint64_t*> gProfBuf;
 static void profile_enable(Setup& s, bool on) {
   if (gProfBuf.empty()) {
     for (int r = 0; r < s.R; ++r) {
-      CUDA_CHECK(cudaSetDevice(r));
+      CUDA_CHECK(cudaSetDevice(dev_of(r)));
       gProfBuf.push_back(dmalloc<uint64_t>(8 * kProfWords));
     }
   }
   for (int r = 0; r < s.R; ++r) {
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaDeviceSynchronize());
     uint64_t* p = on ? gProfBuf[r] : nullptr;
     if (on) CUDA_CHECK(cudaMemset(p, 0, 8 * kProfWords));
@@ -1060,7 +1072,7 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   printf("  profile %s (gated call %.1f us, slowest rank):\n", what, gatedUs);
   for (int r = 0; r < s.R; ++r) {
     std::vector<uint64_t> h(kProfWords);
-    CUDA_CHECK(cudaSetDevice(r));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaMemcpy(h.data(), gProfBuf[r], h.size() * 8, cudaMemcpyDeviceToHost));
     const size_t cyc0 = 2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
     auto at = [&](int k, int b, int sl) { return h[((size_t)k * MOE_MAX_BLOCKS + b) * MOE_PROF_SLOTS + sl]; };
@@ -1123,8 +1135,8 @@ static void run_bench(std::mt19937_64& rng, int channels) {
   CUDA_CHECK(cudaSetDevice(0));
   CUDA_CHECK(cudaHostAlloc((void**)&g.host, 64, cudaHostAllocMapped | cudaHostAllocPortable));
   *(volatile uint32_t*)g.host = 0;
-  printf("\nTiming: %d GPUs, C=%d channels (grid %d x %d threads), median of %d after %d warm-ups, uniform routing.\n",
-         gNumGpus, channels, 2 * channels, MOE_THREADS, iters, warm);
+  printf("\nTiming: %d ranks on %d GPUs, C=%d channels (grid %d x %d threads), median of %d after %d warm-ups, uniform routing.\n",
+         gNumRanks, gNumGpus, channels, 2 * channels, MOE_THREADS, iters, warm);
   printf("GIN columns: one launch each, all ranks released together by a gate kernel; time = slowest rank.\n");
   printf("GB/s = (token rows that cross NVLink from one rank, i.e. tokens x remote destination ranks, once per\n"
          "       rank however many experts it hits there) x 2H bytes / time.  HOST columns: local kernels only on\n"
@@ -1133,7 +1145,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
          "GIN comb us", "GB/s", "NVLink MB", "rows/rank", "HOST d us", "HOST c us");
   for (const Shape& sh : shapes) {
     for (int T : tokens) {
-      if (sh.E % gNumGpus != 0) continue;
+      if (sh.E % gNumRanks != 0) continue;
       Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, UNIFORM, 0.0};
       Setup s = make_setup(sh.E, sh.K, sh.H, T, channels, true);
       std::vector<RankInput> in(s.R);
@@ -1142,7 +1154,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
       upload_inputs(s, in);
       std::vector<cudaEvent_t> ev0(s.R), ev1(s.R);
       for (int r = 0; r < s.R; ++r) {
-        CUDA_CHECK(cudaSetDevice(r));
+        CUDA_CHECK(cudaSetDevice(dev_of(r)));
         CUDA_CHECK(cudaEventCreate(&ev0[r]));
         CUDA_CHECK(cudaEventCreate(&ev1[r]));
       }
@@ -1290,7 +1302,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
                variants[v].name().c_str(), median(vd[v]), median(vc[v]), median(vbd[v]), median(vbc[v]));
       record(errOk, std::string("bench ") + sh.name + " error flags", "errorFlags nonzero during timing");
       for (int r = 0; r < s.R; ++r) {
-        CUDA_CHECK(cudaSetDevice(r));
+        CUDA_CHECK(cudaSetDevice(dev_of(r)));
         CUDA_CHECK(cudaEventDestroy(ev0[r]));
         CUDA_CHECK(cudaEventDestroy(ev1[r]));
       }
@@ -1310,8 +1322,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--bench-only")) tests = false;
     else if (!strcmp(argv[i], "--channels") && i + 1 < argc) channels = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--profile")) gProfile = true;
+    else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) gNumRanks = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R]\n", argv[0]);
       return 2;
     }
   }
@@ -1322,6 +1335,19 @@ int main(int argc, char** argv) {
   }
   // One GPU: one rank (R = 1), every token stays local; the same checks, no link crossed.
   if (gNumGpus > MOE_MAX_RANKS) gNumGpus = MOE_MAX_RANKS;
+  // --ranks R: R ranks, rank r on GPU r % GPUs (more ranks than GPUs: the R = 4 and 8 kernels on a
+  // 2-GPU host; ranks on one GPU reach each other through local memory, the others over NVLink).
+  if (gNumRanks == 0) gNumRanks = gNumGpus;
+  if (gNumRanks < 1 || gNumRanks > MOE_MAX_RANKS) {
+    fprintf(stderr, "--ranks %d: expected 1..%d\n", gNumRanks, MOE_MAX_RANKS);
+    return 2;
+  }
+  if (gNumGpus > gNumRanks) gNumGpus = gNumRanks;
+  if (gProfile && gNumRanks > gNumGpus) {
+    fprintf(stderr, "--profile needs one rank per GPU (the profile buffer is per GPU); got %d ranks on %d GPUs\n",
+            gNumRanks, gNumGpus);
+    return 2;
+  }
   for (int a = 0; a < gNumGpus; ++a) {
     CUDA_CHECK(cudaSetDevice(a));
     for (int b = 0; b < gNumGpus; ++b) {
@@ -1340,12 +1366,14 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop;
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   gSmCount = prop.multiProcessorCount;
-  if (channels <= 0) channels = std::min(MOE_MAX_CHANNELS, gSmCount / 2);
-  printf("moe_test: %d GPUs (%s, %d SMs), seed %llu\n", gNumGpus, prop.name, gSmCount, (unsigned long long)seed);
+  gRanksPerGpu = (gNumRanks + gNumGpus - 1) / gNumGpus;
+  if (channels <= 0) channels = std::min(MOE_MAX_CHANNELS, gSmCount / (2 * gRanksPerGpu));
+  printf("moe_test: %d ranks on %d GPUs (%s, %d SMs), seed %llu\n", gNumRanks, gNumGpus, prop.name, gSmCount,
+         (unsigned long long)seed);
   std::mt19937_64 rng(seed);
 
   if (tests) {
-    const int R = gNumGpus;
+    const int R = gNumRanks;
     const int Cd = channels;
     std::vector<Case> cases = {
         {"uniform", 16 * R, 4, 256, 256, Cd, {256, 200}, UNIFORM, 0.1},
@@ -1353,8 +1381,8 @@ int main(int argc, char** argv) {
         {"one channel", 8 * R, 2, 128, 64, 1, {64, 50}, UNIFORM, 0.1},
         {"H=2050", 4 * R, 2, 2050, 64, 7, {64, 33}, UNIFORM, 0.1},
         {"H=7", 4 * R, 3, 7, 40, 4, {40, 39}, UNIFORM, 0.1},
-        {"H=7168 DeepSeek-like", 128 * R, 8, 7168, 128, Cd, {128}, UNIFORM, 0.0},
-        {"Qwen-like", 64 * R, 8, 2048, 512, Cd, {512, 480}, UNIFORM, 0.05},
+        {"H=7168 DeepSeek-like", 256, 8, 7168, 128, Cd, {128}, UNIFORM, 0.0},
+        {"Qwen-like", 128, 8, 2048, 512, Cd, {512, 480}, UNIFORM, 0.05},
         {"T=0 everywhere", 8 * R, 4, 256, 64, 4, {0}, UNIFORM, 0.1},
         {"T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1},
         {"T=1", 8 * R, 4, 256, 64, Cd, {1}, UNIFORM, 0.0},
@@ -1380,7 +1408,7 @@ int main(int argc, char** argv) {
         {"token path H=60 one line", 8 * R, 4, 60, 64, 4, {64, 41}, UNIFORM, 0.1},
         {"token path H=1100 passes", 8 * R, 4, 1100, 96, 6, {96, 70}, UNIFORM, 0.1},
         {"token path H=12 odd rows", 8 * R, 3, 12, 40, 3, {40, 33}, UNIFORM, 0.1},
-        {"token path H=7168 T=1", 128 * R, 8, 7168, 128, Cd, {1}, UNIFORM, 0.0},
+        {"token path H=7168 T=1", 256, 8, 7168, 128, Cd, {1}, UNIFORM, 0.0},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
