@@ -1932,8 +1932,9 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
 //             sum_{s'<s} count[s'][e]; expands each remote source's items of channel c as they
 //             land, claiming own-token items (source = x) from claim[c] while the next remote
 //             item is not there yet, then the own items left; row = rowBase[s][e] + slotInExpert;
-//             then it releases dispConsumed[rank][c] = n into every remote source's window (staging
-//             WAR). Sender c, when the tables were already there after its sends, claims own items too.
+//             at the start of call n+1 it writes dispConsumed[rank][c] = n into every remote
+//             source's window (staging WAR). Sender c, when the tables were already there after its
+//             sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
 // Token path (round 8; moe_token_path: M*K <= 4096 and <= 32 tokens per channel, the same choice
 // on every rank): senders push their tokens' ids (LL words, by call parity) and then each row to
@@ -1997,6 +1998,17 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
   uint8_t* ownWin = (uint8_t*)sharedBases[d.rank];
   const uint64_t seq = sharedSeq;
   const uint64_t seqHi = seq << 32;
+  // Staging write-after-read (session 6): receiver c tells every remote source that it finished
+  // reading that source's staging in call n-1 (dispConsumed[rank][c] = n-1), here at the start of
+  // call n instead of with a release at the end of call n-1. Call n-1 is complete before this call
+  // starts (stream order; with PDL, gin_wait_prior_grids above), so its staging loads have all
+  // returned: a relaxed store is enough, and the release's system fence (~1 us at the end of every
+  // dispatch, measured) is gone. Every call writes it, so a source's call n waits at most for this
+  // rank's call n to start.
+  if ((int)blockIdx.x >= d.C && tid < d.R && tid != d.rank)
+    gin_st_relaxed_sys((uint64_t*)((uint8_t*)sharedBases[tid] + wl.dispConsumed) +
+                           (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + ((int)blockIdx.x - d.C),
+                       seq - 1);
 
   if (tokenPath && (int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ token-path sender (round 10)
@@ -2252,13 +2264,8 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         warp_expand_seg<true>(stageRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
       }
     }
-    __syncthreads();
-    MOE_PROF(0, 3);
-    if (tid < d.R && tid != d.rank) {  // staging write-after-read release, as in the layout path
-      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
-                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
-      gin_st_release_sys(f, seq);
-    }
+    MOE_PROF_SYNC();
+    MOE_PROF(0, 3);  // staging write-after-read: dispConsumed at the start of the next call
   } else if ((int)blockIdx.x < d.C) {
     // ------------------------------------------------------------------ sender / layout block
     LayoutSmem& s = sm.lay;
@@ -2575,15 +2582,9 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
                           recvWeights, fast, errorFlags))
         ownState = 2;
     }
-    __syncthreads();
-    MOE_PROF(0, 3);
-    // WAR release: every read of the sources' staging is done (the count tables need none:
-    // double-buffered). Round 3 also waited here for sender c's table reads.
-    if (tid < d.R && tid != d.rank) {
-      uint64_t* f = (uint64_t*)((uint8_t*)peerBases[tid] + wl.dispConsumed) +
-                    (uint64_t)moe_peer_section(d.rank, tid, d.R) * MOE_MAX_CHANNELS + c;
-      gin_st_release_sys(f, seq);
-    }
+    MOE_PROF_SYNC();
+    MOE_PROF(0, 3);  // staging write-after-read: dispConsumed at the start of the next call (round 3 released
+                     // it here, after waiting for sender c's table reads; rounds 4 to session 5 released it here)
   }
   if (tid == 0) state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] = seq;
 }
