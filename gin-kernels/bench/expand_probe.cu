@@ -5,7 +5,7 @@
 // 2 KB segments, one warp per segment. At R = 1 (no link) it still takes ~13 us per call, so the
 // expansion itself is slow. This program times that access pattern alone, one warp per segment:
 //   simt: the lanes load the segment (4 x 16 bytes each) and store it to each target row (what
-//         moe.cu's warp_expand_seg does)
+//         moe.cu's warp_expand_seg does); simt.cs: the same with streaming (evict-first) stores
 //   tma:  lane 0 moves the segment into shared memory with one bulk copy (cp.async.bulk, sm_90)
 //         and writes it to each target row with one bulk store per row: no registers hold data,
 //         so a warp has T x 2 KB of stores in flight at once
@@ -61,6 +61,7 @@ __device__ __forceinline__ void span_end(unsigned long long* span) {
   if (threadIdx.x == 0) atomicMax(&span[1], (unsigned long long)now_ns());
 }
 
+template <bool kStreamingStores>
 __global__ void __launch_bounds__(kThreads, 1) expand_simt(const uint8_t* src, uint8_t* dst, int T, int items,
                                                            unsigned long long* span) {
   span_begin(span);
@@ -74,7 +75,10 @@ __global__ void __launch_bounds__(kThreads, 1) expand_simt(const uint8_t* src, u
     for (int k = 0; k < T; ++k) {
       uint4* d = (uint4*)(dst + d0 + (uint64_t)k * kRowBytes);
 #pragma unroll
-      for (int u = 0; u < 4; ++u) d[lane + 32 * u] = v[u];
+      for (int u = 0; u < 4; ++u) {
+        if (kStreamingStores) __stcs(d + lane + 32 * u, v[u]);  // st.global.cs: evict first
+        else d[lane + 32 * u] = v[u];
+      }
     }
   }
   span_end(span);
@@ -189,17 +193,18 @@ int main() {
     printf("empty kernel, %3d blocks: %.2f us per launch back to back, span %.2f us\n", grid, ms * 1000.f / launches,
            (double)(h[1] - h[0]) * 1e-3);
   }
-  printf("%-6s %6s %3s %6s | %12s %9s %9s | check\n", "mode", "blocks", "T", "items", "us/launch", "span us", "GB/s");
+  printf("%-7s %6s %3s %6s | %12s %9s %9s | check\n", "mode", "blocks", "T", "items", "us/launch", "span us", "GB/s");
   bool allOk = true;
   for (int T : {4, 8}) {
     const int rows = T == 4 ? 256 : 128, items = rows * kSegsPerRow;
     const size_t written = (size_t)rows * T * kRowBytes;
-    for (int mode = 0; mode < 2; ++mode)
+    for (int mode = 0; mode < 3; ++mode)
       for (int grid : {66, 132}) {
         CK(cudaMemset(dst, 0xFF, dstBytes));
         float per = 0;
         double sp = 0;
-        if (mode == 0) run(expand_simt, grid, T, items, per, sp);
+        if (mode == 0) run(expand_simt<false>, grid, T, items, per, sp);
+        else if (mode == 1) run(expand_simt<true>, grid, T, items, per, sp);
         else run(expand_tma, grid, T, items, per, sp);
         CK(cudaMemcpy(hd.data(), dst, written, cudaMemcpyDeviceToHost));
         bool ok = true;
@@ -211,7 +216,7 @@ int main() {
                 break;
               }
         allOk &= ok;
-        printf("%-6s %6d %3d %6d | %12.2f %9.2f %9.0f | %s\n", mode == 0 ? "simt" : "tma", grid, T, items, per, sp,
+        printf("%-7s %6d %3d %6d | %12.2f %9.2f %9.0f | %s\n", mode == 0 ? "simt" : mode == 1 ? "simt.cs" : "tma", grid, T, items, per, sp,
                written / (sp * 1e3), ok ? "ok" : "MISMATCH");
       }
   }
