@@ -313,8 +313,9 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
     exit(2);
   }
   // Ranks that share a GPU wait for each other inside a call, so all their grids (2C blocks of
-  // MOE_THREADS each, one per SM) must be resident together.
-  if (gRanksPerGpu * 2 * C > gSmCount) {
+  // MOE_THREADS each, one per SM) must be resident together. One rank per GPU needs no such
+  // limit: its blocks wait only for lower blocks and for the other GPUs.
+  if (gRanksPerGpu > 1 && gRanksPerGpu * 2 * C > gSmCount) {
     fprintf(stderr, "C=%d: %d ranks per GPU need %d SMs for their grids together, the GPU has %d (lower --channels)\n", C,
             gRanksPerGpu, gRanksPerGpu * 2 * C, gSmCount);
     exit(2);
