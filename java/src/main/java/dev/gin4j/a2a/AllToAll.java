@@ -180,8 +180,12 @@ public final class AllToAll implements AutoCloseable {
                 .setInt(4, n).setInt(5, Plan.MAX_CHUNKS_PER_PEER).setPointer(6, r.errors.buffer().address());
         LaunchConfig onePerPeer = LaunchConfig.of(1, Math.max(32, (n + 31) / 32 * 32));
         r.ceReady.launch(s, onePerPeer, r.ceSignalArgs);
-        for (int p = 0; p < n; p++) {
-            if (p != me) r.peerRecv[p].slice(me * bytesPerPeer, bytesPerPeer).copyFrom(in.slice(p * bytesPerPeer, bytesPerPeer), s);
+        // peers in rotated order (me+1, me+2, ...): at each step every GPU sends to one peer and receives
+        // from one. In plain order all ranks would first copy into rank 0 (or 1) at once and share its
+        // incoming link, which made 1 GiB per rank on 4 GPUs 1.8x slower than ncclAlltoAll (session 7).
+        for (int step = 1; step < n; step++) {
+            int p = (me + step) % n;
+            r.peerRecv[p].slice(me * bytesPerPeer, bytesPerPeer).copyFrom(in.slice(p * bytesPerPeer, bytesPerPeer), s);
         }
         r.ceJoin.record(r.ceSide);
         s.waitFor(r.ceJoin);

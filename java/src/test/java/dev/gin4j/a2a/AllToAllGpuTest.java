@@ -29,13 +29,14 @@ import static org.junit.jupiter.api.Assertions.*;
 @Tag("gpu")
 @TestInstance(TestInstance.Lifecycle.PER_CLASS)
 class AllToAllGpuTest {
-    private static final long MAX_PER_PEER = 512L << 20; // 1 GiB per rank over 2 ranks
+    private static final long MAX_BYTES_PER_RANK = 1L << 30;
     private final SplittableRandom random = new SplittableRandom();
     private CommGroup group;
     private List<Device> devs;
     private List<Stream> streams;
     private Arena arena;
     private int n;
+    private long maxPerPeer;  // 1 GiB per rank, split over the ranks
     private boolean ll128Validated;  // NVIDIA: LL128 relies on NVLink delivering a 128-byte line whole (not validated on AMD)
 
     @BeforeAll void setUp() {
@@ -44,6 +45,7 @@ class AllToAllGpuTest {
         Gpus.requireKernels(rt, "a2a");
         devs = rt.devices();
         n = devs.size();
+        maxPerPeer = MAX_BYTES_PER_RANK / n;
         ll128Validated = rt.isCuda();
         if (!ll128Validated) System.err.println("AllToAllGpuTest: LL128 cases skipped: LL128 is not validated on AMD (" + rt.name() + ")");
         group = CommGroup.initAll(devs);
@@ -95,8 +97,8 @@ class AllToAllGpuTest {
     }
 
     @Test void uniformEverySizeBothProtocolsMatchesOracleAndHost() {
-        try (AllToAll ginA = AllToAll.create(group, MAX_PER_PEER, Backend.GIN); AllToAll host = AllToAll.create(group, MAX_PER_PEER, Backend.HOST)) {
-            long[] perPeer = {0, 1, 3, 17, 119, 121, 241, 2047, 2048, 4095, 32768 + 5, 131072, 524288 + 3, (1L << 20) + 1, 4L << 20, 8L << 20, (128L << 20) + 9, MAX_PER_PEER};
+        try (AllToAll ginA = AllToAll.create(group, maxPerPeer, Backend.GIN); AllToAll host = AllToAll.create(group, maxPerPeer, Backend.HOST)) {
+            long[] perPeer = {0, 1, 3, 17, 119, 121, 241, 2047, 2048, 4095, 32768 + 5, 131072, 524288 + 3, (1L << 20) + 1, 4L << 20, 8L << 20, (maxPerPeer / 4) + 9, maxPerPeer};
             for (long b : perPeer) {
                 byte[][] data = new byte[n][];
                 for (int i = 0; i < n; i++) data[i] = randomBytes(b * n);
@@ -141,7 +143,9 @@ class AllToAllGpuTest {
             IllegalArgumentException shortIn = assertThrows(IllegalArgumentException.class, () -> a.run(small, 1024, streams));
             assertTrue(shortIn.getMessage().contains("needed"), shortIn.getMessage());
             assertThrows(IllegalArgumentException.class, () -> a.run(small, -1, DType.FP32, streams));
-            List<DeviceBuffer> swapped = List.of(small.get(1), small.get(0));
+            List<DeviceBuffer> swapped = new ArrayList<>(small);
+            swapped.set(0, small.get(1));
+            swapped.set(1, small.get(0));
             IllegalArgumentException wrongDev = assertThrows(IllegalArgumentException.class, () -> a.run(swapped, 1, streams));
             assertTrue(wrongDev.getMessage().contains("is on"), wrongDev.getMessage());
         }

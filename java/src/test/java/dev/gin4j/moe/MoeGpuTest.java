@@ -203,6 +203,19 @@ class MoeGpuTest {
         }
     }
 
+    /** Token counts for every rank: {@code first} on rank 0, {@code others} on the rest (the tests run on any number of GPUs). */
+    private int[] tokens(int first, int others) {
+        int[] t = new int[n];
+        Arrays.fill(t, others);
+        t[0] = first;
+        return t;
+    }
+
+    /** {@code experts} rounded up to a multiple of the rank count, so they split evenly over any number of GPUs. */
+    private int experts(int experts) {
+        return (experts + n - 1) / n * n;
+    }
+
     private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing) {
         Input[] in = new Input[n];
         for (int i = 0; i < n; i++) in[i] = input(i, tokens[i], hidden, experts, k, routing);
@@ -220,45 +233,45 @@ class MoeGpuTest {
     }
 
     @Test void deepSeekShapeSmall() {
-        both(7168, 256, 8, 128, new int[] {128, 97}, Routing.UNIFORM);
+        both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM);
         // DeepSeek-V3 has token-path entry points of its own at 2, 4 and 8 ranks (the shape as constants)
-        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, 256, 8, 128, Backend.GIN))) {
+        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, experts(256), 8, 128, Backend.GIN))) {
             String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_tp";
             assertEquals(want, gin.dispatchKernelName());
         }
     }
     @Test void layoutPath() {
         // maxTokens x topK above 4096: the layout path, through the generic entry point
-        both(256, 16, 8, 600, new int[] {600, 321}, Routing.UNIFORM);
-        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(256, 16, 8, 600, Backend.GIN))) {
+        both(256, experts(16), 8, 600, tokens(600, 321), Routing.UNIFORM);
+        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(256, experts(16), 8, 600, Backend.GIN))) {
             assertEquals("moe_gin_dispatch", gin.dispatchKernelName());
         }
     }
     @Test void oddHiddenSizes() {
-        both(2050, 8, 2, 64, new int[] {64, 40}, Routing.UNIFORM);
-        both(7, 16, 4, 33, new int[] {33, 1}, Routing.SOME_MASKED);
+        both(2050, experts(8), 2, 64, tokens(64, 40), Routing.UNIFORM);
+        both(7, experts(16), 4, 33, tokens(33, 1), Routing.SOME_MASKED);
     }
     @Test void edgeCases() {
-        both(256, 8, 2, 16, new int[] {0, 0}, Routing.UNIFORM);
-        both(256, 8, 2, 16, new int[] {1, 0}, Routing.UNIFORM);
-        both(256, 8, 2, 16, new int[] {16, 16}, Routing.ONE_EXPERT);
-        both(256, 8, 2, 16, new int[] {16, 5}, Routing.NOTHING_TO_LAST_RANK);
-        both(256, 8, 2, 16, new int[] {16, 16}, Routing.ALL_MASKED);
-        both(384, 8, 1, 32, new int[] {32, 31}, Routing.UNIFORM);
+        both(256, experts(8), 2, 16, tokens(0, 0), Routing.UNIFORM);
+        both(256, experts(8), 2, 16, tokens(1, 0), Routing.UNIFORM);
+        both(256, experts(8), 2, 16, tokens(16, 16), Routing.ONE_EXPERT);
+        both(256, experts(8), 2, 16, tokens(16, 5), Routing.NOTHING_TO_LAST_RANK);
+        both(256, experts(8), 2, 16, tokens(16, 16), Routing.ALL_MASKED);
+        both(384, experts(8), 1, 32, tokens(32, 31), Routing.UNIFORM);
     }
 
     @Test void combineNeedsTheLatestHandle() {
-        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(64, 8, 2, 8, Backend.GIN))) {
+        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             for (int i = 0; i < n; i++) {
-                Input in = input(i, 8, 64, 8, 2, Routing.UNIFORM);
+                Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
                 xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.x())));
                 ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
                 ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
                 outs.add(devs.get(i).allocate(gin.capacityRows() * 128, a));
             }
-            List<MoeDispatch> first = gin.dispatch(xs, ids, ws, new int[] {8, 8}, streams);
-            List<MoeDispatch> second = gin.dispatch(xs, ids, ws, new int[] {8, 8}, streams);
+            List<MoeDispatch> first = gin.dispatch(xs, ids, ws, tokens(8, 8), streams);
+            List<MoeDispatch> second = gin.dispatch(xs, ids, ws, tokens(8, 8), streams);
             IllegalStateException stale = assertThrows(IllegalStateException.class, () -> gin.combine(first, outs, streams));
             assertTrue(stale.getMessage().contains("last dispatch"), stale.getMessage());
             gin.combine(second, outs, streams);
@@ -267,24 +280,24 @@ class MoeGpuTest {
     }
 
     @Test void badInputsAreReported() {
-        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(128, 8, 2, 16, Backend.GIN))) {
+        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(128, experts(8), 2, 16, Backend.GIN))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
             for (int i = 0; i < n; i++) {
-                Input in = input(i, 16, 128, 8, 2, Routing.UNIFORM);
+                Input in = input(i, 16, 128, experts(8), 2, Routing.UNIFORM);
                 if (i == 0) in.idx()[5] = 99;  // out of range
                 xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.x())));
                 ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
                 ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
             }
-            IllegalArgumentException tooMany = assertThrows(IllegalArgumentException.class, () -> gin.dispatch(xs, ids, ws, new int[] {17, 16}, streams));
+            IllegalArgumentException tooMany = assertThrows(IllegalArgumentException.class, () -> gin.dispatch(xs, ids, ws, tokens(17, 16), streams));
             assertTrue(tooMany.getMessage().contains("maxTokens"), tooMany.getMessage());
-            IllegalArgumentException shortX = assertThrows(IllegalArgumentException.class, () -> gin.dispatch(List.of(ids.get(0), ids.get(1)), ids, ws, new int[] {16, 16}, streams));
+            IllegalArgumentException shortX = assertThrows(IllegalArgumentException.class, () -> gin.dispatch(ids, ids, ws, tokens(16, 16), streams));
             assertTrue(shortX.getMessage().contains("x has"), shortX.getMessage());
-            gin.dispatch(xs, ids, ws, new int[] {16, 16}, streams);
+            gin.dispatch(xs, ids, ws, tokens(16, 16), streams);
             CommException e = assertThrows(CommException.class, () -> gin.checkErrors(streams));
             assertTrue(e.getMessage().contains("expert id"), e.getMessage());
         }
-        IllegalArgumentException uneven = assertThrows(IllegalArgumentException.class, () -> MoeAllToAll.create(group, MoeConfig.bf16(128, 7, 2, 16, Backend.GIN)));
+        IllegalArgumentException uneven = assertThrows(IllegalArgumentException.class, () -> MoeAllToAll.create(group, MoeConfig.bf16(128, 2 * n + 1, 2, 16, Backend.GIN)));
         assertTrue(uneven.getMessage().contains("evenly"), uneven.getMessage());
         assertThrows(IllegalArgumentException.class, () -> MoeConfig.bf16(0, 8, 2, 16, Backend.GIN));
         assertThrows(IllegalArgumentException.class, () -> MoeConfig.bf16(128, 8, 9, 16, Backend.GIN));
