@@ -214,12 +214,12 @@ final class GinState implements AutoCloseable {
      * holds resident.
      */
     Plan plan(long bytesPerPeer, Protocol protocol, int localIndex, boolean uniform) {
-        Plan plan = Plan.choose(bytesPerPeer, protocol, nvidia);
+        Plan plan = Plan.choose(bytesPerPeer, nranks, protocol, nvidia);
         boolean tooBig = (plan.protocol() == Protocol.LL && bytesPerPeer > llCapacity)
                 || (plan.protocol() == Protocol.LL128 && bytesPerPeer > ll128Capacity);
         // the host enqueues the copy engines' copies, so it must know the sizes: uniform only
         boolean noCopyEngine = plan.protocol() == Protocol.COPY_ENGINE && !uniform;
-        if (tooBig || hybrid || noCopyEngine) plan = Plan.choose(bytesPerPeer, Protocol.DIRECT);
+        if (tooBig || hybrid || noCopyEngine) plan = Plan.choose(bytesPerPeer, nranks, Protocol.DIRECT);
         // the copy-engine kernels' blocks never wait for each other: no residency limit
         return plan.protocol() == Protocol.COPY_ENGINE ? plan : fit(plan, localIndex);
     }

@@ -13,11 +13,12 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
      */
     public static final long LL128_MAX_BYTES_PER_PEER = 2L * 1024 * 1024;
     /**
-     * Above this per-peer size {@link Protocol#AUTO} uses the copy engines on NVIDIA (bench a2a run 14,
-     * pipelined: direct 101 vs 107 us at 64 MiB per rank, copy engines 363 vs 375 us at 256 MiB and
-     * 1392 vs 1473 us at 1 GiB).
+     * Above this many bytes sent to peers per rank ((ranks - 1) x per peer), {@link Protocol#AUTO} uses
+     * the copy engines on NVIDIA. Bench a2a, pipelined, direct vs copy engines: 2 H200, 32 MiB per
+     * peer 101 vs 107 us, 128 MiB per peer 375 vs 363 us; 4 H200 (session 7), 16 MiB per peer 166 vs
+     * 163 us, 32 MiB 308 vs 290 us, 64 MiB 599 vs 547 us, 256 MiB 2312 vs 2087 us.
      */
-    public static final long COPY_ENGINE_MIN_BYTES_PER_PEER = 64L * 1024 * 1024;
+    public static final long COPY_ENGINE_MIN_PEER_BYTES = 64L * 1024 * 1024;
     /** Blocks of the self-slot copy kernel of {@link Protocol#COPY_ENGINE} (nvlink_probe: 16-32 keep up with the engines). */
     public static final int COPY_ENGINE_SELF_BLOCKS = 32;
     public static final int MAX_CHUNKS_PER_PEER = 64;
@@ -30,18 +31,19 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
     }
 
     /** The default plan on NVIDIA (LL128 and the copy engines allowed under {@link Protocol#AUTO}); {@code forced} overrides the protocol. */
-    public static Plan choose(long bytesPerPeer, Protocol forced) {
-        return choose(bytesPerPeer, forced, true);
+    public static Plan choose(long bytesPerPeer, int nranks, Protocol forced) {
+        return choose(bytesPerPeer, nranks, forced, true);
     }
 
     /**
-     * The default plan for a per-peer message size; {@code forced} overrides the protocol.
+     * The default plan for a per-peer message size among {@code nranks} ranks; {@code forced} overrides the protocol.
      * {@code nvidia}: whether {@link Protocol#AUTO} may pick the protocols measured on NVIDIA only,
      * LL128 and the copy engines (false on AMD, where they are not validated). For
      * {@link Protocol#COPY_ENGINE}, {@code chunksPerPeer} is the block count of the self-slot copy.
      */
-    public static Plan choose(long bytesPerPeer, Protocol forced, boolean nvidia) {
-        Protocol p = forced != Protocol.AUTO ? forced : auto(bytesPerPeer, nvidia);
+    public static Plan choose(long bytesPerPeer, int nranks, Protocol forced, boolean nvidia) {
+        if (nranks < 1) throw new IllegalArgumentException("nranks " + nranks + " must be at least 1");
+        Protocol p = forced != Protocol.AUTO ? forced : auto(bytesPerPeer, nranks, nvidia);
         if (p == Protocol.COPY_ENGINE) return new Plan(p, COPY_ENGINE_SELF_BLOCKS, 512);
         if (p == Protocol.LL) {
             if (bytesPerPeer <= 2 * 1024) return new Plan(p, 1, 256);
@@ -63,9 +65,10 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
         return new Plan(p, 64, 512);
     }
 
-    private static Protocol auto(long bytesPerPeer, boolean nvidia) {
+    private static Protocol auto(long bytesPerPeer, int nranks, boolean nvidia) {
         if (!nvidia) return bytesPerPeer <= LL_MAX_BYTES_PER_PEER ? Protocol.LL : Protocol.DIRECT;
         if (bytesPerPeer <= LL128_MAX_BYTES_PER_PEER) return Protocol.LL128;
-        return bytesPerPeer <= COPY_ENGINE_MIN_BYTES_PER_PEER ? Protocol.DIRECT : Protocol.COPY_ENGINE;
+        // the copy engines pay a fixed cost per peer copy: they win once enough bytes leave the GPU
+        return bytesPerPeer * (nranks - 1) <= COPY_ENGINE_MIN_PEER_BYTES ? Protocol.DIRECT : Protocol.COPY_ENGINE;
     }
 }

@@ -107,7 +107,7 @@ class AllToAllGpuTest {
                 if (b <= Plan.LL_MAX_BYTES_PER_PEER) protocols.add(Protocol.LL);
                 if (b <= Plan.LL128_MAX_BYTES_PER_PEER && ll128Validated) protocols.add(Protocol.LL128);
                 if (b <= Plan.LL128_MAX_BYTES_PER_PEER) protocols.add(Protocol.DIRECT);
-                protocols.add(Protocol.COPY_ENGINE);  // any size (AUTO takes it above COPY_ENGINE_MIN_BYTES_PER_PEER on NVIDIA)
+                protocols.add(Protocol.COPY_ENGINE);  // any size (AUTO takes it above COPY_ENGINE_MIN_PEER_BYTES sent to peers on NVIDIA)
                 for (Protocol p : protocols) {
                     poison(ginA, b * n);
                     ginA.protocol(p).run(in, b, streams);
