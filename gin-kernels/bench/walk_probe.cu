@@ -98,8 +98,10 @@ static std::vector<int> reference_layout(const std::vector<std::vector<int>>& id
   for (int q = 0; q < R; ++q) {
     const int s = (rank + q) % R, n = __builtin_popcount((unsigned)maskD[s]);
     const RowSplit sp = row_split(2ull * H, n);  // the split rule is the kernels' own (host-callable)
-    nseg[s] = sp.nseg, segBytes[s] = (int)sp.segBytes;
-    itemEnd[q + 1] = itemEnd[q] + n * sp.nseg;
+    // own tokens: row_split segments; remote ones: passes of LL128 lines (session 6)
+    nseg[s] = q == 0 ? sp.nseg : (int)((moe_comb_lines(H) + kTpPassLines - 1) / kTpPassLines);
+    segBytes[s] = (int)sp.segBytes;
+    itemEnd[q + 1] = itemEnd[q] + n * nseg[s];
   }
   std::vector<int> o;
   for (auto* v : {&Ts, &t0s, &runD, &maskD, &slots}) o.insert(o.end(), v->begin(), v->end());

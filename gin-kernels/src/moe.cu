@@ -161,7 +161,9 @@ __host__ __device__ inline uint64_t moe_recv_capacity_rows(int R, int E, int K, 
 
 struct MoeWindowLayout {
   uint64_t rowBytes, rowStride, metaStride, countStride;
-  uint64_t dispRows;      // [R-1 sections][M slots][rowStride]   staging rows, by source section
+  uint64_t dispSlotStride;  // bytes per staging slot: rowStride; token-path sizes: the larger of that
+                            // and 128 * moe_comb_lines(H) (the token path sends rows as LL128 lines)
+  uint64_t dispRows;      // [R-1 sections][M slots][dispSlotStride]   staging rows, by source section
   uint64_t dispMeta;      // [R-1][M][metaStride]: int32 localExpert[K], int32 slotInExpert[K], f32 weight[K]
   uint64_t counts;        // [2 call parities][R sources][countStride]: LL words (call << 32 | value) of
                           // count[L], slots, chanStart[C+1]
@@ -188,9 +190,11 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   w.rowStride = moe_align_up(w.rowBytes, 16);
   w.metaStride = moe_align_up(12ull * (uint64_t)K, 16);
   w.countStride = moe_align_up(8ull * (L + 2 + MOE_MAX_CHANNELS), 16);
+  w.dispSlotStride = w.rowStride;
+  if (moe_token_path_sizes(K, M) && 128ull * moe_comb_lines(H) > w.dispSlotStride) w.dispSlotStride = 128ull * moe_comb_lines(H);
   uint64_t o = 0;
   w.dispRows = o;
-  o = moe_align_up(o + slots * w.rowStride, 256);
+  o = moe_align_up(o + slots * w.dispSlotStride, 256);
   w.dispMeta = o;
   o = moe_align_up(o + slots * w.metaStride, 256);
   w.counts = o;
@@ -955,15 +959,14 @@ struct TpRecvSmem {
   int runD[MOE_MAX_RANKS];         // s's tokens before channel c coming here (= channel's first slot)
   uint32_t maskD[MOE_MAX_RANKS];   // bit j: s's token t0s + j comes here
   int slots[MOE_MAX_RANKS];        // s's tokens coming here
-  int nseg[MOE_MAX_RANKS];
+  int nseg[MOE_MAX_RANKS];         // items per token: own (self) row_split segments, remote LL128 passes
   unsigned long long segBytes[MOE_MAX_RANKS];
   int itemEnd[MOE_MAX_RANKS + 1];  // end of the q-th source's items (q = 0: self, then rank + q)
   // Per remote source, in shared memory rather than registers through the item loop (the window
   // offsets as live 64-bit registers cost the kernel a stack frame on sm_90): its staging rows,
-  // metadata, channel-c progress words (section of s in this window) and id list of this call.
+  // metadata (section of s in this window) and id list of this call.
   const uint8_t* stage[MOE_MAX_RANKS];
   const uint8_t* meta[MOE_MAX_RANKS];
-  const uint64_t* prog[MOE_MAX_RANKS];
   const uint64_t* ids[MOE_MAX_RANKS];
   int* slotRows;  // workspace arrays written here (likewise parked in shared memory)
   int* slotsFrom;
@@ -1702,6 +1705,116 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
   out[MOE_Q_TOKEN_PATH] = moe_token_path(topK, maxTokens, numChannels) ? 1 : 0;
 }
 
+// ------------------------------------------------------------------------------------------------
+// LL128 rows (the token path: dispatch staging since session 6, combine partials since round 9),
+// as gin_a2a_ll128: a 128-byte line = 120 payload bytes + an 8-byte flag = the call number n,
+// stored by the 8 lanes of one lane group with one warp store instruction; a reader polls a line
+// until its flag is n, so the data proves itself (no progress word, no release fence).
+// Payload mapping (keeps 16-byte alignment of the rows): in line L of a row of nl lines, lane j < 7
+// of the group carries row bytes [112 L + 16 j, +16), lane 7 carries [112 nl + 8 L, +8) (the row's
+// tail region) in its low word and the flag in its high word. Bytes past the row are zero.
+// A warp pass covers kTpUnroll lines per group: 16 lines (1,920 payload bytes) on NVIDIA.
+// ------------------------------------------------------------------------------------------------
+constexpr int kTpUnroll = 4;
+constexpr int kTpGroups = GIN_WARP_SIZE / 8;
+constexpr int kTpPassLines = kTpUnroll * kTpGroups;
+
+GIN_DEVICE_INLINE uint64_t tp_chunk_off(int L, int j, int nl) {
+  return j < 7 ? 112ull * (uint64_t)L + 16ull * (uint64_t)j : 112ull * (uint64_t)nl + 8ull * (uint64_t)L;
+}
+
+// 16 (wide) or 8 bytes of a row at byte offset off; zero past rowBytes. fast: rowBytes % 16 == 0
+// and the row 16-byte aligned, so a chunk is either wholly inside the row or wholly past it.
+template <bool kFresh>
+GIN_DEVICE_INLINE gin_u128 tp_load_chunk(const uint8_t* row, uint64_t off, bool wide, uint64_t rowBytes, bool fast) {
+  gin_u128 v;
+  v.lo = 0;
+  v.hi = 0;
+  if (off >= rowBytes) return v;
+  if (fast) {
+    if (wide) v = kFresh ? ld16_fresh(row + off) : gin_ld16_stream(row + off);
+    else v.lo = gin_ld8_stream(row + off);
+  } else {
+    for (int i = 0; i < (wide ? 8 : 4); ++i) {
+      const uint64_t b = off + 2ull * (uint64_t)i;
+      if (b >= rowBytes) break;
+      const uint64_t e = (uint64_t)ld_u16<kFresh>((const uint16_t*)(row + b));
+      if (i < 4) v.lo |= e << (16 * i);
+      else v.hi |= e << (16 * (i - 4));
+    }
+  }
+  return v;
+}
+GIN_DEVICE_INLINE void tp_store_chunk(uint8_t* row, uint64_t off, bool wide, uint64_t rowBytes, bool fast, gin_u128 v) {
+  if (off >= rowBytes) return;
+  if (fast) {
+    if (wide) gin_st16(row + off, v);
+    else *(uint64_t*)(row + off) = v.lo;
+  } else {
+    for (int i = 0; i < (wide ? 8 : 4); ++i) {
+      const uint64_t b = off + 2ull * (uint64_t)i;
+      if (b >= rowBytes) break;
+      ((uint16_t*)(row + b))[0] = (uint16_t)((i < 4 ? v.lo : v.hi) >> (16 * (i & 3)));
+    }
+  }
+}
+
+// Sends lines [L0, L0 + kTpPassLines) of a row (bytes of `row`, not written during the kernel) as
+// LL128 lines with `flag` (the dispatch's token path, session 6).
+GIN_DEVICE_INLINE void tp_send_pass(const uint8_t* row, uint8_t* lines, uint64_t rowBytes, int nl, int L0, uint64_t flag,
+                                    bool fast) {
+  const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
+  const bool wide = j < 7;
+  gin_u128 v[kTpUnroll];
+#pragma unroll
+  for (int u = 0; u < kTpUnroll; ++u) {
+    const int L = L0 + u * kTpGroups + g;
+    v[u].lo = 0;
+    v[u].hi = 0;
+    if (L < nl) v[u] = tp_load_chunk<false>(row, tp_chunk_off(L, j, nl), wide, rowBytes, fast);
+  }
+  syncwarp();  // the 8 lanes of a line converged: one store instruction per line
+#pragma unroll
+  for (int u = 0; u < kTpUnroll; ++u) {
+    const int L = L0 + u * kTpGroups + g;
+    gin_ll128_store16(L < nl, lines + (uint64_t)L * 128ull + 16ull * (uint64_t)j, v[u].lo, wide ? v[u].hi : flag);
+  }
+}
+
+// This lane's chunks of lines L0 + u * kTpGroups + group (u < kTpUnroll) of an LL128 row, each
+// line re-read whole until its flag (lane 7 of the group) is `flag`: payload and flag come from
+// one read of the line. Gives up after gin_sync's timeout (GIN_ERR_TIMEOUT).
+GIN_DEVICE_INLINE void tp_wait_lines(const uint8_t* base, int nl, int L0, uint64_t flag, uint64_t (&lo)[kTpUnroll],
+                                     uint64_t (&hi)[kTpUnroll], uint32_t* errorFlags) {
+  const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
+  syncwarp();
+#pragma unroll
+  for (int u = 0; u < kTpUnroll; ++u) {
+    const int L = L0 + u * kTpGroups + g;
+    lo[u] = 0;
+    hi[u] = 0;
+    gin_ll128_load16(L < nl, base + (uint64_t)L * 128ull + 16ull * (uint64_t)j, lo[u], hi[u]);
+  }
+  uint32_t pending = 0;
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; ++spins) {
+#pragma unroll
+    for (int u = 0; u < kTpUnroll; ++u) {
+      const uint64_t f = gin_shfl_u64(hi[u], (lane & ~7) | 7);  // the line's flag, from lane 7 of the group
+      const bool live = L0 + u * kTpGroups + g < nl;
+      if (live && f != flag) pending |= 1u << u;
+      else pending &= ~(1u << u);
+    }
+    if (!gin_warp_any(pending != 0)) break;
+    if (gin_wait_timed_out(spins, start, errorFlags)) break;
+    syncwarp();
+#pragma unroll
+    for (int u = 0; u < kTpUnroll; ++u)
+      gin_ll128_load16(((pending >> u) & 1u) != 0, base + (uint64_t)(L0 + u * kTpGroups + g) * 128ull + 16ull * (uint64_t)j,
+                       lo[u], hi[u]);
+  }
+}
+
 constexpr int kTpWalkRounds = 2;  // token rounds of the receivers' walk with loads in flight together
 
 // Ids one per lane, in groups of Kp lanes (a power of two <= 32; group `sub` = one token, lane k of
@@ -1747,9 +1860,8 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
     s.t0s[tid] = (int)((int64_t)c * T / d.C);
     s.t1s[tid] = (int)((int64_t)(c + 1) * T / d.C);
     const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
-    s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.rowStride;
+    s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.dispSlotStride;
     s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
-    s.prog[tid] = (const uint64_t*)(ownWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS;
     s.ids[tid] = ids_area(ownWin, wl, tid, d.R, seq) + 1;
     if (tid == 0) {
       s.slotRows = (int*)(workspace + ws.slotRows);
@@ -1886,11 +1998,13 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   if (warp == nWarps - 1) {  // item ends: own tokens first (they wait for nothing), then rank + q
     int items = 0;
     if (lane < d.R) {
+      // Own tokens: row_split segments of x; remote ones: passes of kTpPassLines LL128 lines.
       const int src = (d.rank + lane) % d.R;
       const int n = __popc(s.maskD[src]);
-      s.nseg[src] = s.splitNseg[n];
+      const int nl = (int)moe_comb_lines(d.H);
+      s.nseg[src] = lane == 0 ? s.splitNseg[n] : (nl + kTpPassLines - 1) / kTpPassLines;
       s.segBytes[src] = s.splitSegBytes[n];
-      items = n * s.splitNseg[n];
+      items = n * s.nseg[src];
     }
     int incI = items;
 #pragma unroll
@@ -2093,57 +2207,28 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         const uint32_t mr = (uint32_t)moe_detail::ballot(lane < 32 && ((s.tokDest[lane & 31] >> r) & 1u) != 0u);  // bit j: token t0 + j
         const int cnt = __popc(mr);
         if (cnt == 0) continue;
-        // Section base in r's window (staging rows, metadata and progress words are offsets from
-        // it: fewer live 64-bit registers, the row offsets are 32-bit since 2H < 2^32).
+        // Section base in r's window (staging rows and metadata are offsets from it).
         uint8_t* peerWin = (uint8_t*)peerBases[r];
         const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
-        // Items as in the layout path: the channel's tokens to r in token order (cnt of them),
-        // row_split(rowBytes, cnt); warp w sends items w, w+W, ... and counts them in its word.
-        const RowSplit sp = row_split(d.rowBytes, cnt);
-        const int items = cnt * sp.nseg;
-        int done = 0;
+        // Items (token, pass of kTpPassLines lines): the channel's tokens to r in token order (cnt
+        // of them), each row as LL128 lines with flag n into staging slot t (session 6; until then
+        // row_split segments, each followed by a release of the warp's progress word: a system
+        // fence per item on the critical path). Pass 0 also carries the token's K weights, as LL
+        // words (n << 32 | bits) in the slot's metadata (the receiver has the ids already).
+        const int nl = (int)moe_comb_lines(d.H);
+        const int npass = (nl + kTpPassLines - 1) / kTpPassLines;
+        const int items = cnt * npass;
         for (int i = warp; i < items; i += MOE_WARPS) {
-          const int j = i / sp.nseg, seg = i - j * sp.nseg;
-          uint64_t b0, b1;
-          seg_range(sp, seg, d.rowBytes, b0, b1);
+          const int j = i / npass, pass = i - j * npass;
           uint32_t m = mr;
           for (int u = 0; u < j; ++u) m &= m - 1u;
           const int t = t0 + __ffs((int)m) - 1;
           const uint64_t slotIx = sec * (uint64_t)d.M + (uint64_t)t;  // staging slot = token index
-          const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
-          uint8_t* dst = peerWin + wl.dispRows + slotIx * wl.rowStride;
-          float mw = 0.f;
-          if (seg == 0 && lane < d.K) mw = topkWeights[(uint64_t)t * d.K + lane];  // with the row's loads
-          if (fast) {
-            const uint32_t vEnd = (uint32_t)(b1 >> 4);
-            for (uint32_t v0 = (uint32_t)(b0 >> 4); v0 < vEnd; v0 += GIN_WARP_SIZE * kExpandUnroll) {
-              gin_u128 v[kExpandUnroll];
-#pragma unroll
-              for (int u = 0; u < kExpandUnroll; ++u) {
-                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
-                if (vi < vEnd) v[u] = gin_ld16_stream(src + ((uint64_t)vi << 4));
-              }
-#pragma unroll
-              for (int u = 0; u < kExpandUnroll; ++u) {
-                const uint32_t vi = v0 + (uint32_t)lane + (uint32_t)(u * GIN_WARP_SIZE);
-                if (vi < vEnd) gin_st16(dst + ((uint64_t)vi << 4), v[u]);
-              }
-            }
-          } else {
-            // Any hidden size / alignment (rare): element by element, like warp_expand_seg's
-            // slow path (gin_copy_bytes here cost the kernel a stack frame on sm_90).
-            const uint16_t* s16 = (const uint16_t*)src;
-            uint16_t* d16 = (uint16_t*)dst;
-            for (uint32_t e = (uint32_t)(b0 >> 1) + (uint32_t)lane; e < (uint32_t)(b1 >> 1); e += GIN_WARP_SIZE) d16[e] = s16[e];
-          }
-          // Segment 0 carries the token's weights (the receiver has the ids already).
-          if (seg == 0 && lane < d.K)
-            ((float*)(peerWin + wl.dispMeta + slotIx * wl.metaStride))[2 * d.K + lane] = mw;
-          ++done;
-          syncwarp();  // every lane's stores, then lane 0's release (cumulative)
-          if (lane == 0)
-            gin_st_release_sys((uint64_t*)(peerWin + wl.dispProgress) + (sec * MOE_MAX_CHANNELS + c) * MOE_MAX_WARPS + warp,
-                               seqHi | (uint64_t)done);
+          if (pass == 0 && lane < d.K)
+            gin_st_relaxed_sys((uint64_t*)(peerWin + wl.dispMeta + slotIx * wl.metaStride) + lane,
+                               seqHi | (uint64_t)__float_as_uint(topkWeights[(uint64_t)t * d.K + lane]));
+          tp_send_pass((const uint8_t*)x + (uint64_t)t * d.rowBytes, peerWin + wl.dispRows + slotIx * wl.dispSlotStride,
+                       d.rowBytes, nl, pass * kTpPassLines, seq, fast);
         }
       }
       MOE_PROF_SYNC();
@@ -2245,23 +2330,43 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
         if (g == warp && warp == 0) MOE_PROF(0, 21);  // thread 0: warp 0's first own item copied
       } else {
-        if (lane == 0) (void)gin_wait_geq(s.prog[src] + i % MOE_WARPS, seqHi | (uint64_t)(i / MOE_WARPS + 1), errorFlags);
-        syncwarp();
+        // Pass `seg` of the token's LL128 row (lines seg * kTpPassLines ...), each line polled until
+        // it carries this call's flag; pass 0 also the token's weights (LL words, polled likewise).
+        const int nl = (int)moe_comb_lines(d.H);
+        const uint64_t* wWord = (const uint64_t*)(s.meta[src] + (uint64_t)t * (uint32_t)wl.metaStride) + lane;
+        uint64_t wv = 0;
+        if (seg == 0 && row >= 0) wv = gin_ld_relaxed_sys(wWord);
+        uint64_t lo[kTpUnroll], hi[kTpUnroll];
+        tp_wait_lines(s.stage[src] + (uint64_t)t * (uint32_t)wl.dispSlotStride, nl, seg * kTpPassLines, seq, lo, hi, errorFlags);
         if (firstRemote) {
           if (warp == 0) MOE_PROF(0, 2);  // thread 0: warp 0's first remote item landed
           firstRemote = false;
         }
-        const uint8_t* stageRow = s.stage[src] + (uint64_t)t * (uint32_t)wl.rowStride;
-        if (fast) expand_load_pass<true>(pass, stageRow, b0 >> 4, b1 >> 4);
-        if (seg == 0 && row >= 0) {
-          const int* meta = (const int*)(s.meta[src] + (uint64_t)t * (uint32_t)wl.metaStride);
-          wt = __int_as_float(ld_fresh_i32(meta + 2 * d.K + lane));
-        }
         if (seg == 0) {
+          if (row >= 0) {
+            uint32_t spins = 0;
+            uint64_t start = 0;
+            while (!ll_tag_ok(wv, seq) && !gin_wait_timed_out(spins++, start, errorFlags)) wv = gin_ld_relaxed_sys(wWord);
+            wt = __uint_as_float((uint32_t)wv);
+          }
           if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
           if (row >= 0) recvWeights[row] = wt;
         }
-        warp_expand_seg<true>(stageRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+        // The pass's chunks to every target row (lane k's row), as the combine consumer stores y.
+        const int gj = lane & 7;
+        for (int k = 0; k < d.K; ++k) {
+          const int rk = gin_shfl_int(row, k);
+          if (rk < 0) continue;
+          uint8_t* dst = (uint8_t*)recvX + (uint64_t)rk * d.rowBytes;
+#pragma unroll
+          for (int u = 0; u < kTpUnroll; ++u) {
+            const int L = seg * kTpPassLines + u * kTpGroups + (lane >> 3);
+            gin_u128 v;
+            v.lo = lo[u];
+            v.hi = gj < 7 ? hi[u] : 0ull;
+            if (L < nl) tp_store_chunk(dst, tp_chunk_off(L, gj, nl), gj < 7, d.rowBytes, fast, v);
+          }
+        }
       }
     }
     MOE_PROF_SYNC();
@@ -2699,59 +2804,10 @@ GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, con
 
 // ------------------------------------------------------------------------------------------------
 // Combine, token path (round 9; the dispatch's token-path sizes: M*K <= MOE_TOKEN_PATH_IDS and at
-// most 32 tokens per channel). Partials travel as LL128 lines (as gin_a2a_ll128): a 128-byte line
-// = 120 payload bytes + an 8-byte flag = the call number n, stored by the 8 lanes of one lane group
-// with one warp store instruction, in buffer n % 2 of the source's window. The consumer sums each
-// line as it lands (no progress word, no release fence, no consumed flag, nothing ever cleared).
-// Payload mapping (keeps 16-byte alignment of the rows): in line L of a row of nl lines, lane j < 7
-// of the group carries row bytes [112 L + 16 j, +16), lane 7 carries [112 nl + 8 L, +8) (the row's
-// tail region) in its low word and the flag in its high word. Bytes past the row are zero.
-// A warp pass covers kTpUnroll lines per group: 16 lines (1,920 payload bytes) on NVIDIA.
+// most 32 tokens per channel). Partials travel as LL128 lines (see "LL128 rows" above), in buffer
+// n % 2 of the source's window. The consumer sums each line as it lands (no progress word, no
+// release fence, no consumed flag, nothing ever cleared).
 // ------------------------------------------------------------------------------------------------
-constexpr int kTpUnroll = 4;
-constexpr int kTpGroups = GIN_WARP_SIZE / 8;
-constexpr int kTpPassLines = kTpUnroll * kTpGroups;
-
-GIN_DEVICE_INLINE uint64_t tp_chunk_off(int L, int j, int nl) {
-  return j < 7 ? 112ull * (uint64_t)L + 16ull * (uint64_t)j : 112ull * (uint64_t)nl + 8ull * (uint64_t)L;
-}
-
-// 16 (wide) or 8 bytes of a row at byte offset off; zero past rowBytes. fast: rowBytes % 16 == 0
-// and the row 16-byte aligned, so a chunk is either wholly inside the row or wholly past it.
-template <bool kFresh>
-GIN_DEVICE_INLINE gin_u128 tp_load_chunk(const uint8_t* row, uint64_t off, bool wide, uint64_t rowBytes, bool fast) {
-  gin_u128 v;
-  v.lo = 0;
-  v.hi = 0;
-  if (off >= rowBytes) return v;
-  if (fast) {
-    if (wide) v = kFresh ? ld16_fresh(row + off) : gin_ld16_stream(row + off);
-    else v.lo = gin_ld8_stream(row + off);
-  } else {
-    for (int i = 0; i < (wide ? 8 : 4); ++i) {
-      const uint64_t b = off + 2ull * (uint64_t)i;
-      if (b >= rowBytes) break;
-      const uint64_t e = (uint64_t)ld_u16<kFresh>((const uint16_t*)(row + b));
-      if (i < 4) v.lo |= e << (16 * i);
-      else v.hi |= e << (16 * (i - 4));
-    }
-  }
-  return v;
-}
-GIN_DEVICE_INLINE void tp_store_chunk(uint8_t* row, uint64_t off, bool wide, uint64_t rowBytes, bool fast, gin_u128 v) {
-  if (off >= rowBytes) return;
-  if (fast) {
-    if (wide) gin_st16(row + off, v);
-    else *(uint64_t*)(row + off) = v.lo;
-  } else {
-    for (int i = 0; i < (wide ? 8 : 4); ++i) {
-      const uint64_t b = off + 2ull * (uint64_t)i;
-      if (b >= rowBytes) break;
-      ((uint16_t*)(row + b))[0] = (uint16_t)((i < 4 ? v.lo : v.hi) >> (16 * (i & 3)));
-    }
-  }
-}
-
 // Asks L2 for the row bytes of lines [L0, L1) of one row (main and tail ranges), as prefetch_l2.
 GIN_DEVICE_INLINE void tp_prefetch_lines(const uint8_t* row, uint64_t rowBytes, int nl, int L0, int L1, bool fast) {
   if (!fast) return;
@@ -2876,32 +2932,7 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
     mExt &= mExt - 1;
     const uint8_t* base = shfl_ptr(myLines, r);
     uint64_t lo[kTpUnroll], hi[kTpUnroll];
-    syncwarp();
-#pragma unroll
-    for (int u = 0; u < kTpUnroll; ++u) {
-      const int L = L0 + u * kTpGroups + g;
-      lo[u] = 0;
-      hi[u] = 0;
-      gin_ll128_load16(L < nl, base + (uint64_t)L * 128ull + 16ull * (uint64_t)j, lo[u], hi[u]);
-    }
-    uint32_t pending = 0;
-    uint64_t start = 0;
-    for (uint32_t spins = 0;; ++spins) {
-#pragma unroll
-      for (int u = 0; u < kTpUnroll; ++u) {
-        const uint64_t f = gin_shfl_u64(hi[u], (lane & ~7) | 7);  // the line's flag, from lane 7 of the group
-        const bool live = L0 + u * kTpGroups + g < nl;
-        if (live && f != flag) pending |= 1u << u;
-        else pending &= ~(1u << u);
-      }
-      if (!gin_warp_any(pending != 0)) break;
-      if (gin_wait_timed_out(spins, start, errorFlags)) break;
-      syncwarp();
-#pragma unroll
-      for (int u = 0; u < kTpUnroll; ++u)
-        gin_ll128_load16(((pending >> u) & 1u) != 0, base + (uint64_t)(L0 + u * kTpGroups + g) * 128ull + 16ull * (uint64_t)j,
-                         lo[u], hi[u]);
-    }
+    tp_wait_lines(base, nl, L0, flag, lo, hi, errorFlags);
     if (first) MOE_PROF(1, 1);  // thread 0: warp 0's first partial lines landed
     first = false;
 #pragma unroll
