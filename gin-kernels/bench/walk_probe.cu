@@ -98,7 +98,7 @@ static std::vector<int> reference_layout(const std::vector<std::vector<int>>& id
   for (int q = 0; q < R; ++q) {
     const int s = (rank + q) % R, n = __builtin_popcount((unsigned)maskD[s]);
     const RowSplit sp = row_split(2ull * H, n);  // the split rule is the kernels' own (host-callable)
-    // own tokens: row_split segments; remote ones: passes of LL128 lines (session 6)
+    // own tokens: row_split segments; remote ones: passes of LL128 lines (session 7)
     nseg[s] = q == 0 ? sp.nseg : (int)((moe_comb_lines(H) + kTpPassLines - 1) / kTpPassLines);
     segBytes[s] = (int)sp.segBytes;
     itemEnd[q + 1] = itemEnd[q] + n * nseg[s];

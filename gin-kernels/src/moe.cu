@@ -1706,7 +1706,7 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 }
 
 // ------------------------------------------------------------------------------------------------
-// LL128 rows (the token path: dispatch staging since session 6, combine partials since round 9),
+// LL128 rows (the token path: dispatch staging since session 7, combine partials since round 9),
 // as gin_a2a_ll128: a 128-byte line = 120 payload bytes + an 8-byte flag = the call number n,
 // stored by the 8 lanes of one lane group with one warp store instruction; a reader polls a line
 // until its flag is n, so the data proves itself (no progress word, no release fence).
@@ -1760,7 +1760,7 @@ GIN_DEVICE_INLINE void tp_store_chunk(uint8_t* row, uint64_t off, bool wide, uin
 }
 
 // Sends lines [L0, L0 + kTpPassLines) of a row (bytes of `row`, not written during the kernel) as
-// LL128 lines with `flag` (the dispatch's token path, session 6).
+// LL128 lines with `flag` (the dispatch's token path, session 7).
 GIN_DEVICE_INLINE void tp_send_pass(const uint8_t* row, uint8_t* lines, uint64_t rowBytes, int nl, int L0, uint64_t flag,
                                     bool fast) {
   const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
@@ -2211,7 +2211,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         uint8_t* peerWin = (uint8_t*)peerBases[r];
         const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
         // Items (token, pass of kTpPassLines lines): the channel's tokens to r in token order (cnt
-        // of them), each row as LL128 lines with flag n into staging slot t (session 6; until then
+        // of them), each row as LL128 lines with flag n into staging slot t (session 7; until then
         // row_split segments, each followed by a release of the warp's progress word: a system
         // fence per item on the critical path). Pass 0 also carries the token's K weights, as LL
         // words (n << 32 | bits) in the slot's metadata (the receiver has the ids already).
