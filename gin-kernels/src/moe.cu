@@ -1817,23 +1817,18 @@ GIN_DEVICE_INLINE void tp_wait_lines(const uint8_t* base, int nl, int L0, uint64
 
 constexpr int kTpWalkRounds = 2;  // token rounds of the receivers' walk with loads in flight together
 
-// Ids one per lane, in groups of Kp lanes (a power of two <= 32; group `sub` = one token, lane k of
+// Ids one per lane, in groups of Kp lanes (a power of two <= 32; a group = one token, lane k of
 // the group = id k): true where e >= 0 and a lower lane of the group holds e too (token_experts'
 // repeat rule, which masks that id).
-GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int sub, int Kp) {
-#if GIN_HIP
+GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int Kp) {
+  // Kp - 1 shuffles within the group. Until session 7 NVIDIA used __match_any_sync, which cost the
+  // receivers' walk ~0.7 us per source (DeepSeek-V3 128 tokens: own ids 1.5 -> 0.8 us).
   bool dup = false;
   for (int j = 1; j < Kp; ++j) {
     const int o = shfl_up_w(e, j, Kp);
     if (k >= j && e >= 0 && o == e) dup = true;
   }
   return dup;
-#else
-  const int lane = (int)gin_lane_id();
-  const uint32_t group = (Kp >= 32 ? 0xffffffffu : (1u << Kp) - 1u) << (sub * Kp);
-  const uint32_t key = e >= 0 ? ((uint32_t)sub << 16) | (uint32_t)e : 0x80000000u | (uint32_t)lane;
-  return (__match_any_sync(0xffffffffu, key) & group & ((1u << lane) - 1u)) != 0u;
-#endif
 }
 
 // Token-path receiver, before its items (round 8; the walk one id per lane since round 10):
@@ -1847,6 +1842,21 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
                                       uint32_t* errorFlags) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
+  // The walk's lane roles (below): groups of Kp lanes (K rounded up to a power of two) hold the
+  // ids of one token, a warp takes 32 / Kp tokens per round.
+  int lgK = 0;
+  while ((1 << lgK) < d.K) ++lgK;
+  const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
+  const int nWarps = B / GIN_WARP_SIZE, step = nWarps * perWarp;
+  // This lane's own ids of its first walk rounds, loaded before the sources' T arrive: the walk
+  // starts with them (session 7; until then their loads followed the T poll, and a source's walk
+  // took ~1.5 us, mostly that load's latency).
+  int ownFirst[kTpWalkRounds];
+#pragma unroll
+  for (int u = 0; u < kTpWalkRounds; ++u) {
+    const int t = warp * perWarp + u * step + sub;
+    ownFirst[u] = t < d.T && k < d.K ? topkIdx[(uint64_t)t * d.K + k] : -1;
+  }
   if (tid < d.R) {
     int T = d.T;
     if (tid != d.rank) {
@@ -1893,13 +1903,10 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   // every load in flight first; source by source (round 8 walked one token per thread with its
   // ids in registers: ~500 dependent instructions per token, 1.5-3 us per block).
   const int nw = moe_id_words(d.K);
-  int lgK = 0;
-  while ((1 << lgK) < d.K) ++lgK;
-  const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
-  const int nWarps = B / GIN_WARP_SIZE, step = nWarps * perWarp;
   const int lo = d.rank * d.L;
   const lanemask_t groupBits = (lanemask_t)(((uint64_t)1 << Kp) - 1);
-  for (int src = 0; src < d.R; ++src) {
+  for (int q = 0; q < d.R; ++q) {
+    const int src = (d.rank + q) % d.R;  // own ids first (already loaded), then the remote sources
     const int Tsrc = s.Ts[src], ct0 = s.t0s[src], ct1 = s.t1s[src];
     const bool self = src == d.rank;
     const uint64_t* words = s.ids[src];
@@ -1913,7 +1920,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
         e[u] = -1;
         v[u] = 0;
         if (t < Tsrc && k < d.K) {
-          if (self) e[u] = topkIdx[(uint64_t)t * d.K + k];
+          if (self) e[u] = tw == warp * perWarp ? ownFirst[u] : topkIdx[(uint64_t)t * d.K + k];
           else v[u] = gin_ld_relaxed_sys(words + (uint32_t)(t * nw + (k >> 1)));
         }
       }
@@ -1943,7 +1950,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
         int ev = e[u];
         if (ev >= d.E) ev = -1;
         if (ev < 0) ev = -1;
-        const bool dup = id_repeats_lower(ev, k, sub, Kp);  // masked (token_experts' rule)
+        const bool dup = id_repeats_lower(ev, k, Kp);  // masked (token_experts' rule)
         const bool local = !dup && (unsigned)(ev - lo) < (unsigned)d.L;
         const bool before = t < ct0, inCh = !before && t < ct1;
         const uint32_t bit = inCh ? 1u << (t - ct0) : 0u;
@@ -1964,7 +1971,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
           if (c == 0) atomicAdd(&s.hist[src * d.C + ((t + 1) * d.C - 1) / Tsrc], 1);  // < 2^31: M, C bounded
         }
       }
-      if (tw == warp * perWarp && src == 0) MOE_PROF(0, 18);  // thread 0: its warp's first tokens counted
+      if (tw == warp * perWarp && q == 0) MOE_PROF(0, 18);  // thread 0: its warp's first (own) tokens counted
     }
     if (lane == 0 && nHere) {
       atomicAdd(&s.slots[src], nHere);
@@ -2167,7 +2174,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         }
         // Reported here, by the token's own block (the ids go out range-checked only; every
         // receiver drops repeats by the same rule).
-        bad |= id_repeats_lower(e, lane, 0, GIN_WARP_SIZE > 32 ? 32 : GIN_WARP_SIZE);
+        bad |= id_repeats_lower(e, lane, GIN_WARP_SIZE > 32 ? 32 : GIN_WARP_SIZE);
         if (gin_warp_any(bad) && lane == 0) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
         // Ids 2i and 2i + 1 into word i of the token's list in every remote rank's window.
         const int hi = gin_shfl_int(e, (2 * lane + 1) % GIN_WARP_SIZE);
