@@ -59,7 +59,7 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
             return new Plan(p, 64, 512);
         }
         // a2a_test timing tables: many small CTAs win up to 16 MiB per rank on 2 H200; above that 32 and
-        // 64 chunks tie on 2 H200, and 64 wins by 6-8 % on 4 (64 MiB-1 GiB per rank, session 7)
+        // 64 chunks tie on 2 H200, and 64 wins by 6-10 % on 4 (64 MiB-1 GiB per rank, session 7)
         if (bytesPerPeer <= 64 * 1024) return new Plan(p, 1, 512);
         if (bytesPerPeer <= 512 * 1024) return new Plan(p, 32, 512);
         return new Plan(p, 64, 512);
