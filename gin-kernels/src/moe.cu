@@ -522,56 +522,6 @@ GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, i
   if (validate_experts(ev, d) && report) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
 }
 
-// Token-path id list of a token: raw ids of ev[0..K) from the LL words of call seq (ids as the
-// sender validated them), polled until tagged; false after a timeout (ids then masked).
-GIN_DEVICE_INLINE bool token_experts_ll(const uint64_t* words, const Dims& d, uint64_t seq, int* ev,
-                                        uint32_t* errorFlags) {
-  constexpr int kMaxWords = (MOE_MAX_TOPK + 1) / 2;
-  const int nw = moe_id_words(d.K);
-  // Payloads go straight into ev[] (32-bit registers, as token_experts uses) and the tags into a
-  // mask: fewer live registers than holding the 64-bit words.
-  uint32_t stale = 0u;
-#pragma unroll
-  for (int i = 0; i < kMaxWords; ++i) {
-    if (i >= nw) break;
-    const uint64_t w = gin_ld_relaxed_sys(words + i);
-    if ((uint32_t)(w >> 32) != (uint32_t)seq) stale |= 1u << i;
-    ev[2 * i] = (int)(uint32_t)w;
-  }
-  bool ok = true;
-  if (stale != 0u) {
-#pragma unroll
-    for (int i = 0; i < kMaxWords; ++i) {
-      if (i >= nw) break;
-      if (((stale >> i) & 1u) == 0u) continue;
-      uint64_t start = 0;
-      for (uint32_t spins = 0;; ++spins) {
-        const uint64_t w = gin_ld_relaxed_sys(words + i);
-        if ((uint32_t)(w >> 32) == (uint32_t)seq) {
-          ev[2 * i] = (int)(uint32_t)w;
-          break;
-        }
-        if (gin_wait_timed_out(spins, start, errorFlags)) {
-          ok = false;
-          ev[2 * i] = -1;  // both ids masked
-          break;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = kMaxWords - 1; i >= 0; --i) {  // unpack in place, high slot first
-    if (i >= nw) continue;
-    const uint32_t v = (uint32_t)ev[2 * i];
-    if (2 * i + 1 < MOE_MAX_TOPK) ev[2 * i + 1] = (v >> 16) == 0xffffu ? -1 : (int)(v >> 16);
-    ev[2 * i] = (v & 0xffffu) == 0xffffu ? -1 : (int)(v & 0xffffu);
-  }
-  (void)validate_experts(ev, d);  // the sender's rule again: never trust a peer's list blindly
-  return ok;
-}
-
-
-
 // In-place exclusive scan of a[0..n) in shared memory by the whole block; returns the total.
 // tmp: at least blockDim.x / warp size ints of shared memory. Must be called by every thread of the
 // block (block size a multiple of the warp size). Warp shuffles: 3 barriers instead of the
@@ -1849,8 +1799,8 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
   const int nWarps = B / GIN_WARP_SIZE, step = nWarps * perWarp;
   // This lane's own ids of its first walk rounds, loaded before the sources' T arrive: the walk
-  // starts with them (session 7; until then their loads followed the T poll, and a source's walk
-  // took ~1.5 us, mostly that load's latency).
+  // starts with them (session 7, same-run A/B against loading them in the walk: DeepSeek-V3 and
+  // Qwen3 128-token dispatch ~0.2 us faster, three rounds of three).
   int ownFirst[kTpWalkRounds];
 #pragma unroll
   for (int u = 0; u < kTpWalkRounds; ++u) {
