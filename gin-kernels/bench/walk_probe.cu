@@ -183,7 +183,7 @@ int main(int argc, char** argv) {
   CK(cudaMemcpyToSymbol(moe_profile_buf, &prof, sizeof(prof)));
   std::vector<uint64_t> h(profWords);
   const int slots[] = {17, 18, 19, 20, 11};
-  const char* names[] = {"sources' T known, cleared", "thread 0's first (own) tokens counted", "thread 0's tokens counted",
+  const char* names[] = {"counters cleared (remote T probed)", "thread 0's first (own) tokens counted", "thread 0's tokens counted",
                          "walk barrier passed", "layout done (scan, items)"};
   std::vector<std::vector<double>> us(5);
   double ghzSum = 0;

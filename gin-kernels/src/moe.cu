@@ -1808,17 +1808,14 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
     ownFirst[u] = t < d.T && k < d.K ? topkIdx[(uint64_t)t * d.K + k] : -1;
   }
   if (tid < d.R) {
-    int T = d.T;
-    if (tid != d.rank) {
-      (void)ll_table_get(ids_area(ownWin, wl, tid, d.R, seq), seq, true, errorFlags, T);
-      if (T < 0 || T > d.M) {
-        gin_error_set(errorFlags, MOE_ERR_COUNTS);
-        T = 0;
-      }
+    if (tid == d.rank) {
+      s.Ts[tid] = d.T;
+      s.t0s[tid] = (int)((int64_t)c * d.T / d.C);
+      s.t1s[tid] = (int)((int64_t)(c + 1) * d.T / d.C);
+    } else {  // a remote source's T: one probe now, -1 if it is not here yet (the walk then polls)
+      int T = 0;
+      s.Ts[tid] = ll_table_get(ids_area(ownWin, wl, tid, d.R, seq), seq, false, errorFlags, T) ? T : -1;
     }
-    s.Ts[tid] = T;
-    s.t0s[tid] = (int)((int64_t)c * T / d.C);
-    s.t1s[tid] = (int)((int64_t)(c + 1) * T / d.C);
     const uint64_t sec = (uint64_t)moe_peer_section(tid, d.rank, d.R);  // unused for self
     s.stage[tid] = ownWin + wl.dispRows + sec * d.M * wl.dispSlotStride;
     s.meta[tid] = ownWin + wl.dispMeta + sec * d.M * wl.metaStride;
@@ -1847,7 +1844,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   if (c == 0)
     for (int i = tid; i < d.R * d.C; i += B) s.hist[i] = 0;
   __syncthreads();
-  MOE_PROF(0, 17);  // every source's T known, counters cleared
+  MOE_PROF(0, 17);  // counters cleared (the remote sources' T may still be on the way)
   // The walk, one id per lane: groups of Kp lanes (K rounded up to a power of two) hold the ids
   // of one token (lane k: id k), a warp takes 32 / Kp tokens per round, two rounds at a time with
   // every load in flight first; source by source (round 8 walked one token per thread with its
@@ -1857,8 +1854,28 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   const lanemask_t groupBits = (lanemask_t)(((uint64_t)1 << Kp) - 1);
   for (int q = 0; q < d.R; ++q) {
     const int src = (d.rank + q) % d.R;  // own ids first (already loaded), then the remote sources
-    const int Tsrc = s.Ts[src], ct0 = s.t0s[src], ct1 = s.t1s[src];
     const bool self = src == d.rank;
+    // A remote source's T (word 0 of its id list): the probe's value, or lane 0 of each warp polls
+    // it here, so that the own walk runs while it is on the way (session 8; until then every
+    // block waited for every T before its walk).
+    int Tsrc = d.T;
+    if (!self) {
+      Tsrc = gin_shfl_int(s.Ts[src], 0);  // warp-uniform (warp 0 may be writing it)
+      if (Tsrc < 0) {
+        if (lane == 0) (void)ll_table_get(s.ids[src] - 1, seq, true, errorFlags, Tsrc);
+        Tsrc = gin_shfl_int(Tsrc, 0);
+      }
+      if (Tsrc < 0 || Tsrc > d.M) {
+        if (lane == 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+        Tsrc = 0;
+      }
+      if (warp == 0 && lane == 0) s.Ts[src] = Tsrc;  // for the items, after the walk's barrier
+    }
+    const int ct0 = (int)((int64_t)c * Tsrc / d.C), ct1 = (int)((int64_t)(c + 1) * Tsrc / d.C);
+    if (!self && warp == 0 && lane == 0) {
+      s.t0s[src] = ct0;
+      s.t1s[src] = ct1;
+    }
     const uint64_t* words = s.ids[src];
     int nHere = 0, nBefore = 0;  // lane 0: this warp's tokens of src coming here (before channel c)
     for (int tw = warp * perWarp; tw < Tsrc; tw += kTpWalkRounds * step) {  // warp-uniform

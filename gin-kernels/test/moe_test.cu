@@ -1062,7 +1062,7 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
         {16, "token path: thread 0's token out (pre-barrier)"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{10, "entry"}, {1, "count tables read"},
-        {17, "token path: sources' T known, cleared"}, {18, "token path: thread 0's first (own) tokens counted"},
+        {17, "token path: counters cleared (remote T probed)"}, {18, "token path: thread 0's first (own) tokens counted"},
         {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
         {11, "token path: layout done (scan, items)"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
