@@ -575,10 +575,7 @@ constexpr int kExpandUnroll = 4;   // 16-byte vectors in flight per lane when co
 // 2 KB segment at 128 tokens took two dependent passes. 4 x 4 and 4 x 3 need 140-150 registers
 // (ptxas: 88-160 byte stack frames at the 128-register cap of 512 threads).
 constexpr int kReduceUnroll = 4;   // output vectors per lane per pass
-#ifndef MOE_RG
-#define MOE_RG 2
-#endif
-constexpr int kReduceGroup = MOE_RG;    // rows (own + partials) whose loads are in flight together    // rows (own + partials) whose loads are in flight together
+constexpr int kReduceGroup = 2;    // rows (own + partials) whose loads are in flight together
 
 // Work items: a list of n rows is cut into n * nseg items, item i = (row i / nseg, segment
 // i % nseg), so that a call with few rows per channel still keeps every warp of the block busy
