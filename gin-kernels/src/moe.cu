@@ -2126,6 +2126,8 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
           gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
     {
       const int nw = moe_id_words(d.K);
+      int Kp = 1;  // the repeat check's lane group: K rounded up to a power of two (lanes >= K hold -1)
+      while (Kp < d.K) Kp <<= 1;
       if (tid >= t1 - t0 && tid < 32) s.tokDest[tid] = 0u;  // no token there
       for (int j = warp; j < t1 - t0; j += MOE_WARPS) {  // own token t0 + j (<= 32 on the token path)
         const int t = t0 + j;
@@ -2138,7 +2140,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         }
         // Reported here, by the token's own block (the ids go out range-checked only; every
         // receiver drops repeats by the same rule).
-        bad |= id_repeats_lower(e, lane, GIN_WARP_SIZE > 32 ? 32 : GIN_WARP_SIZE);
+        bad |= id_repeats_lower(e, lane & (Kp - 1), Kp);
         if (gin_warp_any(bad) && lane == 0) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
         // Ids 2i and 2i + 1 into word i of the token's list in every remote rank's window.
         const int hi = gin_shfl_int(e, (2 * lane + 1) % GIN_WARP_SIZE);
