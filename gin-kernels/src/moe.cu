@@ -522,6 +522,55 @@ GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, i
   if (validate_experts(ev, d) && report) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
 }
 
+// Ids one per lane, in groups of Kp lanes (a power of two <= 32; a group = one token, lane k of
+// the group = id k): true where e >= 0 and a lower lane of the group holds e too (token_experts'
+// repeat rule, which masks that id).
+GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int Kp) {
+  // Kp - 1 shuffles within the group. Until session 7 NVIDIA used __match_any_sync, which cost the
+  // receivers' walk ~0.7 us per source (DeepSeek-V3 128 tokens: own ids 1.5 -> 0.8 us).
+  bool dup = false;
+  for (int j = 1; j < Kp; ++j) {
+    const int o = shfl_up_w(e, j, Kp);
+    if (k >= j && e >= 0 && o == e) dup = true;
+  }
+  return dup;
+}
+
+// The token walks of the layout one id per lane (session 8): groups of Kp lanes (K rounded up to a
+// power of two) hold one token, lane k of the group its id k, a block takes blockDim / Kp tokens
+// per round. Round 10 did this for the token path; here it replaces one token per thread with its
+// K ids in a dependent chain (~500 instructions per token, the 4096-token layout's ~7 us routing
+// count and ~9 us positions at 62 tokens per block).
+GIN_DEVICE_INLINE int id_group_size(int K) {
+  int Kp = 1;
+  while (Kp < K) Kp <<= 1;
+  return Kp;
+}
+// Lane k's id of token t, validated by token_experts' rule (out of range, then a repeat of a lower
+// lane's id: -1, bad = true); -1 for t >= tEnd or k >= K. Whole warp (shuffles).
+GIN_DEVICE_INLINE int lane_expert(const int* topkIdx, int t, int tEnd, int k, int Kp, const Dims& d, bool& bad) {
+  int e = -1;
+  bad = false;
+  if (t < tEnd && k < d.K) {
+    e = topkIdx[(uint64_t)t * d.K + k];
+    if (e < -1 || e >= d.E) {
+      bad = true;
+      e = -1;
+    }
+  }
+  if (id_repeats_lower(e, k, Kp)) {
+    bad = true;
+    e = -1;
+  }
+  return e;
+}
+// True on the lowest lane of the group whose valid id lives on that id's rank (a token counts once
+// per destination rank).
+GIN_DEVICE_INLINE bool lane_first_of_rank(int e, int k, int Kp, const Dims& d) {
+  const int r = e >= 0 ? e / d.L : -1;
+  return !id_repeats_lower(r, k, Kp) && r >= 0;
+}
+
 // In-place exclusive scan of a[0..n) in shared memory by the whole block; returns the total.
 // tmp: at least blockDim.x / warp size ints of shared memory. Must be called by every thread of the
 // block (block size a multiple of the warp size). Warp shuffles: 3 barriers instead of the
@@ -934,22 +983,13 @@ GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const
   for (int e = tid; e < d.E; e += B) s.cntE[e] = 0;
   for (int r = tid; r < d.R; r += B) s.cntD[r] = 0;
   __syncthreads();
-  int ev[MOE_MAX_TOPK];
-  for (int t = t0 + tid; t < t1; t += B) {
-    token_experts(topkIdx, t, d, ev, true, errorFlags);
-    uint32_t destMask = 0;
-#pragma unroll
-    for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-      if (k >= d.K) break;
-      if (ev[k] < 0) continue;
-      atomicAdd(&s.cntE[ev[k]], 1);
-      destMask |= 1u << (ev[k] / d.L);
-    }
-    while (destMask) {
-      const int r = __ffs((int)destMask) - 1;
-      destMask &= destMask - 1;
-      atomicAdd(&s.cntD[r], 1);
-    }
+  const int Kp = id_group_size(d.K), k = tid & (Kp - 1), per = B / Kp;
+  for (int base = t0; base < t1; base += per) {  // block-uniform
+    bool bad;
+    const int e = lane_expert(topkIdx, base + tid / Kp, t1, k, Kp, d, bad);
+    if (gin_warp_any(bad) && gin_lane_id() == 0) gin_error_set(errorFlags, MOE_ERR_EXPERT_ID);
+    if (e >= 0) atomicAdd(&s.cntE[e], 1);
+    if (lane_first_of_rank(e, k, Kp, d)) atomicAdd(&s.cntD[e / d.L], 1);
   }
   __syncthreads();
   for (int e = tid; e < d.E; e += B) histERow[e] = s.cntE[e];
@@ -1302,30 +1342,20 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int NC = moe_min_i(32, MOE_TILE_WORDS / d.E);  // chunks per tile (>= 1 since E <= 2048)
   const int tileTokens = 32 * NC;
-  int ev[MOE_MAX_TOPK];
+  const int Kp = id_group_size(d.K), k = tid & (Kp - 1), per = B / Kp;
   for (int tb = t0; tb < t1; tb += tileTokens) {
     const int nt = moe_min_i(tileTokens, t1 - tb);
     const int nch = (nt + 31) >> 5;
     for (int i = tid; i < d.E * NC; i += B) s.u.tile.bits[i] = 0;
     for (int i = tid; i < d.R * NC; i += B) s.u.tile.dbits[i] = 0;
     __syncthreads();
-    for (int i = tid; i < nt; i += B) {
-      const int ch = i >> 5;
+    for (int i0 = 0; i0 < nt; i0 += per) {  // block-uniform
+      const int i = i0 + tid / Kp, ch = i >> 5;
       const uint32_t bit = 1u << (i & 31);
-      token_experts(topkIdx, tb + i, d, ev, false, nullptr);
-      uint32_t destMask = 0;
-#pragma unroll
-      for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-        if (k >= d.K) break;
-        if (ev[k] < 0) continue;
-        atomicOr(&s.u.tile.bits[ev[k] * NC + ch], bit);
-        destMask |= 1u << (ev[k] / d.L);
-      }
-      while (destMask) {
-        const int r = __ffs((int)destMask) - 1;
-        destMask &= destMask - 1;
-        atomicOr(&s.u.tile.dbits[r * NC + ch], bit);
-      }
+      bool bad;
+      const int e = lane_expert(topkIdx, tb + i, tb + nt, k, Kp, d, bad);
+      if (e >= 0) atomicOr(&s.u.tile.bits[e * NC + ch], bit);
+      if (lane_first_of_rank(e, k, Kp, d)) atomicOr(&s.u.tile.dbits[(e / d.L) * NC + ch], bit);
     }
     __syncthreads();
     for (int i = tid; i < d.E + d.R; i += B) {
@@ -1347,18 +1377,16 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
       }
     }
     __syncthreads();
-    for (int i = tid; i < nt; i += B) {
-      const int t = tb + i, ch = i >> 5;
+    for (int i0 = 0; i0 < nt; i0 += per) {  // block-uniform
+      const int i = i0 + tid / Kp, t = tb + i, ch = i >> 5;
       const uint32_t bit = 1u << (i & 31), below = bit - 1u;
-      token_experts(topkIdx, t, d, ev, false, nullptr);
-#pragma unroll
-      for (int k = 0; k < MOE_MAX_TOPK; ++k) {
-        if (k >= d.K) break;
-        const int e = ev[k];
+      bool bad;
+      const int e = lane_expert(topkIdx, t, tb + nt, k, Kp, d, bad);
+      if (i >= nt) continue;  // after the shuffles
+      if (k < d.K)
         slotInExpert[(uint64_t)t * d.K + k] =
             e < 0 ? -1 : s.u.tile.pre[e * NC + ch] + __popc(s.u.tile.bits[e * NC + ch] & below);
-      }
-      for (int r = 0; r < d.R; ++r) {
+      for (int r = k; r < d.R; r += Kp) {
         const uint32_t m = s.u.tile.dbits[r * NC + ch];
         int pos = -1;
         if (m & bit) {
@@ -1763,20 +1791,6 @@ GIN_DEVICE_INLINE void tp_wait_lines(const uint8_t* base, int nl, int L0, uint64
 }
 
 constexpr int kTpWalkRounds = 2;  // token rounds of the receivers' walk with loads in flight together
-
-// Ids one per lane, in groups of Kp lanes (a power of two <= 32; a group = one token, lane k of
-// the group = id k): true where e >= 0 and a lower lane of the group holds e too (token_experts'
-// repeat rule, which masks that id).
-GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int Kp) {
-  // Kp - 1 shuffles within the group. Until session 7 NVIDIA used __match_any_sync, which cost the
-  // receivers' walk ~0.7 us per source (DeepSeek-V3 128 tokens: own ids 1.5 -> 0.8 us).
-  bool dup = false;
-  for (int j = 1; j < Kp; ++j) {
-    const int o = shfl_up_w(e, j, Kp);
-    if (k >= j && e >= 0 && o == e) dup = true;
-  }
-  return dup;
-}
 
 // Token-path receiver, before its items (round 8; the walk one id per lane since round 10):
 // every source's T and ids -> what channel c needs in s (rows per (source, local expert),
