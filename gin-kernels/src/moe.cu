@@ -996,15 +996,17 @@ GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const
   for (int r = tid; r < d.R; r += B) histDRow[r] = s.cntD[r];
 }
 
-// One-level layout (T*K <= kDirectLayoutIds = 16384, i.e. up to 2048 tokens at top-8; round 3 used
-// 65536, and at 4096 tokens the last block's walk over all 32K ids took ~33 us): block c
+// One-level layout (T*K <= kDirectLayoutIds = 4096, i.e. up to 512 tokens at top-8; round 3 used
+// 65536, and at 4096 tokens the last block's walk over all 32K ids took ~33 us; 16384 until session
+// 8, when the two-level walks went one id per lane: Mixtral at 4096 tokens, 8192 ids, R = 1, 8 back
+// to back, 58.2 -> 50.8 us with the two-level one): block c
 // counts the ids of tokens [0, t0) itself (runE / runD / prefD: its starting offsets) and its own
 // tokens [t0, t1) (cntE / cntD), straight from topkIdx: no histogram publication and no wait for
 // other blocks (at 128 tokens the two-level steps 1-2 cost ~11-13 us of flag and fence latency;
 // this reads at most T*K ids, 4 KB there). The leader (lead = last block, t1 = T) also counts
 // tokens per (channel, destination) into u.lead.histD for chanStart. Same numbers as steps 1-2.
 #ifndef MOE_DIRECT_LAYOUT_IDS
-#define MOE_DIRECT_LAYOUT_IDS 16384  // overridable only to test both layouts at small sizes
+#define MOE_DIRECT_LAYOUT_IDS 4096  // overridable only to test both layouts at small sizes
 #endif
 constexpr int64_t kDirectLayoutIds = MOE_DIRECT_LAYOUT_IDS;
 GIN_DEVICE_INLINE bool layout_is_direct(const Dims& d) { return (int64_t)d.T * (int64_t)d.K <= kDirectLayoutIds; }

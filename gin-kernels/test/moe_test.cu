@@ -1394,9 +1394,9 @@ int main(int argc, char** argv) {
         {"one expert per rank (L=1)", R, 2, 200, 96, 5, {96, 90}, UNIFORM, 0.1},
         {"invalid ids masked", 8 * R, 4, 256, 128, 6, {128, 111}, INVALID_IDS, 0.0},
         {"Mixtral-like", 8, 2, 4096, 256, Cd, {256, 255}, UNIFORM, 0.0},
-        // T*K > 16384 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
+        // T*K > 4096 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
         // one-level one (each block counts the lower tokens itself). Same positions either way.
-        {"two-level layout T*K > 16384", 16 * R, 8, 64, 9000, Cd, {9000, 2000}, UNIFORM, 0.05},
+        {"two-level layout T*K > 4096", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05},
         // Round 8: maxTokens*K = 4096 is the token path's limit (Qwen-like above sits on it); one
         // token more takes the layout path. And a token-path instance with <= 32 tokens per
         // channel at few channels (C = 4, M = 128).
