@@ -2142,8 +2142,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
           gin_st_relaxed_sys(ids_area((const uint8_t*)peerBases[r], wl, d.rank, d.R, seq), seqHi | (uint64_t)(uint32_t)d.T);
     {
       const int nw = moe_id_words(d.K);
-      int Kp = 1;  // the repeat check's lane group: K rounded up to a power of two (lanes >= K hold -1)
-      while (Kp < d.K) Kp <<= 1;
+      const int Kp = id_group_size(d.K);  // the repeat check's lane group (lanes >= K hold -1)
       if (tid >= t1 - t0 && tid < 32) s.tokDest[tid] = 0u;  // no token there
       for (int j = warp; j < t1 - t0; j += MOE_WARPS) {  // own token t0 + j (<= 32 on the token path)
         const int t = t0 + j;
