@@ -1295,9 +1295,8 @@ GIN_DEVICE_INLINE void tp_send_positions(LayoutSmem& s, const int* topkIdx, cons
   // Lower tokens per destination (the last block: every token, per channel too), one id per lane
   // as in tp_recv_layout: groups of Kp lanes hold one token's ids.
   const int tEnd = last ? d.T : t0;
-  int lgK = 0;
-  while ((1 << lgK) < d.K) ++lgK;
-  const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
+  const int Kp = id_group_size(d.K), lgK = __ffs(Kp) - 1;
+  const int perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
   for (int f0 = warp * perWarp; f0 < tEnd; f0 += (B / GIN_WARP_SIZE) * perWarp) {  // warp-uniform
     const int f = f0 + sub;
     int e = -1;
@@ -1807,9 +1806,8 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   // The walk's lane roles (below): groups of Kp lanes (K rounded up to a power of two) hold the
   // ids of one token, a warp takes 32 / Kp tokens per round.
-  int lgK = 0;
-  while ((1 << lgK) < d.K) ++lgK;
-  const int Kp = 1 << lgK, perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
+  const int Kp = id_group_size(d.K), lgK = __ffs(Kp) - 1;
+  const int perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
   const int nWarps = B / GIN_WARP_SIZE, step = nWarps * perWarp;
   // This lane's own ids of its first walk rounds, loaded before the sources' T arrive: the walk
   // starts with them (session 7, same-run A/B against loading them in the walk: DeepSeek-V3 and
