@@ -149,9 +149,22 @@ __host__ __device__ inline bool moe_token_path(int K, int M, int C) {
 // LL words per token in the id lists: two 16-bit ids per word (0xffff = masked).
 __host__ __device__ inline int moe_id_words(int K) { return (K + 1) / 2; }
 
-// Combine partials on the token path (round 9): LL128 lines of 120 payload bytes + an 8-byte flag,
-// ceil(2H / 120) lines per (call parity, expert-rank section, slot); see combine_token_path.
-__host__ __device__ inline uint64_t moe_comb_lines(int H) { return (2ull * (uint64_t)H + 119ull) / 120ull; }
+// LL128 lines (120 payload bytes + an 8-byte flag each) that carry a row of rowBytes bytes.
+__host__ __device__ inline uint64_t moe_row_lines(uint64_t rowBytes) { return (rowBytes + 119ull) / 120ull; }
+// Combine partials on the token path (round 9): ceil(2H / 120) lines per (call parity, expert-rank
+// section, slot); see combine_token_path. A bf16 dispatch row on the token path takes as many.
+__host__ __device__ inline uint64_t moe_comb_lines(int H) { return moe_row_lines(2ull * (uint64_t)H); }
+
+// Scaled fp8 rows (the fp8 dispatch entries, session 9): H e4m3 bytes (e4m3fn on NVIDIA, e4m3fnuz
+// on gfx942), then one f32 scale per 128 elements (the last block may be short), the scales padded
+// with zeros to a multiple of 4 (16 bytes), so that x[h] = e4m3(row[h]) * scale[h / 128]. Packed in
+// one row, a token is one contiguous copy on every path; H % 16 == 0 keeps the rows 16-byte vectors.
+// Never more than a bf16 row (2H bytes), so the window's bf16 staging holds it.
+__host__ __device__ inline int moe_fp8_scales(int H) { return (H + 127) / 128; }
+__host__ __device__ inline uint64_t moe_fp8_row_bytes(int H) {
+  return (uint64_t)H + 16ull * (uint64_t)((moe_fp8_scales(H) + 3) / 4);
+}
+__host__ __device__ inline bool moe_fp8_hidden_ok(int H) { return H >= 16 && H % 16 == 0; }
 
 // Rows this rank can receive: every source token once per local expert it picked.
 __host__ __device__ inline uint64_t moe_recv_capacity_rows(int R, int E, int K, int M) {
@@ -455,13 +468,14 @@ GIN_DEVICE_INLINE Dims make_dims(int rank, int nRanks, int numExperts, int topK,
 // layout arithmetic, divisions by R and L and the loops over ranks and top-k ids (the prologue
 // alone: ~1.6 -> ~0.6 us), and the smaller kernel starts faster from cold. DeepSeek-V3, 128 tokens,
 // same run: 8 calls back to back 19.5 / 15.1 us per dispatch / combine vs 22.1 / 15.9 generic.
-template <bool kTokenPathOnly, int kR, int kE, int kK, int kH>
+// kFp8 (dispatch entries only): the rows are scaled fp8 rows (moe_fp8_row_bytes), not bf16.
+template <bool kTokenPathOnly, int kR, int kE, int kK, int kH, bool kFp8 = false>
 struct MoeShape {
   static constexpr bool tokenPathOnly = kTokenPathOnly;
   // True if the launch arguments are this entry's to run (the caller gets MOE_ERR_CONFIG if not).
   GIN_DEVICE_INLINE static bool accepts(int R, int E, int K, int H, int M, int C) {
     return (kR == 0 || R == kR) && (kE == 0 || E == kE) && (kK == 0 || K == kK) && (kH == 0 || H == kH) &&
-           (!kTokenPathOnly || moe_token_path(K, M, C));
+           (!kTokenPathOnly || moe_token_path(K, M, C)) && (!kFp8 || moe_fp8_hidden_ok(H));
   }
   // d with the fixed sizes as constants (once accepts() held).
   GIN_DEVICE_INLINE static void fix(Dims& d) {
@@ -473,6 +487,7 @@ struct MoeShape {
       d.H = kH;
       d.rowBytes = 2ull * (uint64_t)kH;
     }
+    if (kFp8) d.rowBytes = moe_fp8_row_bytes(d.H);
   }
 };
 using MoeAnyShape = MoeShape<false, 0, 0, 0, 0>;
@@ -1986,7 +2001,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
       // Own tokens: row_split segments of x; remote ones: passes of kTpPassLines LL128 lines.
       const int src = (d.rank + lane) % d.R;
       const int n = __popc(s.maskD[src]);
-      const int nl = (int)moe_comb_lines(d.H);
+      const int nl = (int)moe_row_lines(d.rowBytes);
       s.nseg[src] = lane == 0 ? s.splitNseg[n] : (nl + kTpPassLines - 1) / kTpPassLines;
       s.segBytes[src] = s.splitSegBytes[n];
       items = n * s.nseg[src];
@@ -2201,7 +2216,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         // row_split segments, each followed by a release of the warp's progress word: a system
         // fence per item on the critical path). Pass 0 also carries the token's K weights, as LL
         // words (n << 32 | bits) in the slot's metadata (the receiver has the ids already).
-        const int nl = (int)moe_comb_lines(d.H);
+        const int nl = (int)moe_row_lines(d.rowBytes);
         const int npass = (nl + kTpPassLines - 1) / kTpPassLines;
         const int items = cnt * npass;
         for (int i = warp; i < items; i += MOE_WARPS) {
@@ -2318,7 +2333,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       } else {
         // Pass `seg` of the token's LL128 row (lines seg * kTpPassLines ...), each line polled until
         // it carries this call's flag; pass 0 also the token's weights (LL words, polled likewise).
-        const int nl = (int)moe_comb_lines(d.H);
+        const int nl = (int)moe_row_lines(d.rowBytes);
         const uint64_t* wWord = (const uint64_t*)(s.meta[src] + (uint64_t)t * (uint32_t)wl.metaStride) + lane;
         uint64_t wv = 0;
         if (seg == 0 && row >= 0) wv = gin_ld_relaxed_sys(wWord);
@@ -3368,6 +3383,26 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp(MOE_COMBINE
   }
 MOE_TP_SHAPES(MOE_TP_ENTRIES)
 
+// fp8 dispatch (session 9): the same kernels moving scaled fp8 rows (moe_fp8_row_bytes(hidden)
+// bytes each; x and recvX hold such rows, H % 16 == 0, else MOE_ERR_CONFIG). The combine of an
+// fp8 dispatch is the bf16 one (expert outputs are bf16), any of the entries above.
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8(MOE_DISPATCH_PARAMS) {
+  gin_dispatch<MoeShape<false, 0, 0, 0, 0, true>>(MOE_DISPATCH_ARGS);
+}
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DISPATCH_PARAMS) {
+  gin_dispatch<MoeShape<true, 0, 0, 0, 0, true>>(MOE_DISPATCH_ARGS);
+}
+// Shapes whose models ship fp8 weights (DeepSeek-V3, Qwen3-30B-A3B) get fp8 token-path entries too.
+#define MOE_TP_FP8_SHAPES(X)                                       \
+  X(2, 256, 8, 7168) X(4, 256, 8, 7168) X(8, 256, 8, 7168)         \
+  X(2, 128, 8, 2048) X(4, 128, 8, 2048) X(8, 128, 8, 2048)
+#define MOE_TP_FP8_ENTRIES(R, E, K, H)                                                                  \
+  GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r##R##_e##E##_k##K##_h##H(  \
+      MOE_DISPATCH_PARAMS) {                                                                            \
+    gin_dispatch<MoeShape<true, R, E, K, H, true>>(MOE_DISPATCH_ARGS);                                  \
+  }
+MOE_TP_FP8_SHAPES(MOE_TP_FP8_ENTRIES)
+
 // ================================================================================================
 // HOST backend: local kernels around the Java side's ncclAlltoAll / ncclSend / ncclRecv.
 // ================================================================================================
@@ -3440,11 +3475,13 @@ GIN_DEVICE_INLINE int host_send_row(const int* slotInExpert, const int* expertOf
 // moe_host_pack: sendRows[expertOffset[e] + slotInExpert[t][k]] = x[t], sendWeights[same] =
 // topkWeights[t][k] for every non-masked (t, k). One warp per token; any grid, any block size that
 // is a multiple of the warp size (<= 1024).
-GIN_KERNEL void moe_host_pack(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
-                              const uint8_t* workspace, uint16_t* sendRows, float* sendWeights, uint32_t* errorFlags,
-                              int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
-  const Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, numTokens);
-  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || blockDim.x % GIN_WARP_SIZE != 0 || workspace == nullptr ||
+template <bool kFp8>
+GIN_DEVICE_INLINE void host_pack(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
+                                 const uint8_t* workspace, uint16_t* sendRows, float* sendWeights, uint32_t* errorFlags,
+                                 int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
+  Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, numTokens);
+  if (kFp8) d.rowBytes = moe_fp8_row_bytes(d.H);
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || (kFp8 && !moe_fp8_hidden_ok(d.H)) || blockDim.x % GIN_WARP_SIZE != 0 || workspace == nullptr ||
       topkIdx == nullptr || topkWeights == nullptr || sendRows == nullptr || sendWeights == nullptr ||
       (x == nullptr && d.T > 0)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -3464,19 +3501,31 @@ GIN_KERNEL void moe_host_pack(const uint16_t* x, const int32_t* topkIdx, const f
     warp_expand_row<false>((const uint8_t*)x + t * d.rowBytes, (uint8_t*)sendRows, d.rowBytes, pos, d.K, fast);
   }
 }
+#define MOE_HOST_PACK_PARAMS                                                                                   \
+  const uint16_t *x, const int32_t *topkIdx, const float *topkWeights, int32_t numTokens, const uint8_t *workspace, \
+      uint16_t *sendRows, float *sendWeights, uint32_t *errorFlags, int32_t nRanks, int32_t numExperts,         \
+      int32_t topK, int32_t hidden, int32_t maxTokens
+#define MOE_HOST_PACK_ARGS                                                                                     \
+  x, topkIdx, topkWeights, numTokens, workspace, sendRows, sendWeights, errorFlags, nRanks, numExperts, topK,  \
+      hidden, maxTokens
+GIN_KERNEL void moe_host_pack(MOE_HOST_PACK_PARAMS) { host_pack<false>(MOE_HOST_PACK_ARGS); }
+// Scaled fp8 rows (moe_fp8_row_bytes(hidden) bytes in x and sendRows); same arguments.
+GIN_KERNEL void moe_host_pack_fp8(MOE_HOST_PACK_PARAMS) { host_pack<true>(MOE_HOST_PACK_ARGS); }
 
 // Shared by permute / unpermute: received rows are ordered source-major (s, then local expert e,
 // then token); recvX is expert-major (e, then s, then token). countMatrix[s][e] = rows from s for
 // local expert e (device int32 [R][L], from the count exchange).
-template <bool kToExpertMajor>
+// kFp8: the rows are scaled fp8 rows (moe_fp8_row_bytes), not bf16.
+template <bool kToExpertMajor, bool kFp8 = false>
 GIN_DEVICE_INLINE void host_permute(const uint16_t* in, const float* inWeights, const int32_t* countMatrix,
                                     uint16_t* out, float* outWeights, int32_t* recvCounts, uint32_t* errorFlags,
                                     int nRanks, int numExperts, int topK, int hidden, int maxTokens) {
   __shared__ int cnt[MOE_MAX_EXPERTS], srcOff[MOE_MAX_EXPERTS], dstOff[MOE_MAX_EXPERTS];
   __shared__ int scanTmp[MOE_MAX_HOST_THREADS];
   __shared__ int totalRows;
-  const Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, 0);
-  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || blockDim.x % GIN_WARP_SIZE != 0 ||
+  Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, 0);
+  if (kFp8) d.rowBytes = moe_fp8_row_bytes(d.H);
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || (kFp8 && !moe_fp8_hidden_ok(d.H)) || blockDim.x % GIN_WARP_SIZE != 0 ||
       blockDim.x > MOE_MAX_HOST_THREADS || in == nullptr || out == nullptr || countMatrix == nullptr ||
       (kToExpertMajor && (inWeights == nullptr || outWeights == nullptr))) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -3553,6 +3602,13 @@ GIN_KERNEL void moe_host_permute(const uint16_t* recvBuf, const float* recvBufWe
   host_permute<true>(recvBuf, recvBufWeights, countMatrix, recvX, recvWeights, recvCounts, errorFlags, nRanks,
                      numExperts, topK, hidden, maxTokens);
 }
+// The same for scaled fp8 rows (moe_fp8_row_bytes(hidden) bytes in recvBuf and recvX).
+GIN_KERNEL void moe_host_permute_fp8(const uint16_t* recvBuf, const float* recvBufWeights, const int32_t* countMatrix,
+                                     uint16_t* recvX, float* recvWeights, int32_t* recvCounts, uint32_t* errorFlags,
+                                     int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
+  host_permute<true, true>(recvBuf, recvBufWeights, countMatrix, recvX, recvWeights, recvCounts, errorFlags, nRanks,
+                           numExperts, topK, hidden, maxTokens);
+}
 
 // moe_host_unpermute: expertOut (expert-major) -> backBuf (source-major, ready to send back).
 GIN_KERNEL void moe_host_unpermute(const uint16_t* expertOut, const int32_t* countMatrix, uint16_t* backBuf,
@@ -3585,5 +3641,91 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
     const int pos = lane < d.K ? host_send_row(slotInExpert, expertOffset, topkIdx, d, t, lane, capacity, errorFlags) : -1;
     const float w = pos >= 0 ? topkWeights[t * d.K + lane] : 0.f;
     warp_reduce_row((const uint8_t*)returned, d.rowBytes, pos, w, d.K, (uint8_t*)y + t * d.rowBytes, fast);
+  }
+}
+
+// ================================================================================================
+// moe_fp8_quantize (session 9): bf16 rows -> scaled fp8 rows, the fp8 dispatch's input.
+// Per 128-element block of a row (the last may be short): amax = max |x|, scale = amax / FMAX
+// (1 where amax = 0), code = e4m3(x / amax * FMAX), rounded to nearest even and saturated to
+// +-FMAX. FMAX = 448 for e4m3fn (NVIDIA), 240 for e4m3fnuz (gfx942, the format its fp8 units take).
+// Non-finite inputs give non-finite scales or codes. out: [T][moe_fp8_row_bytes(H)], the padding
+// scales zero. H % 16 == 0 (else MOE_ERR_CONFIG); x 8-byte and out 4-byte aligned (else
+// MOE_ERR_CONFIG). Any grid, any block size that is a multiple of 32: one 32-lane group per
+// (token, block), 4 elements per lane.
+// ================================================================================================
+namespace moe_detail {
+#if GIN_HIP
+constexpr bool kFp8Fnuz = true;
+#else
+constexpr bool kFp8Fnuz = false;
+#endif
+constexpr float kFp8Max = kFp8Fnuz ? 240.f : 448.f;
+
+// Round to nearest even, saturate to +-kFp8Max (a ≥ 0 here; the sign is added by the caller).
+GIN_DEVICE_INLINE uint32_t fp8_e4m3_magnitude(float a) {
+  constexpr int kBias = kFp8Fnuz ? 8 : 7;
+  if (a >= kFp8Max) a = kFp8Max;
+  const float minNormal = ldexpf(1.f, 1 - kBias);
+  if (a < minNormal) return (uint32_t)rintf(ldexpf(a, kBias + 2));  // subnormal steps of 2^(-bias-2); 8 = the min normal
+  int e;
+  const float f = frexpf(a, &e);                                    // a = f * 2^e, f in [0.5, 1)
+  uint32_t m = (uint32_t)rintf((2.f * f - 1.f) * 8.f), E = (uint32_t)(e - 1 + kBias);
+  if (m == 8u) {
+    m = 0u;
+    ++E;
+  }
+  return (E << 3) | m;
+}
+GIN_DEVICE_INLINE uint32_t fp8_e4m3(float v) {
+  if (v != v) return kFp8Fnuz ? 0x80u : 0x7fu;  // NaN
+  const uint32_t mag = fp8_e4m3_magnitude(fabsf(v));
+  if (kFp8Fnuz && mag == 0u) return 0u;           // fnuz has no negative zero (0x80 is its NaN)
+  return (v < 0.f ? 0x80u : 0u) | mag;
+}
+}  // namespace moe_detail
+
+GIN_KERNEL void moe_fp8_quantize(const uint16_t* x, int32_t numTokens, int32_t hidden, uint8_t* out, uint32_t* errorFlags) {
+  if (numTokens < 0 || !moe_fp8_hidden_ok(hidden) || blockDim.x % 32 != 0 || (numTokens > 0 && (x == nullptr || out == nullptr)) ||
+      !gin_is_aligned(x, 8) || !gin_is_aligned(out, 4)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const int S = moe_fp8_scales(hidden), Sp = (S + 3) / 4 * 4;
+  const uint64_t rowBytes = moe_fp8_row_bytes(hidden);
+  const int sub = (int)(threadIdx.x & 31u);  // lane within the 32-lane group
+  const uint64_t groups = (uint64_t)gridDim.x * (blockDim.x / 32);
+  const uint64_t items = (uint64_t)numTokens * (uint64_t)S;
+  for (uint64_t it = (uint64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32; it < items; it += groups) {
+    const uint64_t t = it / (uint64_t)S;
+    const int b = (int)(it - t * (uint64_t)S);
+    const int h0 = b * 128 + sub * 4;  // this lane's 4 elements (H % 16 == 0: all or none in the row)
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    if (h0 < hidden) {
+      const uint64_t raw = *(const uint64_t*)(x + t * (uint64_t)hidden + (uint64_t)h0);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[i] = bf16_to_f32((uint32_t)(raw >> (16 * i)));
+    }
+    // amax over the group: non-negative floats order like their bit patterns (a NaN wins)
+    int m = (int)__float_as_uint(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+    if (v[0] != v[0] || v[1] != v[1] || v[2] != v[2] || v[3] != v[3]) m = 0x7fc00000;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const int other = gin_shfl_xor_int(m, o);
+      m = other > m ? other : m;
+    }
+    const float amax = __uint_as_float((uint32_t)m);
+    const float scale = amax == 0.f ? 1.f : amax / kFp8Max;
+    uint8_t* row = out + t * rowBytes;
+    if (h0 < hidden) {
+      // v / amax first (in [-1, 1]): a reciprocal FMAX / amax overflows for tiny amax (0 * inf)
+      uint32_t c = 0u;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) c |= fp8_e4m3(amax == 0.f ? 0.f : v[i] / amax * kFp8Max) << (8 * i);
+      *(uint32_t*)(row + h0) = c;
+    }
+    float* scales = (float*)(row + hidden);
+    if (sub == 0) scales[b] = scale;
+    if (b == S - 1 && sub >= 1 && S - 1 + sub < Sp) scales[S - 1 + sub] = 0.f;  // padding
   }
 }

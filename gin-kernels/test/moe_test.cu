@@ -100,6 +100,46 @@ __global__ void fake_expert_kernel(const uint16_t* in, uint16_t* out, const int*
   }
 }
 
+// e4m3fn (the format moe.cu's fp8 rows take on NVIDIA): sign, 4 exponent bits (bias 7), 3 mantissa
+// bits; exponent 0 = subnormal (m * 2^-9); 0x7f / 0xff = NaN.
+__host__ __device__ inline float e4m3_value(uint32_t c) {
+  const uint32_t E = (c >> 3) & 15u, m = c & 7u;
+  const float mag = E == 0 ? ldexpf((float)m, -9) : ldexpf(1.f + (float)m / 8.f, (int)E - 7);
+  return (c & 0x80u) ? -mag : mag;
+}
+
+// The same fake experts on scaled fp8 rows (moe_fp8_row_bytes(H) bytes: H codes, then the scales):
+// out[row][h] = bf16(e4m3(code[h]) * scale[h / 128] * (1 + expert)).
+__global__ void fake_expert_fp8_kernel(const uint8_t* in, uint16_t* out, const int* recvCounts, int L, int rank, int H,
+                                       int capacityRows) {
+  __shared__ int start[MOE_MAX_EXPERTS + 1];
+  if (threadIdx.x == 0) {
+    int s = 0;
+    for (int e = 0; e < L; ++e) {
+      start[e] = s;
+      int c = recvCounts[e];
+      s += c < 0 ? 0 : c;
+    }
+    start[L] = s;
+  }
+  __syncthreads();
+  const uint64_t rowBytes = moe_fp8_row_bytes(H);
+  const int total = start[L] < capacityRows ? start[L] : capacityRows;
+  for (int row = blockIdx.x; row < total; row += gridDim.x) {
+    int lo = 0, hi = L - 1;
+    while (lo < hi) {
+      int mid = (lo + hi + 1) >> 1;
+      if (start[mid] <= row) lo = mid;
+      else hi = mid - 1;
+    }
+    const float factor = (float)(1 + rank * L + lo);
+    const uint8_t* src = in + (uint64_t)row * rowBytes;
+    const float* scales = (const float*)(src + H);
+    uint16_t* dst = out + (uint64_t)row * H;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = dev_f2bf(e4m3_value(src[h]) * scales[h / 128] * factor);
+  }
+}
+
 // Holds a stream until the host writes `expect` into a mapped pinned word, so that timed work on
 // all GPUs starts together (gives up after 5 s).
 __global__ void gate_kernel(const volatile uint32_t* flag, uint32_t expect) {
@@ -123,11 +163,13 @@ struct Case {
   std::vector<int> T;  // per rank (cycled if shorter than the number of ranks)
   Routing routing;
   double maskProb;
+  bool fp8 = false;  // scaled fp8 dispatch rows (moe_fp8_row_bytes), bf16 combine
 };
 
 struct RankInput {
   int T = 0;
-  std::vector<uint16_t> x;  // [T][H]
+  std::vector<uint16_t> x;  // [T][H] bf16; fp8 cases: the values the fp8 rows stand for (exact in bf16)
+  std::vector<uint8_t> x8;  // fp8 cases: the dispatch rows, [T][moe_fp8_row_bytes(H)]
   std::vector<int> idx;     // [T][K]
   std::vector<float> w;     // [T][K]
   std::vector<int> ev;      // validated ids (CPU reference)
@@ -162,8 +204,29 @@ static RankInput make_input(std::mt19937_64& rng, const Case& cs, int R, int ran
   in.T = T;
   const int E = cs.E, K = cs.K, H = cs.H, L = E / R;
   in.x.resize((size_t)T * H);
-  for (int t = 0; t < T; ++t)
-    for (int h = 0; h < H; ++h) in.x[(size_t)t * H + h] = x_value(rank, t, h, round);
+  if (cs.fp8) {
+    // Random positive normal codes (0x08..0x7e) and power-of-two scales: every value and its
+    // fake-expert product are exact in bf16, so the combine reference is the bf16 one.
+    const uint64_t rb = moe_fp8_row_bytes(H);
+    const int S = moe_fp8_scales(H);
+    in.x8.assign((size_t)T * rb, 0);
+    std::uniform_int_distribution<int> code(0x08, 0x7e), expo(-2, 2);
+    for (int t = 0; t < T; ++t) {
+      uint8_t* row = &in.x8[(size_t)t * rb];
+      std::vector<float> scale(S);
+      for (int b = 0; b < S; ++b) {
+        scale[b] = ldexpf(1.f, expo(rng));
+        memcpy(row + H + 4 * b, &scale[b], 4);
+      }
+      for (int h = 0; h < H; ++h) {
+        row[h] = (uint8_t)code(rng);
+        in.x[(size_t)t * H + h] = f2bf(e4m3_value(row[h]) * scale[h / 128]);
+      }
+    }
+  } else {
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) in.x[(size_t)t * H + h] = x_value(rank, t, h, round);
+  }
   in.idx.assign((size_t)T * K, -1);
   in.w.resize((size_t)T * K);
   std::uniform_real_distribution<double> uni(0.0, 1.0);
@@ -256,31 +319,44 @@ struct Entry {
 };
 static const Entry kGenericEntry{"moe_gin_dispatch", moe_gin_dispatch, moe_gin_combine};
 static const Entry kTokenPathEntry{"moe_gin_dispatch_tp", moe_gin_dispatch_tp, moe_gin_combine_tp};
-// The entry of MOE_TP_SHAPES compiled for (R, E, K, H), if there is one.
-static bool shaped_entry(int R, int E, int K, int H, Entry& e) {
+// fp8 dispatch entries, each with the bf16 combine of the same reach.
+static const Entry kFp8GenericEntry{"moe_gin_dispatch_fp8", moe_gin_dispatch_fp8, moe_gin_combine};
+static const Entry kFp8TokenPathEntry{"moe_gin_dispatch_fp8_tp", moe_gin_dispatch_fp8_tp, moe_gin_combine_tp};
+// The entry of MOE_TP_SHAPES (fp8: MOE_TP_FP8_SHAPES) compiled for (R, E, K, H), if there is one.
+static bool shaped_entry(int R, int E, int K, int H, Entry& e, bool fp8 = false) {
 #define MOE_TEST_SHAPED(R_, E_, K_, H_)                                                                  \
-  if (R == R_ && E == E_ && K == K_ && H == H_) {                                                      \
+  if (!fp8 && R == R_ && E == E_ && K == K_ && H == H_) {                                              \
     e = {"moe_gin_dispatch_tp_r" #R_ "_e" #E_ "_k" #K_ "_h" #H_, moe_gin_dispatch_tp_r##R_##_e##E_##_k##K_##_h##H_, \
          moe_gin_combine_tp_r##R_##_e##E_##_k##K_##_h##H_};                                           \
     return true;                                                                                       \
   }
   MOE_TP_SHAPES(MOE_TEST_SHAPED)
 #undef MOE_TEST_SHAPED
+#define MOE_TEST_SHAPED_FP8(R_, E_, K_, H_)                                                             \
+  if (fp8 && R == R_ && E == E_ && K == K_ && H == H_) {                                               \
+    e = {"moe_gin_dispatch_fp8_tp_r" #R_ "_e" #E_ "_k" #K_ "_h" #H_,                                   \
+         moe_gin_dispatch_fp8_tp_r##R_##_e##E_##_k##K_##_h##H_, moe_gin_combine_tp_r##R_##_e##E_##_k##K_##_h##H_}; \
+    return true;                                                                                       \
+  }
+  MOE_TP_FP8_SHAPES(MOE_TEST_SHAPED_FP8)
+#undef MOE_TEST_SHAPED_FP8
   return false;
 }
 // What the Java side launches (MoeAllToAll.entryPoint): the shape's own token-path entry, else the
 // token-path one, off the token path the generic one.
-static Entry best_entry(int R, int E, int K, int H, int M, int C) {
-  if (!moe_token_path(K, M, C)) return kGenericEntry;
+static Entry best_entry(int R, int E, int K, int H, int M, int C, bool fp8 = false) {
+  if (!moe_token_path(K, M, C)) return fp8 ? kFp8GenericEntry : kGenericEntry;
   Entry e;
-  return shaped_entry(R, E, K, H, e) ? e : kTokenPathEntry;
+  return shaped_entry(R, E, K, H, e, fp8) ? e : (fp8 ? kFp8TokenPathEntry : kTokenPathEntry);
 }
 
 struct Setup {
   int R, E, K, H, M, C, L;
   Entry entry;  // the kernels gin_dispatch / gin_combine launch
   bool pdl = false;  // launched with programmatic dependent launch (the kernels wait for prior grids)
+  bool fp8 = false;  // dispatch rows are scaled fp8 rows (the buffers keep bf16 sizes, never smaller)
   uint64_t rowBytes, capRows, sendCapRows;
+  uint64_t dispRowBytes;  // bytes of a dispatch row: rowBytes, or moe_fp8_row_bytes(H)
   MoeWindowLayout wl;
   MoeWorkspaceLayout wsl;
   std::vector<Rank> rk;
@@ -299,8 +375,9 @@ static T* dmalloc(size_t bytes) {
   return (T*)p;
 }
 
-static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
+static Setup make_setup(int E, int K, int H, int M, int C, bool withHost, bool fp8 = false) {
   Setup s;
+  s.fp8 = fp8;
   s.R = gNumRanks;
   s.E = E;
   s.K = K;
@@ -320,8 +397,9 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost) {
             gRanksPerGpu, gRanksPerGpu * 2 * C, gSmCount);
     exit(2);
   }
-  s.entry = best_entry(s.R, E, K, H, M, C);
+  s.entry = best_entry(s.R, E, K, H, M, C, fp8);
   s.rowBytes = 2ull * H;
+  s.dispRowBytes = fp8 ? moe_fp8_row_bytes(H) : s.rowBytes;
   s.capRows = moe_recv_capacity_rows(s.R, E, K, M);
   s.sendCapRows = (uint64_t)M * K;
   s.wl = moe_window_layout(s.R, E, K, H, M);
@@ -403,7 +481,8 @@ static void upload_inputs(Setup& s, const std::vector<RankInput>& in) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
     if (in[r].T > 0) {
-      CUDA_CHECK(cudaMemcpy(q.x, in[r].x.data(), in[r].x.size() * 2, cudaMemcpyHostToDevice));
+      if (s.fp8) CUDA_CHECK(cudaMemcpy(q.x, in[r].x8.data(), in[r].x8.size(), cudaMemcpyHostToDevice));
+      else CUDA_CHECK(cudaMemcpy(q.x, in[r].x.data(), in[r].x.size() * 2, cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(q.idx, in[r].idx.data(), in[r].idx.size() * 4, cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(q.w, in[r].w.data(), in[r].w.size() * 4, cudaMemcpyHostToDevice));
     }
@@ -466,7 +545,8 @@ static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
 static void fake_expert(Setup& s, int r, const uint16_t* in, uint16_t* out, const int* counts) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  fake_expert_kernel<<<2 * gSmCount, 256, 0, q.stream>>>(in, out, counts, s.L, r, s.H, (int)s.capRows);
+  if (s.fp8) fake_expert_fp8_kernel<<<2 * gSmCount, 256, 0, q.stream>>>((const uint8_t*)in, out, counts, s.L, r, s.H, (int)s.capRows);
+  else fake_expert_kernel<<<2 * gSmCount, 256, 0, q.stream>>>(in, out, counts, s.L, r, s.H, (int)s.capRows);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -528,8 +608,8 @@ static void host_pack_all(Setup& s, const std::vector<int>& T) {
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_pack<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(q.x, q.idx, q.w, T[r], q.hws, q.sendRows,
-                                                                            q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
+    (s.fp8 ? moe_host_pack_fp8 : moe_host_pack)<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(
+        q.x, q.idx, q.w, T[r], q.hws, q.sendRows, q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -554,9 +634,9 @@ static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
       if (n > 0) {
         if (!back) {
           CUDA_CHECK(cudaSetDevice(dev_of(src)));
-          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[d].recvBuf + recvRow * s.rowBytes, dev_of(d),
-                                         (uint8_t*)s.rk[src].sendRows + sendRow * s.rowBytes, dev_of(src), n * s.rowBytes,
-                                         s.rk[src].stream));
+          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[d].recvBuf + recvRow * s.dispRowBytes, dev_of(d),
+                                         (uint8_t*)s.rk[src].sendRows + sendRow * s.dispRowBytes, dev_of(src),
+                                         n * s.dispRowBytes, s.rk[src].stream));
           CUDA_CHECK(cudaMemcpyPeerAsync(s.rk[d].recvBufWeights + recvRow, dev_of(d), s.rk[src].sendWeights + sendRow, dev_of(src),
                                          4ull * n, s.rk[src].stream));
         } else {
@@ -588,9 +668,8 @@ static void host_permute_all(Setup& s) {
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_permute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(q.recvBuf, q.recvBufWeights, q.countMatrix,
-                                                                          q.hRecvX, q.hRecvWeights, q.hRecvCounts,
-                                                                          q.err, s.R, s.E, s.K, s.H, s.M);
+    (s.fp8 ? moe_host_permute_fp8 : moe_host_permute)<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
+        q.recvBuf, q.recvBufWeights, q.countMatrix, q.hRecvX, q.hRecvWeights, q.hRecvCounts, q.err, s.R, s.E, s.K, s.H, s.M);
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -628,7 +707,7 @@ static void record(bool ok, const std::string& what, const std::string& detail) 
 
 struct DispatchResult {
   std::vector<int> counts;
-  std::vector<uint16_t> rows;  // [total][H]
+  std::vector<uint8_t> rows;   // [total][dispatch row bytes]
   std::vector<float> weights;  // [total]
 };
 
@@ -639,10 +718,10 @@ static DispatchResult read_dispatch(Setup& s, int r, const uint16_t* recvX, cons
   d.counts.resize(s.L);
   CUDA_CHECK(cudaMemcpy(d.counts.data(), recvCounts, 4ull * s.L, cudaMemcpyDeviceToHost));
   const uint64_t n = (uint64_t)std::max(0, expectTotal);
-  d.rows.resize(n * s.H);
+  d.rows.resize(n * s.dispRowBytes);
   d.weights.resize(n);
   if (n > 0) {
-    CUDA_CHECK(cudaMemcpy(d.rows.data(), recvX, n * s.rowBytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(d.rows.data(), recvX, n * s.dispRowBytes, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(d.weights.data(), recvWeights, n * 4, cudaMemcpyDeviceToHost));
   }
   return d;
@@ -661,16 +740,29 @@ static std::string check_dispatch(const Setup& s, const std::vector<RankInput>& 
     }
   for (size_t i = 0; i < rows.size(); ++i) {
     const RefRow& rr = rows[i];
-    const uint16_t* want = &in[rr.src].x[(size_t)rr.t * s.H];
-    const uint16_t* have = &got.rows[i * s.H];
-    if (memcmp(want, have, s.rowBytes) != 0) {
-      int h = 0;
-      while (want[h] == have[h]) ++h;
-      snprintf(buf, sizeof buf,
-               "rank %d recvX row %zu (source %d token %d slot %d): column %d = %g (tags %g,%g,%g), expected %g",
-               d, i, rr.src, rr.t, rr.k, h, bf2f(have[h]), bf2f(have[0]), s.H > 1 ? bf2f(have[1]) : 0.f,
-               s.H > 2 ? bf2f(have[2]) : 0.f, bf2f(want[h]));
-      return buf;
+    const uint8_t* haveB = &got.rows[i * s.dispRowBytes];
+    if (s.fp8) {
+      const uint8_t* want = &in[rr.src].x8[(size_t)rr.t * s.dispRowBytes];
+      if (memcmp(want, haveB, s.dispRowBytes) != 0) {
+        int b = 0;
+        while (want[b] == haveB[b]) ++b;
+        snprintf(buf, sizeof buf, "rank %d recvX fp8 row %zu (source %d token %d slot %d): byte %d = 0x%02x, expected 0x%02x",
+                 d, i, rr.src, rr.t, rr.k, b, haveB[b], want[b]);
+        return buf;
+      }
+    } else {
+      const uint16_t* want = &in[rr.src].x[(size_t)rr.t * s.H];
+      std::vector<uint16_t> have(s.H);
+      memcpy(have.data(), haveB, s.rowBytes);
+      if (memcmp(want, have.data(), s.rowBytes) != 0) {
+        int h = 0;
+        while (want[h] == have[h]) ++h;
+        snprintf(buf, sizeof buf,
+                 "rank %d recvX row %zu (source %d token %d slot %d): column %d = %g (tags %g,%g,%g), expected %g",
+                 d, i, rr.src, rr.t, rr.k, h, bf2f(have[h]), bf2f(have[0]), s.H > 1 ? bf2f(have[1]) : 0.f,
+                 s.H > 2 ? bf2f(have[2]) : 0.f, bf2f(want[h]));
+        return buf;
+      }
     }
     const float ww = in[rr.src].w[(size_t)rr.t * s.K + rr.k];
     if (memcmp(&ww, &got.weights[i], 4) != 0) {
@@ -737,7 +829,7 @@ static const double kHostBound = 0.00392, kGinBound = 0.00786;
 // ------------------------------------------------------------------------------------------------
 // entry: the GIN kernels to run (they must accept the case; the checks are the same for all).
 static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
-  Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, true);
+  Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, true, cs.fp8);
   s.entry = entry;
   std::vector<int> T(s.R);
   for (int r = 0; r < s.R; ++r) T[r] = cs.T[r % cs.T.size()];
@@ -815,7 +907,10 @@ static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
 // written (recvCounts and y keep their poison). A token-path entry on a layout-path instance, and a
 // shape's entry on an instance of another shape.
 // ------------------------------------------------------------------------------------------------
-static void refusal_case(const char* what, int E, int K, int H, int M, int C, const Entry& entry, std::mt19937_64& rng) {
+// dispatchOnly: only the entry's dispatch is expected to refuse (the fp8 entries share the bf16
+// combines, which accept the instance); the combine is not launched.
+static void refusal_case(const char* what, int E, int K, int H, int M, int C, const Entry& entry, std::mt19937_64& rng,
+                         bool dispatchOnly = false) {
   Setup s = make_setup(E, K, H, M, C, false);
   s.entry = entry;
   Case cs{what, E, K, H, M, C, {M}, UNIFORM, 0.0};
@@ -826,9 +921,11 @@ static void refusal_case(const char* what, int E, int K, int H, int M, int C, co
   for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, M);
   sync_all(s);
   std::vector<uint32_t> errD = read_errors(s, false);
-  for (int r = 0; r < s.R; ++r) gin_combine(s, r, M, s.rk[r].y);
+  if (!dispatchOnly)
+    for (int r = 0; r < s.R; ++r) gin_combine(s, r, M, s.rk[r].y);
   sync_all(s);
   std::vector<uint32_t> errC = read_errors(s, false);
+  if (dispatchOnly) errC.assign(s.R, MOE_ERR_CONFIG);  // not launched
   for (int r = 0; r < s.R; ++r) {
     std::vector<uint32_t> counts(s.L);
     std::vector<uint16_t> y((size_t)M * s.H);
@@ -857,6 +954,115 @@ static void run_entry_refusals(std::mt19937_64& rng) {
     refusal_case("DeepSeek-V3 entry, K=4", 256, 4, 7168, 64, 4, shaped, rng);
   } else {
     printf("  skipped: no DeepSeek-V3 token-path entry compiled for %d ranks (MOE_TP_SHAPES)\n", R);
+  }
+  // fp8 rows need H % 16 == 0 (16-byte vectors of codes, then of scales)
+  refusal_case("fp8 entry, H=200", 16 * R, 4, 200, 64, 4, kFp8TokenPathEntry, rng, true);
+  refusal_case("fp8 entry, H=600 layout path", 16 * R, 8, 600, 600, 4, kFp8GenericEntry, rng, true);
+}
+
+// ------------------------------------------------------------------------------------------------
+// moe_fp8_quantize against an independent CPU reference: per 128-element block amax and scale
+// computed as the kernel states them, each code the nearest of the 254 finite e4m3fn values found
+// by search (ties to the even code), saturated at 448. Inputs mix magnitudes from 2^-40 to 2^40,
+// negative values, zero blocks and values that land on e4m3 subnormals; outputs are poisoned.
+// ------------------------------------------------------------------------------------------------
+static uint8_t ref_e4m3(float q) {
+  const float a = std::fabs(q);
+  int best = 0;
+  float bestD = INFINITY;
+  for (int c = 0; c < 0x7f; ++c) {  // magnitudes 0 .. 448 (0x7f is NaN)
+    const float d = std::fabs(e4m3_value((uint32_t)c) - a);
+    if (d < bestD || (d == bestD && (c & 1) == 0)) {
+      best = c;
+      bestD = d;
+    }
+  }
+  return (uint8_t)((q < 0.f ? 0x80 : 0) | best);
+}
+
+static void run_fp8_quantize(std::mt19937_64& rng) {
+  printf("case fp8 quantize (moe_fp8_quantize vs CPU reference)\n");
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  std::uniform_int_distribution<int> ex(-40, 40);
+  struct Q { int H, T; };
+  for (Q qc : {Q{16, 3}, Q{272, 37}, Q{7168, 64}, Q{2048, 0}, Q{128, 1}}) {
+    const int H = qc.H, T = qc.T, S = moe_fp8_scales(H);
+    const uint64_t rb = moe_fp8_row_bytes(H);
+    std::vector<uint16_t> x((size_t)T * H);
+    for (int t = 0; t < T; ++t)
+      for (int b = 0; b < S; ++b) {
+        const int kind = (t + b) % 4;  // 0: wide magnitudes, 1: all zero, 2: one block scale, 3: tiny + subnormal codes
+        const int base = ex(rng);
+        for (int h = b * 128; h < std::min(H, b * 128 + 128); ++h) {
+          float v = 0.f;
+          if (kind == 0) v = ldexpf(uni(rng) + 0.5f, ex(rng));
+          else if (kind == 2) v = ldexpf(uni(rng) + 0.5f, base + (int)(uni(rng) * 4.f));
+          else if (kind == 3) v = ldexpf(uni(rng), base - (int)(uni(rng) * 20.f));  // down to 2^-20 of the max: e4m3 subnormals and zeros
+          if (kind != 1 && uni(rng) < 0.4f) v = -v;
+          x[(size_t)t * H + h] = f2bf(v);
+        }
+      }
+    // reference
+    std::vector<uint8_t> want((size_t)T * rb, 0);
+    for (int t = 0; t < T; ++t)
+      for (int b = 0; b < S; ++b) {
+        const int h1 = std::min(H, b * 128 + 128);
+        float amax = 0.f;
+        for (int h = b * 128; h < h1; ++h) amax = std::max(amax, std::fabs(bf2f(x[(size_t)t * H + h])));
+        const float scale = amax == 0.f ? 1.f : amax / 448.f;
+        memcpy(&want[(size_t)t * rb + H + 4 * b], &scale, 4);
+        for (int h = b * 128; h < h1; ++h) {
+          const float v = bf2f(x[(size_t)t * H + h]);
+          want[(size_t)t * rb + h] = ref_e4m3(amax == 0.f ? 0.f : v / amax * 448.f);
+        }
+      }
+    CUDA_CHECK(cudaSetDevice(0));
+    uint16_t* dx = dmalloc<uint16_t>(x.size() * 2);
+    uint8_t* dout = dmalloc<uint8_t>(want.size() + 16);
+    uint32_t* derr = dmalloc<uint32_t>(4);
+    CUDA_CHECK(cudaMemset(derr, 0, 4));
+    if (T > 0) CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(dout, 0xAB, want.size() + 16));
+    moe_fp8_quantize<<<std::max(1, std::min(264, (T * S + 7) / 8)), 256>>>(dx, T, H, dout, derr);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint8_t> got(want.size() + 16);
+    uint32_t err = 0;
+    CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
+    char detail[200] = "";
+    bool ok = err == 0;
+    if (!ok) snprintf(detail, sizeof detail, "errorFlags 0x%x", err);
+    for (size_t i = 0; ok && i < want.size(); ++i)
+      if (got[i] != want[i]) {
+        const size_t t = i / rb, o = i % rb;
+        if (o < (size_t)H)
+          snprintf(detail, sizeof detail, "token %zu element %zu: code 0x%02x, expected 0x%02x (x = %g)", t, o, got[i], want[i],
+                   bf2f(x[t * H + o]));
+        else
+          snprintf(detail, sizeof detail, "token %zu scale byte %zu: 0x%02x, expected 0x%02x", t, o - H, got[i], want[i]);
+        ok = false;
+      }
+    for (size_t i = want.size(); ok && i < got.size(); ++i)
+      if (got[i] != 0xAB) {
+        snprintf(detail, sizeof detail, "byte %zu past the last row written", i - want.size());
+        ok = false;
+      }
+    record(ok, "fp8 quantize H=" + std::to_string(H) + " T=" + std::to_string(T), detail);
+    // H % 16 != 0 is refused, nothing written
+    CUDA_CHECK(cudaMemset(dout, 0xAB, want.size() + 16));
+    moe_fp8_quantize<<<4, 256>>>(dx, T, H + 8, dout, derr);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size(), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&err, derr, 4, cudaMemcpyDeviceToHost));
+    bool untouched = true;
+    for (uint8_t b : got) untouched &= b == 0xAB;
+    record(err == MOE_ERR_CONFIG && untouched, "fp8 quantize refuses H=" + std::to_string(H + 8),
+           "errorFlags 0x" + std::to_string(err) + (untouched ? "" : ", output written"));
+    CUDA_CHECK(cudaFree(dx));
+    CUDA_CHECK(cudaFree(dout));
+    CUDA_CHECK(cudaFree(derr));
   }
 }
 
@@ -988,6 +1194,9 @@ struct Gate {
 // Times `op` on every rank between events that follow a shared gate; returns the max over ranks.
 template <typename Op>
 static float timed_all_ranks(Setup& s, Gate& g, std::vector<cudaEvent_t>& ev0, std::vector<cudaEvent_t>& ev1, Op op) {
+  // Every stream idle first: work still queued before a gate (the fake experts before a combine)
+  // would hold one rank's gate while the others start, and its tail would count in their times.
+  sync_all(s);
   ++g.value;
   for (int r = 0; r < s.R; ++r) {
     CUDA_CHECK(cudaSetDevice(dev_of(r)));
@@ -1019,6 +1228,7 @@ static float median(std::vector<float> v) {
 struct Shape {
   const char* name;
   int H, E, K;
+  bool fp8 = false;  // scaled fp8 dispatch rows (the combine is bf16 either way)
 };
 
 static bool gProfile = false;
@@ -1129,7 +1339,8 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
 }
 
 static void run_bench(std::mt19937_64& rng, int channels) {
-  const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8}, {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2}};
+  const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8},         {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2},
+                          {"DeepSeek fp8", 7168, 256, 8, true}, {"Qwen3 fp8", 2048, 128, 8, true}};
   const int tokens[] = {128, 4096};
   const int warm = 5, iters = 20;
   Gate g;
@@ -1140,15 +1351,15 @@ static void run_bench(std::mt19937_64& rng, int channels) {
          gNumRanks, gNumGpus, channels, 2 * channels, MOE_THREADS, iters, warm);
   printf("GIN columns: one launch each, all ranks released together by a gate kernel; time = slowest rank.\n");
   printf("GB/s = (token rows that cross NVLink from one rank, i.e. tokens x remote destination ranks, once per\n"
-         "       rank however many experts it hits there) x 2H bytes / time.  HOST columns: local kernels only on\n"
+         "       rank however many experts it hits there) x row bytes (2H; fp8: H + 4 per 128, padded) / time.  HOST columns: local kernels only on\n"
          "       rank 0 (layout + pack + permute | unpermute + combine), the NCCL exchanges excluded.\n");
   printf("%-14s %6s | %11s %8s | %11s %8s | %10s %10s | %9s %9s\n", "shape", "tokens", "GIN disp us", "GB/s",
          "GIN comb us", "GB/s", "NVLink MB", "rows/rank", "HOST d us", "HOST c us");
   for (const Shape& sh : shapes) {
     for (int T : tokens) {
       if (sh.E % gNumRanks != 0) continue;
-      Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, UNIFORM, 0.0};
-      Setup s = make_setup(sh.E, sh.K, sh.H, T, channels, true);
+      Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, UNIFORM, 0.0, sh.fp8};
+      Setup s = make_setup(sh.E, sh.K, sh.H, T, channels, true, sh.fp8);
       std::vector<RankInput> in(s.R);
       std::vector<int> Ts(s.R, T);
       for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, T, 0);
@@ -1175,7 +1386,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         reference_dispatch(in, s.R, s.E, s.K, 0, rr, cnt);
         recvRows = rr.size();
       }
-      const double crossBytes = (double)crossRows * s.rowBytes;
+      const double crossBytes = (double)crossRows * s.dispRowBytes;
       // The entry the Java side takes, the same with programmatic dependent launch, and where the
       // first is a token-path one the generic entry too, alternately in the same loop (same-run
       // A/B). Per variant: gated single calls, and 8 calls back to back after the gate (/ 8: the
@@ -1187,7 +1398,8 @@ static void run_bench(std::mt19937_64& rng, int channels) {
       };
       const Entry best = s.entry;
       std::vector<Variant> variants{{best, false}, {best, true}};
-      if (best.name != kGenericEntry.name) variants.push_back({kGenericEntry, false});
+      const Entry generic = sh.fp8 ? kFp8GenericEntry : kGenericEntry;
+      if (best.name != generic.name) variants.push_back({generic, false});
       const int nb = 8;
       std::vector<std::vector<float>> vd(variants.size()), vc(variants.size()), vbd(variants.size()), vbc(variants.size());
       for (int i = 0; i < warm + iters; ++i) {
@@ -1272,9 +1484,9 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         CUDA_CHECK(cudaSetDevice(0));
         CUDA_CHECK(cudaEventRecord(e[0], q.stream));
         moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(q.idx, T, q.hws, q.err, s.R, s.E, s.K, s.M, s.C);
-        moe_host_pack<<<host_grid(T), kHostThreads, 0, q.stream>>>(q.x, q.idx, q.w, T, q.hws, q.sendRows, q.sendWeights,
-                                                                   q.err, s.R, s.E, s.K, s.H, s.M);
-        moe_host_permute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
+        (s.fp8 ? moe_host_pack_fp8 : moe_host_pack)<<<host_grid(T), kHostThreads, 0, q.stream>>>(
+            q.x, q.idx, q.w, T, q.hws, q.sendRows, q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
+        (s.fp8 ? moe_host_permute_fp8 : moe_host_permute)<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
             q.recvBuf, q.recvBufWeights, q.countMatrix, q.hRecvX, q.hRecvWeights, q.hRecvCounts, q.err, s.R, s.E, s.K,
             s.H, s.M);
         CUDA_CHECK(cudaEventRecord(e[1], q.stream));
@@ -1410,6 +1622,17 @@ int main(int argc, char** argv) {
         {"token path H=1100 passes", 8 * R, 4, 1100, 96, 6, {96, 70}, UNIFORM, 0.1},
         {"token path H=12 odd rows", 8 * R, 3, 12, 40, 3, {40, 33}, UNIFORM, 0.1},
         {"token path H=7168 T=1", 256, 8, 7168, 128, Cd, {1}, UNIFORM, 0.0},
+        // Session 9: scaled fp8 dispatch rows (moe_fp8_row_bytes: H codes + f32 scales per 128,
+        // padded to 16 bytes), bf16 combine. Both paths, the shapes with fp8 entries of their own,
+        // a short last scale block (H = 272: 3 scales + 1 pad), the smallest rows (H = 16, 32
+        // bytes), the two-level layout, and empty ranks.
+        {"fp8 DeepSeek-like", 256, 8, 7168, 128, Cd, {128, 101}, UNIFORM, 0.0, true},
+        {"fp8 Qwen-like", 128, 8, 2048, 512, Cd, {512, 480}, UNIFORM, 0.05, true},
+        {"fp8 layout path", 16 * R, 8, 256, 600, Cd, {600, 333}, UNIFORM, 0.05, true},
+        {"fp8 H=272 short scale block", 8 * R, 4, 272, 64, 4, {64, 50}, UNIFORM, 0.1, true},
+        {"fp8 H=16", 8 * R, 4, 16, 96, 5, {96, 80}, UNIFORM, 0.1, true},
+        {"fp8 two-level layout", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05, true},
+        {"fp8 T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1, true},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {
@@ -1417,12 +1640,15 @@ int main(int argc, char** argv) {
         continue;
       }
       // The entry the Java side takes, and the less specific ones that also accept the case.
-      const Entry best = best_entry(R, cs.E, cs.K, cs.H, cs.M, cs.C);
+      const Entry best = best_entry(R, cs.E, cs.K, cs.H, cs.M, cs.C, cs.fp8);
+      const Entry& tp = cs.fp8 ? kFp8TokenPathEntry : kTokenPathEntry;
+      const Entry& generic = cs.fp8 ? kFp8GenericEntry : kGenericEntry;
       run_case(cs, rng, best);
-      if (best.name != kTokenPathEntry.name && moe_token_path(cs.K, cs.M, cs.C)) run_case(cs, rng, kTokenPathEntry);
-      if (best.name != kGenericEntry.name) run_case(cs, rng, kGenericEntry);
+      if (best.name != tp.name && moe_token_path(cs.K, cs.M, cs.C)) run_case(cs, rng, tp);
+      if (best.name != generic.name) run_case(cs, rng, generic);
     }
     run_entry_refusals(rng);
+    run_fp8_quantize(rng);
     run_back_to_back(rng, 200, 5, false);
     run_back_to_back(rng, 100, 2, false);
     run_back_to_back(rng, 100, 5, true);

@@ -1,6 +1,7 @@
 package dev.gin4j.cli;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
@@ -14,6 +15,7 @@ import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.moe.MoeAllToAll;
 import dev.gin4j.moe.MoeConfig;
 import dev.gin4j.moe.MoeDispatch;
+import dev.gin4j.moe.Fp8Rows;
 import dev.gin4j.gpu.Stream;
 
 import java.io.IOException;
@@ -35,15 +37,17 @@ import java.util.SplittableRandom;
  * uniform random top-k routing, identity experts (expertOut = the received rows). Device events
  * around each call on every rank (slowest rank, median); CPU time of the Java call itself is
  * reported too. GB/s = (tokens x remote destination ranks they go to, each token counted once per
- * rank) x 2H bytes / time: the bytes that must cross NVLink.
+ * rank) x row bytes / time: the bytes that must cross NVLink (rows of 2H bytes; an fp8 dispatch's
+ * rows are scaled fp8 rows, {@code Fp8Rows.rowBytes(H)}).
  */
 final class MoeBench {
-    record Shape(String name, int hidden, int experts, int topK) {}
+    record Shape(String name, int hidden, int experts, int topK, DType dtype) {}
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
-               long crossingBytes, String kernel) {}
+               long crossingBytes, long dispatchCrossingBytes, String kernel) {}
 
-    static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8), new Shape("qwen3-30b-a3b", 2048, 128, 8), new Shape("mixtral", 4096, 8, 2));
+    static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
+            new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3));
 
     /** Calls back to back in the pipelined measurement. */
     static final int PIPELINED = 20;
@@ -64,7 +68,7 @@ final class MoeBench {
         int iters = Integer.parseInt(Bench.option(args, "--iters", "20"));
         int warmup = Integer.parseInt(Bench.option(args, "--warmup", "10"));  // GIN runs at least 1500
         int[] tokenCounts = Arrays.stream(Bench.option(args, "--tokens", "128,4096").split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
-        List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral").split(","));
+        List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8").split(","));
         Path json = Path.of(Bench.option(args, "--out", "moe.json"));
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();
@@ -83,9 +87,9 @@ final class MoeBench {
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
                                 Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
                                 Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
-                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()), m.crossingBytes(), m.kernel());
+                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()), m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel());
                         rows.add(r);
-                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-14s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)  %s%n",
+                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-15s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)  %s%n",
                                 shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
                                 r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.kernel());
                     }
@@ -97,13 +101,13 @@ final class MoeBench {
         out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call");
         for (int i = 0; i + 1 < rows.size(); i += 2) {
             Row gr = rows.get(i), hr = rows.get(i + 1);
-            out.printf(Locale.ROOT, "%-14s %7d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f | %16.1f | %.1f%n", gr.shape(), gr.tokens(),
-                    gr.dispatchUs(), gr.crossingBytes() / (gr.dispatchUs() * 1e3), gr.combineUs(), gr.crossingBytes() / (gr.combineUs() * 1e3),
+            out.printf(Locale.ROOT, "%-15s %6d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f | %16.1f | %.1f%n", gr.shape(), gr.tokens(),
+                    gr.dispatchUs(), gr.dispatchCrossingBytes() / (gr.dispatchUs() * 1e3), gr.combineUs(), gr.crossingBytes() / (gr.combineUs() * 1e3),
                     hr.dispatchUs(), hr.combineUs(), (hr.dispatchUs() + hr.combineUs()) / (gr.dispatchUs() + gr.combineUs()),
                     gr.dispatchPipeUs(), gr.combinePipeUs(), hr.dispatchPipeUs(), hr.combinePipeUs(), gr.dispatchCpuUs(), gr.combineCpuUs(),
                     gr.dispatchThreadCpuUs(), gr.combineThreadCpuUs(), gr.graphUs(), gr.graphThreadCpuUs());
         }
-        out.println("(GB/s: tokens x remote ranks they go to x 2H bytes, per rank, over the call time; time = slowest rank, median of device events"
+        out.println("(GB/s: tokens x remote ranks they go to x row bytes (2H; the fp8 dispatch: H + 4 per 128 elements, padded to 16), per rank, over the call time; time = slowest rank, median of device events"
                 + " around each call, the launch included; pipelined = " + PIPELINED + " dispatches back to back after one untimed one, then " + PIPELINED
                 + " combines of the last one, device time / " + PIPELINED + ", median of " + BATCHES + " batches, the nccl-tests way; wall us/call = System.nanoTime around"
                 + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls; graph = dispatch + combine captured"
@@ -118,8 +122,8 @@ final class MoeBench {
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"crossing_bytes\": %d, \"kernel\": \"%s\"}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.crossingBytes(), r.kernel(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\"}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
@@ -131,9 +135,9 @@ final class MoeBench {
         SplittableRandom random = new SplittableRandom(42);
         List<Stream> streams = new ArrayList<>();
         List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>();
-        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(h, shape.experts(), k, tokens, backend))) {
+        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
-            long crossing = 0;
+            long crossingTokens = 0;
             for (int i = 0; i < local; i++) {
                 Device d = g.rank(i).device();
                 streams.add(d.createStream());
@@ -147,9 +151,18 @@ final class MoeBench {
                     for (int s = 0; s < k; s++) { int j = s + random.nextInt(pool.length - s); int tmp = pool[s]; pool[s] = pool[j]; pool[j] = tmp; }
                     boolean[] to = new boolean[n];
                     for (int s = 0; s < k; s++) { idx[t * k + s] = pool[s]; w[t * k + s] = random.nextFloat(); to[pool[s] / (shape.experts() / n)] = true; }
-                    for (int d2 = 0; d2 < n; d2++) if (to[d2] && d2 != g.rank(i).rank()) crossing += 2L * h;
+                    for (int d2 = 0; d2 < n; d2++) if (to[d2] && d2 != g.rank(i).rank()) crossingTokens++;
                 }
-                xs.add(upload(d, a, MemorySegment.ofArray(x)));
+                DeviceBuffer xb = upload(d, a, MemorySegment.ofArray(x));
+                if (shape.dtype() == DType.FP8_E4M3) {  // the dispatch takes scaled fp8 rows: quantize on the device
+                    DeviceBuffer rows = d.allocate(Math.max(16, tokens * Fp8Rows.rowBytes(h)), a);
+                    try (Fp8Rows q = new Fp8Rows(d)) {
+                        q.quantize(xb, tokens, h, rows, streams.get(i));
+                        q.checkErrors(streams.get(i));
+                    }
+                    xb = rows;
+                }
+                xs.add(xb);
                 ids.add(upload(d, a, MemorySegment.ofArray(idx)));
                 ws.add(upload(d, a, MemorySegment.ofArray(w)));
             }
@@ -210,7 +223,8 @@ final class MoeBench {
             double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
-                    median(dc), median(cc), graph[0], graph[1], crossing / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL");
+                    median(dc), median(cc), graph[0], graph[1], crossingTokens * moe.config().combineRowBytes() / local,
+                    crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL");
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);

@@ -1,6 +1,7 @@
 package dev.gin4j.moe;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
@@ -26,7 +27,8 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
 
 /**
  * MoE dispatch and combine over the ranks of a {@link CommGroup}: experts split evenly, top-k
- * routing, bf16 rows. {@code dispatch(x[T][H], topkIdx[T][K] int32, topkWeights[T][K] f32)} sends
+ * routing, bf16 rows or scaled fp8 rows ({@link Fp8Rows}; {@link MoeConfig#fp8}) for the dispatch,
+ * bf16 for the combine. {@code dispatch(x[T][H], topkIdx[T][K] int32, topkWeights[T][K] f32)} sends
  * each token once to every rank holding one of its experts and lays the rows out expert-major
  * there; {@code combine(expertOut)} returns {@code y[t] = sum_k w[t][k] * out(t, expert_k)}
  * (fp32 accumulation) to the token's own rank.
@@ -72,19 +74,20 @@ public final class MoeAllToAll implements AutoCloseable {
             this.comm = comm;
             this.device = comm.device();
             this.code = device.loadKernels("moe");
-            long capRows = query[Q_RECV_ROWS], rowBytes = cfg.rowBytes();
+            long capRows = query[Q_RECV_ROWS], dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
             workspace = device.allocate(query[Q_WORKSPACE_BYTES], arena);
             workspace.fill((byte) 0, setup);
-            recvX = device.allocate(capRows * rowBytes, arena);
+            recvX = device.allocate(capRows * dispatchRow, arena);
             recvWeights = device.allocate(capRows * 4, arena);
             recvCounts = device.allocate(4L * localExperts, arena);
-            y = device.allocate((long) cfg.maxTokens() * rowBytes, arena);
+            y = device.allocate((long) cfg.maxTokens() * combineRow, arena);
             errors = new KernelErrors(device, arena, setup);
-            dispatch = code.kernel(entryPoint("moe_gin_dispatch", device));
+            String fp8 = cfg.dtype() == DType.FP8_E4M3 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
+            dispatch = code.kernel(entryPoint("moe_gin_dispatch" + fp8, device));
             combine = code.kernel(entryPoint("moe_gin_combine", device));
             layout = code.kernel("moe_host_layout");
-            pack = code.kernel("moe_host_pack");
-            permute = code.kernel("moe_host_permute");
+            pack = code.kernel("moe_host_pack" + fp8);
+            permute = code.kernel("moe_host_permute" + fp8);
             unpermute = code.kernel("moe_host_unpermute");
             hostCombine = code.kernel("moe_host_combine");
             dispatchArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
@@ -96,13 +99,13 @@ public final class MoeAllToAll implements AutoCloseable {
             hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
             if (cfg.backend() == Backend.HOST) {
                 long sendRowsCap = query[Q_SEND_ROWS];
-                sendRows = device.allocate(sendRowsCap * rowBytes, arena);
+                sendRows = device.allocate(sendRowsCap * dispatchRow, arena);
                 sendWeights = device.allocate(sendRowsCap * 4, arena);
-                recvBuf = device.allocate(capRows * rowBytes, arena);
+                recvBuf = device.allocate(capRows * dispatchRow, arena);
                 recvBufWeights = device.allocate(capRows * 4, arena);
                 countMatrix = device.allocate(4L * nRanks * localExperts, arena);
-                backBuf = device.allocate(capRows * rowBytes, arena);
-                returned = device.allocate(sendRowsCap * rowBytes, arena);
+                backBuf = device.allocate(capRows * combineRow, arena);
+                returned = device.allocate(sendRowsCap * combineRow, arena);
             }
         }
     }
@@ -190,8 +193,11 @@ public final class MoeAllToAll implements AutoCloseable {
 
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
         if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException("T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
-        long needX = (long) tokens * cfg.rowBytes(), needK = 4L * tokens * cfg.topK();
-        if (x.byteSize() < needX) throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; [" + tokens + "][" + cfg.hidden() + "] bf16 needs " + needX);
+        long needX = (long) tokens * cfg.dispatchRowBytes(), needK = 4L * tokens * cfg.topK();
+        if (x.byteSize() < needX) {
+            String rows = cfg.dtype() == DType.FP8_E4M3 ? tokens + " scaled fp8 rows of " + cfg.dispatchRowBytes() + " bytes (Fp8Rows)" : "[" + tokens + "][" + cfg.hidden() + "] bf16";
+            throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; " + rows + " needs " + needX);
+        }
         if (idx.byteSize() < needK) throw new IllegalArgumentException("topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
         if (w.byteSize() < needK) throw new IllegalArgumentException("topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
         for (DeviceBuffer b : List.of(x, idx, w)) if (b.device() != r.device) throw new IllegalArgumentException("an input of " + r.comm + " is on " + b.device());
@@ -245,7 +251,7 @@ public final class MoeAllToAll implements AutoCloseable {
 
     private void hostDispatch(List<DeviceBuffer> x, List<DeviceBuffer> idx, List<DeviceBuffer> w, int[] tokens, List<Stream> streams) {
         int local = group.localCount(), L = localExperts;
-        long rowBytes = cfg.rowBytes();
+        long rowBytes = cfg.dispatchRowBytes();
         // 1. routing layout on every rank (same code as the GIN kernel: identical positions)
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
@@ -316,7 +322,7 @@ public final class MoeAllToAll implements AutoCloseable {
     private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         RankState r = ranks.get(handle.localIndex());
         if (handle.sequence() != r.lastSequence) throw new IllegalStateException("combine needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
-        long need = capacityRows() * cfg.rowBytes();
+        long need = capacityRows() * cfg.combineRowBytes();
         if (expertOut.byteSize() < need) throw new IllegalArgumentException("expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
@@ -335,7 +341,7 @@ public final class MoeAllToAll implements AutoCloseable {
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
                 .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
         r.combine.launch(stream, ginLaunch, a);
-        return r.y.slice(0, (long) handle.numTokens() * cfg.rowBytes());
+        return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
     }
 
     /** Every local rank at once (the only form for HOST with several local ranks). */
@@ -348,7 +354,7 @@ public final class MoeAllToAll implements AutoCloseable {
             for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i)));
             return ys;
         }
-        long rowBytes = cfg.rowBytes();
+        long rowBytes = cfg.combineRowBytes();
         long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
         List<DeviceBuffer> back = new ArrayList<>(), ret = new ArrayList<>();
         for (int i = 0; i < local; i++) {

@@ -5,7 +5,10 @@ import dev.gin4j.a2a.DType;
 
 /**
  * Shape of an expert-parallel exchange: hidden size, number of experts (split evenly over the
- * ranks), top-k, the most tokens a rank sends in one call, the element type (bf16) and the backend.
+ * ranks), top-k, the most tokens a rank sends in one call, the element type of the dispatched rows
+ * and the backend. {@link DType#BF16}: bf16 rows of {@code 2 * hidden} bytes. {@link DType#FP8_E4M3}:
+ * scaled fp8 rows ({@link Fp8Rows}: hidden e4m3 codes, then one f32 scale per 128 elements),
+ * {@code hidden % 16 == 0}. Expert outputs and the combine's result are bf16 either way.
  */
 public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend) {
     public MoeConfig {
@@ -13,12 +16,24 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
         if (experts < 1 || experts > 2048) throw new IllegalArgumentException("experts must be in [1, 2048], got " + experts);
         if (topK < 1 || topK > 32 || topK > experts) throw new IllegalArgumentException("topK must be in [1, min(32, experts)], got " + topK);
         if (maxTokens < 1) throw new IllegalArgumentException("maxTokens must be >= 1, got " + maxTokens);
-        if (dtype != DType.BF16) throw new IllegalArgumentException("only BF16 rows are supported so far, got " + dtype);
+        if (dtype != DType.BF16 && dtype != DType.FP8_E4M3)
+            throw new IllegalArgumentException("MoE rows are BF16 or FP8_E4M3 (scaled fp8 rows), got " + dtype);
+        if (dtype == DType.FP8_E4M3 && !Fp8Rows.hiddenOk(hidden))
+            throw new IllegalArgumentException("FP8_E4M3 rows need hidden to be a positive multiple of 16, got " + hidden);
     }
 
     public static MoeConfig bf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.BF16, backend);
     }
 
-    public long rowBytes() { return 2L * hidden; }
+    /** Dispatch of scaled fp8 rows ({@link Fp8Rows}); expert outputs and the combine stay bf16. */
+    public static MoeConfig fp8(int hidden, int experts, int topK, int maxTokens, Backend backend) {
+        return new MoeConfig(hidden, experts, topK, maxTokens, DType.FP8_E4M3, backend);
+    }
+
+    /** Bytes of one dispatched row (x and the received rows). */
+    public long dispatchRowBytes() { return dtype == DType.FP8_E4M3 ? Fp8Rows.rowBytes(hidden) : 2L * hidden; }
+
+    /** Bytes of one bf16 row of the expert outputs and of the combine's result. */
+    public long combineRowBytes() { return 2L * hidden; }
 }

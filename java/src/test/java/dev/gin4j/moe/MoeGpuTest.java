@@ -1,6 +1,7 @@
 package dev.gin4j.moe;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Nccl;
@@ -33,6 +34,7 @@ class MoeGpuTest {
     private CommGroup group;
     private List<Device> devs;
     private List<Stream> streams;
+    private List<Fp8Rows> quantizers;
     private int n;
 
     @BeforeAll void setUp() {
@@ -43,10 +45,15 @@ class MoeGpuTest {
         n = devs.size();
         group = CommGroup.initAll(devs);
         streams = new ArrayList<>();
-        for (Device d : devs) streams.add(d.createStream());
+        quantizers = new ArrayList<>();
+        for (Device d : devs) {
+            streams.add(d.createStream());
+            quantizers.add(new Fp8Rows(d));
+        }
     }
 
     @AfterAll void tearDown() {
+        if (quantizers != null) quantizers.forEach(Fp8Rows::close);
         if (streams != null) streams.forEach(Stream::close);
         if (group != null) group.close();
     }
@@ -59,8 +66,12 @@ class MoeGpuTest {
 
     static float f32(short b) { return Float.intBitsToFloat((b & 0xffff) << 16); }
 
-    /** One rank's inputs. Rows carry their source rank and token index in the first elements. */
-    record Input(int tokens, short[] x, int[] idx, float[] w) {}
+    /**
+     * One rank's inputs: the dispatched rows as bytes (bf16, or scaled fp8 rows), the values they
+     * stand for ([T][H], what the fake experts and the combine reference use), the routing. bf16
+     * rows carry their source rank and token index in the first elements.
+     */
+    record Input(int tokens, byte[] rows, float[] values, int[] idx, float[] w) {}
 
     enum Routing { UNIFORM, ONE_EXPERT, NOTHING_TO_LAST_RANK, ALL_MASKED, SOME_MASKED }
 
@@ -92,15 +103,34 @@ class MoeGpuTest {
                 w[t * k + s] = e < 0 ? 0f : random.nextFloat();
             }
         }
-        return new Input(tokens, x, idx, w);
+        byte[] rows = new byte[2 * x.length];
+        MemorySegment.copy(x, 0, MemorySegment.ofArray(rows), ValueLayout.JAVA_SHORT_UNALIGNED, 0, x.length);
+        float[] values = new float[x.length];
+        for (int i = 0; i < x.length; i++) values[i] = f32(x[i]);
+        return new Input(tokens, rows, values, idx, w);
+    }
+
+    /** The same inputs as scaled fp8 rows, quantized on rank's GPU (Fp8Rows); values = what the rows decode to. */
+    Input fp8(int rank, Input bf, int hidden) {
+        long rb = Fp8Rows.rowBytes(hidden);
+        byte[] rows;
+        try (Arena a = Arena.ofShared()) {
+            DeviceBuffer x = upload(devs.get(rank), a, MemorySegment.ofArray(bf.rows()));
+            DeviceBuffer out = devs.get(rank).allocate(Math.max(16, bf.tokens() * rb), a);
+            quantizers.get(rank).quantize(x, bf.tokens(), hidden, out, streams.get(rank));
+            quantizers.get(rank).checkErrors(streams.get(rank));
+            rows = out.slice(0, bf.tokens() * rb).toByteArray();
+        }
+        float[] values = Fp8RowsGpuTest.decode(rows, bf.tokens(), hidden, devs.get(rank).arch().startsWith("gfx"));
+        return new Input(bf.tokens(), rows, values, bf.idx(), bf.w());
     }
 
     /** Expected expert-major layout on rank d: rows, weights, per-expert counts. */
-    record Layout(List<short[]> rows, List<Float> weights, int[] counts, List<int[]> origin) {}
+    record Layout(List<byte[]> rows, List<Float> weights, int[] counts, List<int[]> origin) {}
 
-    Layout expected(Input[] in, int d, int hidden, int experts, int k) {
+    Layout expected(Input[] in, int d, int rowBytes, int experts, int k) {
         int L = experts / n;
-        List<short[]> rows = new ArrayList<>();
+        List<byte[]> rows = new ArrayList<>();
         List<Float> weights = new ArrayList<>();
         List<int[]> origin = new ArrayList<>();
         int[] counts = new int[L];
@@ -110,7 +140,7 @@ class MoeGpuTest {
                 for (int t = 0; t < in[s].tokens; t++) {
                     for (int q = 0; q < k; q++) {
                         if (in[s].idx[t * k + q] == ge) {
-                            rows.add(Arrays.copyOfRange(in[s].x, t * hidden, (t + 1) * hidden));
+                            rows.add(Arrays.copyOfRange(in[s].rows, t * rowBytes, (t + 1) * rowBytes));
                             weights.add(in[s].w[t * k + q]);
                             origin.add(new int[] {s, t, ge});
                             counts[e]++;
@@ -130,13 +160,12 @@ class MoeGpuTest {
 
     /** Runs dispatch + fake experts + combine on one backend and checks everything; returns each rank's received bytes. */
     private byte[][] roundTrip(MoeAllToAll moe, Input[] in, int hidden, int experts, int k, String what) {
-        MoeConfig cfg = moe.config();
-        long rowBytes = 2L * hidden;
+        int rowBytes = (int) moe.config().dispatchRowBytes();
         try (Arena a = Arena.ofShared()) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
             int[] tokens = new int[n];
             for (int i = 0; i < n; i++) {
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].x)));
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].rows)));
                 ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].idx)));
                 ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].w)));
                 tokens[i] = in[i].tokens;
@@ -146,26 +175,25 @@ class MoeGpuTest {
             byte[][] received = new byte[n][];
             List<DeviceBuffer> outs = new ArrayList<>();
             for (int d = 0; d < n; d++) {
-                Layout exp = expected(in, d, hidden, experts, k);
+                Layout exp = expected(in, d, rowBytes, experts, k);
                 MoeDispatch h = handles.get(d);
                 int[] counts = new int[moe.localExperts()];
                 MemorySegment.copy(MemorySegment.ofArray(h.counts().toByteArray()), ValueLayout.JAVA_INT_UNALIGNED, 0, counts, 0, counts.length);
                 assertArrayEquals(exp.counts(), counts, what + ": per-expert counts on rank " + d);
                 int rows = exp.rows().size();
-                byte[] got = h.rows().slice(0, rows * rowBytes).toByteArray();
+                byte[] got = h.rows().slice(0, (long) rows * rowBytes).toByteArray();
                 received[d] = got;
-                MemorySegment g = MemorySegment.ofArray(got);
                 float[] gw = new float[rows];
                 MemorySegment.copy(MemorySegment.ofArray(h.weights().slice(0, 4L * rows).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, gw, 0, rows);
                 short[] expertOut = new short[(int) (moe.capacityRows() * hidden)];
                 for (int r = 0; r < rows; r++) {
-                    short[] want = exp.rows().get(r);
-                    for (int h2 = 0; h2 < hidden; h2++) {
-                        short v = g.getAtIndex(ValueLayout.JAVA_SHORT_UNALIGNED, (long) r * hidden + h2);
-                        if (v != want[h2]) fail(what + ": rank " + d + " row " + r + " (source " + exp.origin().get(r)[0] + " token " + exp.origin().get(r)[1]
-                                + " expert " + exp.origin().get(r)[2] + ") element " + h2 + ": expected " + f32(want[h2]) + " got " + f32(v));
-                        expertOut[r * hidden + h2] = bf16(f32(v) * (1 + exp.origin().get(r)[2]));
-                    }
+                    byte[] want = exp.rows().get(r);
+                    int[] o = exp.origin().get(r);
+                    int mismatch = Arrays.mismatch(want, 0, rowBytes, got, r * rowBytes, (r + 1) * rowBytes);
+                    if (mismatch >= 0) fail(what + ": rank " + d + " row " + r + " (source " + o[0] + " token " + o[1] + " expert " + o[2]
+                            + ") byte " + mismatch + ": expected " + want[mismatch] + " got " + got[r * rowBytes + mismatch]);
+                    // fake expert: out = value * (1 + expert), bf16
+                    for (int h2 = 0; h2 < hidden; h2++) expertOut[r * hidden + h2] = bf16(in[o[0]].values[o[1] * hidden + h2] * (1 + o[2]));
                     assertEquals(exp.weights().get(r), gw[r], what + ": weight of row " + r + " on rank " + d);
                 }
                 outs.add(upload(devs.get(d), a, MemorySegment.ofArray(expertOut)));
@@ -180,7 +208,7 @@ class MoeGpuTest {
                         for (int q = 0; q < k; q++) {
                             int e = in[s].idx[t * k + q];
                             if (e < 0) continue;
-                            double term = in[s].w[t * k + q] * (double) f32(bf16(f32(in[s].x[t * hidden + h2]) * (1 + e)));
+                            double term = in[s].w[t * k + q] * (double) f32(bf16(in[s].values[t * hidden + h2] * (1 + e)));
                             ref += term;
                             mag += Math.abs(term);
                         }
@@ -217,16 +245,29 @@ class MoeGpuTest {
     }
 
     private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing) {
+        both(hidden, experts, k, maxTokens, tokens, routing, false);
+    }
+
+    private Input[] inputs(int[] tokens, int hidden, int experts, int k, Routing routing, boolean fp8) {
         Input[] in = new Input[n];
-        for (int i = 0; i < n; i++) in[i] = input(i, tokens[i], hidden, experts, k, routing);
-        String shape = "H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing;
-        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, k, maxTokens, Backend.GIN));
-             MoeAllToAll host = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, k, maxTokens, Backend.HOST))) {
+        for (int i = 0; i < n; i++) {
+            in[i] = input(i, tokens[i], hidden, experts, k, routing);
+            if (fp8) in[i] = fp8(i, in[i], hidden);
+        }
+        return in;
+    }
+
+    private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing, boolean fp8) {
+        Input[] in = inputs(tokens, hidden, experts, k, routing, fp8);
+        String shape = (fp8 ? "fp8 " : "") + "H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing;
+        DType dtype = fp8 ? DType.FP8_E4M3 : DType.BF16;
+        try (MoeAllToAll gin = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.GIN));
+             MoeAllToAll host = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.HOST))) {
             byte[][] g = roundTrip(gin, in, hidden, experts, k, "GIN " + shape);
             byte[][] h = roundTrip(host, in, hidden, experts, k, "HOST " + shape);
             for (int d = 0; d < n; d++) assertArrayEquals(h[d], g[d], "GIN and HOST layouts differ on rank " + d + ", " + shape);
             // a second round on the same instances with fresh routing: flags and workspaces reset correctly
-            for (int i = 0; i < n; i++) in[i] = input(i, tokens[i], hidden, experts, k, routing);
+            in = inputs(tokens, hidden, experts, k, routing, fp8);
             roundTrip(gin, in, hidden, experts, k, "GIN (second call) " + shape);
             roundTrip(host, in, hidden, experts, k, "HOST (second call) " + shape);
         }
@@ -260,12 +301,27 @@ class MoeGpuTest {
         both(384, experts(8), 1, 32, tokens(32, 31), Routing.UNIFORM);
     }
 
+    @Test void fp8Rows() {
+        // token path: DeepSeek-V3's own fp8 entry at 2, 4 and 8 ranks; layout path: the generic fp8 entry
+        both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, true);
+        both(272, experts(16), 8, 600, tokens(600, 321), Routing.SOME_MASKED, true);
+        both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, true);
+        try (MoeAllToAll tp = MoeAllToAll.create(group, MoeConfig.fp8(7168, experts(256), 8, 128, Backend.GIN));
+             MoeAllToAll layout = MoeAllToAll.create(group, MoeConfig.fp8(272, experts(16), 8, 600, Backend.GIN))) {
+            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_fp8_tp";
+            assertEquals(want, tp.dispatchKernelName());
+            assertEquals("moe_gin_dispatch_fp8", layout.dispatchKernelName());
+        }
+        IllegalArgumentException odd = assertThrows(IllegalArgumentException.class, () -> MoeConfig.fp8(200, 8, 2, 16, Backend.GIN));
+        assertTrue(odd.getMessage().contains("multiple of 16"), odd.getMessage());
+    }
+
     @Test void combineNeedsTheLatestHandle() {
         try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             for (int i = 0; i < n; i++) {
                 Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.x())));
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
                 ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
                 ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
                 outs.add(devs.get(i).allocate(gin.capacityRows() * 128, a));
@@ -285,7 +341,7 @@ class MoeGpuTest {
             for (int i = 0; i < n; i++) {
                 Input in = input(i, 16, 128, experts(8), 2, Routing.UNIFORM);
                 if (i == 0) in.idx()[5] = 99;  // out of range
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.x())));
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
                 ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
                 ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
             }

@@ -1,0 +1,85 @@
+package dev.gin4j.moe;
+
+import dev.gin4j.comm.KernelErrors;
+import dev.gin4j.gpu.CodeObject;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Kernel;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.Stream;
+
+import java.lang.foreign.Arena;
+
+import static dev.gin4j.gpu.KernelArgs.Type.I32;
+import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
+
+/**
+ * Scaled fp8 rows, the rows an fp8 {@link MoeAllToAll} dispatches: per token, {@code hidden} e4m3
+ * codes (e4m3fn on NVIDIA, e4m3fnuz on gfx942), then one f32 scale per 128 elements (the last
+ * block may be shorter), padded with zeros to a multiple of 16 bytes; element h stands for
+ * {@code e4m3(code[h]) * scale[h / 128]}. Packed in one row, a token moves as one contiguous copy.
+ * A grouped GEMM reads the codes with a leading dimension of {@link #rowBytes} and the scales at
+ * byte offset {@code hidden} of each row. {@link #quantize} makes such rows from bf16 rows on the
+ * device (moe.cu, {@code moe_fp8_quantize}).
+ */
+public final class Fp8Rows implements AutoCloseable {
+    private final Device device;
+    private final Arena arena = Arena.ofShared();
+    private final CodeObject code;
+    private final Kernel kernel;
+    private final KernelArgs args;
+    private final KernelErrors errors;
+
+    /** Loads the kernel on {@code device}. */
+    public Fp8Rows(Device device) {
+        this.device = device;
+        this.code = device.loadKernels("moe");
+        this.kernel = code.kernel("moe_fp8_quantize");
+        this.args = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
+        try (Stream s = device.createStream()) {
+            this.errors = new KernelErrors(device, arena, s);
+            s.synchronize();
+        }
+    }
+
+    public static boolean hiddenOk(int hidden) { return hidden >= 16 && hidden % 16 == 0; }
+
+    /** f32 scales per row: one per 128 elements. */
+    public static int scales(int hidden) { return (hidden + 127) / 128; }
+
+    /** Bytes of one row: hidden codes, then the scales padded to a multiple of 4 (16 bytes). */
+    public static long rowBytes(int hidden) { return hidden + 16L * ((scales(hidden) + 3) / 4); }
+
+    /** The largest code magnitude of this device's format: 448 (e4m3fn) or 240 (e4m3fnuz, gfx942). */
+    public static float maxValue(Device device) { return device.arch().startsWith("gfx") ? 240f : 448f; }
+
+    /**
+     * Queues {@code out[t] = quantize(x[t])} for {@code tokens} bf16 rows of {@code hidden} elements:
+     * per 128-element block, scale = amax / {@link #maxValue} (1 for an all-zero block), codes
+     * rounded to nearest even and saturated. x must be 8-byte aligned, out 4-byte aligned.
+     */
+    public void quantize(DeviceBuffer x, int tokens, int hidden, DeviceBuffer out, Stream stream) {
+        if (!hiddenOk(hidden)) throw new IllegalArgumentException("hidden must be a positive multiple of 16 for fp8 rows, got " + hidden);
+        if (tokens < 0) throw new IllegalArgumentException("tokens must be >= 0, got " + tokens);
+        long needX = 2L * tokens * hidden, needOut = tokens * rowBytes(hidden);
+        if (x.byteSize() < needX) throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; [" + tokens + "][" + hidden + "] bf16 needs " + needX);
+        if (out.byteSize() < needOut) throw new IllegalArgumentException("out has " + out.byteSize() + " bytes; " + tokens + " fp8 rows of " + rowBytes(hidden) + " bytes need " + needOut);
+        if (x.device() != device || out.device() != device || stream.device() != device)
+            throw new IllegalArgumentException("x, out and the stream must be on " + device);
+        if (x.address() % 8 != 0 || out.address() % 4 != 0)
+            throw new IllegalArgumentException("x must be 8-byte and out 4-byte aligned");
+        long groups = (long) tokens * scales(hidden);  // one 32-lane group per (token, 128-element block)
+        int grid = (int) Math.max(1, Math.min(4L * device.multiprocessors(), (groups + 7) / 8));
+        args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
+        kernel.launch(stream, LaunchConfig.of(grid, 256), args);
+    }
+
+    /** Synchronizes {@code stream} and throws if the kernel refused its arguments. */
+    public void checkErrors(Stream stream) { errors.check("fp8 quantize", stream); }
+
+    @Override public void close() {
+        code.close();
+        arena.close();
+    }
+}
