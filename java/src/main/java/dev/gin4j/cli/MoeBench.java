@@ -178,7 +178,16 @@ final class MoeBench {
                 List<MoeDispatch> hs = moe.dispatch(xs, ids, ws, tk, streams);
                 long t1 = System.nanoTime();
                 for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
-                if (outs.isEmpty()) for (MoeDispatch hd : hs) outs.add(hd.rows()); // identity experts
+                if (outs.isEmpty()) {  // identity experts: the received rows; an fp8 dispatch's are smaller than the bf16 outputs
+                    for (int i = 0; i < local; i++) {
+                        DeviceBuffer out = hs.get(i).rows();
+                        if (shape.dtype() != DType.BF16) {
+                            out = g.rank(i).device().allocate(moe.capacityRows() * moe.config().combineRowBytes(), a);
+                            out.fill((byte) 0, streams.get(i));
+                        }
+                        outs.add(out);
+                    }
+                }
                 long t2 = System.nanoTime();
                 moe.combine(hs, outs, streams);
                 long t3 = System.nanoTime();

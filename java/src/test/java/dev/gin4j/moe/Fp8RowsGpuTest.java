@@ -93,7 +93,8 @@ class Fp8RowsGpuTest {
             DeviceBuffer small = dev.allocate(1024, a);
             IllegalArgumentException odd = assertThrows(IllegalArgumentException.class, () -> q.quantize(small, 1, 200, small, s));
             assertTrue(odd.getMessage().contains("multiple of 16"), odd.getMessage());
-            IllegalArgumentException shortOut = assertThrows(IllegalArgumentException.class, () -> q.quantize(small, 4, 128, small, s));
+            DeviceBuffer x = dev.allocate(2 * 8 * 128, a);
+            IllegalArgumentException shortOut = assertThrows(IllegalArgumentException.class, () -> q.quantize(x, 8, 128, small, s));
             assertTrue(shortOut.getMessage().contains("out has"), shortOut.getMessage());
         }
     }
