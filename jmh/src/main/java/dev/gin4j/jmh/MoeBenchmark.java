@@ -1,6 +1,7 @@
 package dev.gin4j.jmh;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -9,6 +10,7 @@ import dev.gin4j.gpu.Stream;
 import dev.gin4j.moe.MoeAllToAll;
 import dev.gin4j.moe.MoeConfig;
 import dev.gin4j.moe.MoeDispatch;
+import dev.gin4j.moe.Fp8Rows;
 import org.openjdk.jmh.annotations.*;
 
 import java.lang.foreign.Arena;
@@ -21,8 +23,9 @@ import java.util.concurrent.TimeUnit;
 /**
  * Whole-call time of one MoE dispatch + combine as a Java caller sees it (launches on every local
  * GPU, then wait for all), GIN and HOST in the same run, uniform random top-k routing, identity
- * experts (expertOut = the received rows). For per-call device times, pipelined times and GB/s use
- * {@code gin4j bench moe}.
+ * experts (expertOut = the received rows; zeros for fp8 dispatch, whose rows are not bf16). For
+ * per-call device times, pipelined times and GB/s use {@code gin4j bench moe}. fp8 dispatch:
+ * {@code -p dtype=FP8_E4M3} (x quantized once on the GPU with {@link Fp8Rows}).
  */
 @State(Scope.Benchmark)
 @Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
@@ -41,6 +44,10 @@ public class MoeBenchmark {
     @Param({"GIN", "HOST"})
     public Backend backend;
 
+    /** Rows of the dispatch: BF16, or FP8_E4M3 (scaled fp8 rows); the combine is bf16 either way. */
+    @Param({"BF16"})
+    public DType dtype;
+
     private CommGroup group;
     private MoeAllToAll moe;
     private Arena arena;
@@ -54,7 +61,7 @@ public class MoeBenchmark {
         List<Device> devs = GpuRuntime.get().devices();
         group = CommGroup.initAll(devs);
         arena = Arena.ofShared();
-        moe = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, topK, tokens, backend));
+        moe = MoeAllToAll.create(group, new MoeConfig(hidden, experts, topK, tokens, dtype, backend));
         SplittableRandom random = new SplittableRandom(7);
         for (Device d : devs) {
             streams.add(d.createStream());
@@ -71,13 +78,30 @@ public class MoeBenchmark {
                     w[t * topK + s] = random.nextFloat();
                 }
             }
-            xs.add(upload(d, MemorySegment.ofArray(x)));
+            DeviceBuffer xb = upload(d, MemorySegment.ofArray(x));
+            if (dtype == DType.FP8_E4M3) {
+                DeviceBuffer rows = d.allocate(Math.max(16, tokens * Fp8Rows.rowBytes(hidden)), arena);
+                try (Fp8Rows q = new Fp8Rows(d)) {
+                    q.quantize(xb, tokens, hidden, rows, streams.getLast());
+                    q.checkErrors(streams.getLast());
+                }
+                xb = rows;
+            }
+            xs.add(xb);
             ids.add(upload(d, MemorySegment.ofArray(idx)));
             ws.add(upload(d, MemorySegment.ofArray(w)));
         }
         tokenCounts = new int[devs.size()];
         java.util.Arrays.fill(tokenCounts, tokens);
-        for (MoeDispatch h : moe.dispatch(xs, ids, ws, tokenCounts, streams)) outs.add(h.rows());
+        List<MoeDispatch> first = moe.dispatch(xs, ids, ws, tokenCounts, streams);
+        for (int i = 0; i < devs.size(); i++) {
+            DeviceBuffer out = first.get(i).rows();
+            if (dtype != DType.BF16) {
+                out = devs.get(i).allocate(moe.capacityRows() * moe.config().combineRowBytes(), arena);
+                out.fill((byte) 0, streams.get(i));
+            }
+            outs.add(out);
+        }
         streams.forEach(Stream::synchronize);
     }
 
