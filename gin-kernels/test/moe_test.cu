@@ -70,10 +70,20 @@ __device__ __forceinline__ uint16_t dev_f2bf(float f) {
   return (uint16_t)(u >> 16);
 }
 
+// e4m3fn (the format moe.cu's fp8 rows take on NVIDIA): sign, 4 exponent bits (bias 7), 3 mantissa
+// bits; exponent 0 = subnormal (m * 2^-9); 0x7f / 0xff = NaN.
+__host__ __device__ inline float e4m3_value(uint32_t c) {
+  const uint32_t E = (c >> 3) & 15u, m = c & 7u;
+  const float mag = E == 0 ? ldexpf((float)m, -9) : ldexpf(1.f + (float)m / 8.f, (int)E - 7);
+  return (c & 0x80u) ? -mag : mag;
+}
+
 // Fake experts: out[row] = in[row] * (1 + global expert id of the row), rows expert-major with
 // per-local-expert counts recvCounts[L] (device, no host round trip). One block per row stride.
-__global__ void fake_expert_kernel(const uint16_t* in, uint16_t* out, const int* recvCounts, int L, int rank,
-                                   int H, int capacityRows) {
+// in: bf16 rows, or with fp8 scaled fp8 rows (moe_fp8_row_bytes(H) bytes: H codes, then the
+// scales), in[row][h] = e4m3(code[h]) * scale[h / 128]; out is bf16 either way.
+__global__ void fake_expert_kernel(const uint8_t* in, uint16_t* out, const int* recvCounts, int L, int rank, int H,
+                                   int capacityRows, bool fp8) {
   __shared__ int start[MOE_MAX_EXPERTS + 1];
   if (threadIdx.x == 0) {
     int s = 0;
@@ -85,6 +95,7 @@ __global__ void fake_expert_kernel(const uint16_t* in, uint16_t* out, const int*
     start[L] = s;
   }
   __syncthreads();
+  const uint64_t inRowBytes = fp8 ? moe_fp8_row_bytes(H) : 2ull * H;
   const int total = start[L] < capacityRows ? start[L] : capacityRows;
   for (int row = blockIdx.x; row < total; row += gridDim.x) {
     int lo = 0, hi = L - 1;  // last e with start[e] <= row
@@ -94,49 +105,12 @@ __global__ void fake_expert_kernel(const uint16_t* in, uint16_t* out, const int*
       else hi = mid - 1;
     }
     const float factor = (float)(1 + rank * L + lo);
-    const uint16_t* src = in + (uint64_t)row * H;
+    const uint8_t* src = in + (uint64_t)row * inRowBytes;
     uint16_t* dst = out + (uint64_t)row * H;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = dev_f2bf(dev_bf2f(src[h]) * factor);
-  }
-}
-
-// e4m3fn (the format moe.cu's fp8 rows take on NVIDIA): sign, 4 exponent bits (bias 7), 3 mantissa
-// bits; exponent 0 = subnormal (m * 2^-9); 0x7f / 0xff = NaN.
-__host__ __device__ inline float e4m3_value(uint32_t c) {
-  const uint32_t E = (c >> 3) & 15u, m = c & 7u;
-  const float mag = E == 0 ? ldexpf((float)m, -9) : ldexpf(1.f + (float)m / 8.f, (int)E - 7);
-  return (c & 0x80u) ? -mag : mag;
-}
-
-// The same fake experts on scaled fp8 rows (moe_fp8_row_bytes(H) bytes: H codes, then the scales):
-// out[row][h] = bf16(e4m3(code[h]) * scale[h / 128] * (1 + expert)).
-__global__ void fake_expert_fp8_kernel(const uint8_t* in, uint16_t* out, const int* recvCounts, int L, int rank, int H,
-                                       int capacityRows) {
-  __shared__ int start[MOE_MAX_EXPERTS + 1];
-  if (threadIdx.x == 0) {
-    int s = 0;
-    for (int e = 0; e < L; ++e) {
-      start[e] = s;
-      int c = recvCounts[e];
-      s += c < 0 ? 0 : c;
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      const float v = fp8 ? e4m3_value(src[h]) * ((const float*)(src + H))[h / 128] : dev_bf2f(((const uint16_t*)src)[h]);
+      dst[h] = dev_f2bf(v * factor);
     }
-    start[L] = s;
-  }
-  __syncthreads();
-  const uint64_t rowBytes = moe_fp8_row_bytes(H);
-  const int total = start[L] < capacityRows ? start[L] : capacityRows;
-  for (int row = blockIdx.x; row < total; row += gridDim.x) {
-    int lo = 0, hi = L - 1;
-    while (lo < hi) {
-      int mid = (lo + hi + 1) >> 1;
-      if (start[mid] <= row) lo = mid;
-      else hi = mid - 1;
-    }
-    const float factor = (float)(1 + rank * L + lo);
-    const uint8_t* src = in + (uint64_t)row * rowBytes;
-    const float* scales = (const float*)(src + H);
-    uint16_t* dst = out + (uint64_t)row * H;
-    for (int h = threadIdx.x; h < H; h += blockDim.x) dst[h] = dev_f2bf(e4m3_value(src[h]) * scales[h / 128] * factor);
   }
 }
 
@@ -545,8 +519,7 @@ static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
 static void fake_expert(Setup& s, int r, const uint16_t* in, uint16_t* out, const int* counts) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  if (s.fp8) fake_expert_fp8_kernel<<<2 * gSmCount, 256, 0, q.stream>>>((const uint8_t*)in, out, counts, s.L, r, s.H, (int)s.capRows);
-  else fake_expert_kernel<<<2 * gSmCount, 256, 0, q.stream>>>(in, out, counts, s.L, r, s.H, (int)s.capRows);
+  fake_expert_kernel<<<2 * gSmCount, 256, 0, q.stream>>>((const uint8_t*)in, out, counts, s.L, r, s.H, (int)s.capRows, s.fp8);
   CUDA_CHECK(cudaGetLastError());
 }
 
