@@ -934,10 +934,12 @@ static void run_entry_refusals(std::mt19937_64& rng) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// moe_fp8_quantize against an independent CPU reference: per 128-element block amax and scale
-// computed as the kernel states them, each code the nearest of the 254 finite e4m3fn values found
-// by search (ties to the even code), saturated at 448. Inputs mix magnitudes from 2^-40 to 2^40,
-// negative values, zero blocks and values that land on e4m3 subnormals; outputs are poisoned.
+// moe_fp8_quantize against an independent CPU reference: per 128-element block amax, scale and
+// x * (448 / amax) computed as the kernel states them (blocks of bf16 subnormals pre-scaled by
+// 2^64), each code the nearest of the 254 finite e4m3fn values found by search (ties to the even
+// code), saturated at 448, the sign from the sign bit (-0 -> 0x80). Inputs mix magnitudes from
+// 2^-130 to 2^44, negative values, zero blocks and values that land on e4m3 subnormals; outputs
+// are poisoned.
 // ------------------------------------------------------------------------------------------------
 static uint8_t ref_e4m3(float q) {
   const float a = std::fabs(q);
@@ -950,7 +952,7 @@ static uint8_t ref_e4m3(float q) {
       bestD = d;
     }
   }
-  return (uint8_t)((q < 0.f ? 0x80 : 0) | best);
+  return (uint8_t)((std::signbit(q) ? 0x80 : 0) | best);  // -0 keeps its sign (e4m3fn has a negative zero)
 }
 
 static void run_fp8_quantize(std::mt19937_64& rng) {
@@ -971,6 +973,7 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
           if (kind == 0) v = ldexpf(uni(rng) + 0.5f, ex(rng));
           else if (kind == 2) v = ldexpf(uni(rng) + 0.5f, base + (int)(uni(rng) * 4.f));
           else if (kind == 3) v = ldexpf(uni(rng), base - (int)(uni(rng) * 20.f));  // down to 2^-20 of the max: e4m3 subnormals and zeros
+          if (kind == 1 && t % 3 == 1) v = ldexpf(uni(rng) + 0.5f, -110 - (int)(uni(rng) * 20.f));  // bf16 subnormals (the 2^64 pre-scale)
           if (kind != 1 && uni(rng) < 0.4f) v = -v;
           x[(size_t)t * H + h] = f2bf(v);
         }
@@ -984,10 +987,8 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
         for (int h = b * 128; h < h1; ++h) amax = std::max(amax, std::fabs(bf2f(x[(size_t)t * H + h])));
         const float scale = amax == 0.f ? 1.f : amax / 448.f;
         memcpy(&want[(size_t)t * rb + H + 4 * b], &scale, 4);
-        for (int h = b * 128; h < h1; ++h) {
-          const float v = bf2f(x[(size_t)t * H + h]);
-          want[(size_t)t * rb + h] = ref_e4m3(amax == 0.f ? 0.f : v / amax * 448.f);
-        }
+        const float pre = amax < 0x1p-100f ? 0x1p64f : 1.f, inv = amax == 0.f ? 0.f : 448.f / (amax * pre);
+        for (int h = b * 128; h < h1; ++h) want[(size_t)t * rb + h] = ref_e4m3(bf2f(x[(size_t)t * H + h]) * pre * inv);
       }
     CUDA_CHECK(cudaSetDevice(0));
     uint16_t* dx = dmalloc<uint16_t>(x.size() * 2);
@@ -1311,7 +1312,47 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
   }
 }
 
+// moe_fp8_quantize alone on GPU 0, DeepSeek-V3's hidden size: median of 20 launches (device events).
+static void bench_quantize() {
+  const int H = 7168;
+  for (int T : {128, 4096}) {
+    CUDA_CHECK(cudaSetDevice(0));
+    uint16_t* x = dmalloc<uint16_t>((size_t)T * H * 2);
+    uint8_t* out = dmalloc<uint8_t>((size_t)T * moe_fp8_row_bytes(H));
+    uint32_t* err = dmalloc<uint32_t>(4);
+    CUDA_CHECK(cudaMemset(x, 0x3f, (size_t)T * H * 2));
+    CUDA_CHECK(cudaMemset(err, 0, 4));
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    const int blocks = T * moe_fp8_scales(H), grid = std::max(1, std::min(8 * gSmCount, (blocks + 31) / 32));  // as Fp8Rows
+    std::vector<float> t;
+    for (int i = 0; i < 25; ++i) {
+      CUDA_CHECK(cudaEventRecord(a));
+      moe_fp8_quantize<<<grid, 256>>>(x, T, H, out, err);
+      CUDA_CHECK(cudaEventRecord(b));
+      CUDA_CHECK(cudaEventSynchronize(b));
+      float ms = 0.f;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+      if (i >= 5) t.push_back(ms * 1000.f);
+    }
+    uint32_t e = 0;
+    CUDA_CHECK(cudaMemcpy(&e, err, 4, cudaMemcpyDeviceToHost));
+    std::sort(t.begin(), t.end());
+    const double bytes = (double)T * (2.0 * H + (double)moe_fp8_row_bytes(H));
+    printf("fp8 quantize H=%d T=%4d: %7.1f us, %6.1f GB/s (bf16 read + fp8 rows written)%s\n", H, T, t[t.size() / 2],
+           bytes / (t[t.size() / 2] * 1e3), e ? "  (errorFlags set!)" : "");
+    record(e == 0, "bench fp8 quantize error flags", "errorFlags nonzero");
+    CUDA_CHECK(cudaEventDestroy(a));
+    CUDA_CHECK(cudaEventDestroy(b));
+    CUDA_CHECK(cudaFree(x));
+    CUDA_CHECK(cudaFree(out));
+    CUDA_CHECK(cudaFree(err));
+  }
+}
+
 static void run_bench(std::mt19937_64& rng, int channels) {
+  bench_quantize();
   const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8},         {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2},
                           {"DeepSeek fp8", 7168, 256, 8, true}, {"Qwen3 fp8", 2048, 128, 8, true}};
   const int tokens[] = {128, 4096};

@@ -57,7 +57,7 @@ public final class Fp8Rows implements AutoCloseable {
     /**
      * Queues {@code out[t] = quantize(x[t])} for {@code tokens} bf16 rows of {@code hidden} elements:
      * per 128-element block, scale = amax / {@link #maxValue} (1 for an all-zero block), codes
-     * rounded to nearest even and saturated. x must be 8-byte aligned, out 4-byte aligned.
+     * rounded to nearest even and saturated. x must be 16-byte aligned, out 8-byte aligned.
      */
     public void quantize(DeviceBuffer x, int tokens, int hidden, DeviceBuffer out, Stream stream) {
         if (!hiddenOk(hidden)) throw new IllegalArgumentException("hidden must be a positive multiple of 16 for fp8 rows, got " + hidden);
@@ -67,10 +67,10 @@ public final class Fp8Rows implements AutoCloseable {
         if (out.byteSize() < needOut) throw new IllegalArgumentException("out has " + out.byteSize() + " bytes; " + tokens + " fp8 rows of " + rowBytes(hidden) + " bytes need " + needOut);
         if (x.device() != device || out.device() != device || stream.device() != device)
             throw new IllegalArgumentException("x, out and the stream must be on " + device);
-        if (x.address() % 8 != 0 || out.address() % 4 != 0)
-            throw new IllegalArgumentException("x must be 8-byte and out 4-byte aligned");
-        long groups = (long) tokens * scales(hidden);  // one 32-lane group per (token, 128-element block)
-        int grid = (int) Math.max(1, Math.min(4L * device.multiprocessors(), (groups + 7) / 8));
+        if (x.address() % 16 != 0 || out.address() % 8 != 0)
+            throw new IllegalArgumentException("x must be 16-byte and out 8-byte aligned");
+        long blocks = (long) tokens * scales(hidden);  // 128-element blocks; a warp takes 4 at a time (NVIDIA)
+        int grid = (int) Math.max(1, Math.min(8L * device.multiprocessors(), (blocks + 31) / 32));  // 8 warps per 256-thread block
         args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
         kernel.launch(stream, LaunchConfig.of(grid, 256), args);
     }
