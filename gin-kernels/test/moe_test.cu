@@ -713,29 +713,25 @@ static std::string check_dispatch(const Setup& s, const std::vector<RankInput>& 
     }
   for (size_t i = 0; i < rows.size(); ++i) {
     const RefRow& rr = rows[i];
-    const uint8_t* haveB = &got.rows[i * s.dispRowBytes];
-    if (s.fp8) {
-      const uint8_t* want = &in[rr.src].x8[(size_t)rr.t * s.dispRowBytes];
-      if (memcmp(want, haveB, s.dispRowBytes) != 0) {
-        int b = 0;
-        while (want[b] == haveB[b]) ++b;
-        snprintf(buf, sizeof buf, "rank %d recvX fp8 row %zu (source %d token %d slot %d): byte %d = 0x%02x, expected 0x%02x",
-                 d, i, rr.src, rr.t, rr.k, b, haveB[b], want[b]);
-        return buf;
-      }
-    } else {
-      const uint16_t* want = &in[rr.src].x[(size_t)rr.t * s.H];
-      std::vector<uint16_t> have(s.H);
-      memcpy(have.data(), haveB, s.rowBytes);
-      if (memcmp(want, have.data(), s.rowBytes) != 0) {
-        int h = 0;
-        while (want[h] == have[h]) ++h;
+    // the input row as bytes: the fp8 row, or the bf16 row
+    const uint8_t* have = &got.rows[i * s.dispRowBytes];
+    const uint8_t* want = s.fp8 ? &in[rr.src].x8[(size_t)rr.t * s.dispRowBytes] : (const uint8_t*)&in[rr.src].x[(size_t)rr.t * s.H];
+    if (memcmp(want, have, s.dispRowBytes) != 0) {
+      size_t b = 0;
+      while (want[b] == have[b]) ++b;
+      if (s.fp8) {
+        snprintf(buf, sizeof buf, "rank %d recvX fp8 row %zu (source %d token %d slot %d): byte %zu = 0x%02x, expected 0x%02x",
+                 d, i, rr.src, rr.t, rr.k, b, have[b], want[b]);
+      } else {
+        uint16_t hv[3] = {0, 0, 0}, got16, want16;  // the element that differs, and the row's tags
+        memcpy(hv, have, std::min<size_t>(6, s.rowBytes));
+        memcpy(&got16, have + (b & ~(size_t)1), 2);
+        memcpy(&want16, want + (b & ~(size_t)1), 2);
         snprintf(buf, sizeof buf,
-                 "rank %d recvX row %zu (source %d token %d slot %d): column %d = %g (tags %g,%g,%g), expected %g",
-                 d, i, rr.src, rr.t, rr.k, h, bf2f(have[h]), bf2f(have[0]), s.H > 1 ? bf2f(have[1]) : 0.f,
-                 s.H > 2 ? bf2f(have[2]) : 0.f, bf2f(want[h]));
-        return buf;
+                 "rank %d recvX row %zu (source %d token %d slot %d): column %zu = %g (tags %g,%g,%g), expected %g",
+                 d, i, rr.src, rr.t, rr.k, b / 2, bf2f(got16), bf2f(hv[0]), bf2f(hv[1]), bf2f(hv[2]), bf2f(want16));
       }
+      return buf;
     }
     const float ww = in[rr.src].w[(size_t)rr.t * s.K + rr.k];
     if (memcmp(&ww, &got.weights[i], 4) != 0) {
