@@ -75,6 +75,14 @@ public final class Fp8Rows implements AutoCloseable {
         kernel.launch(stream, LaunchConfig.of(grid, 256), args);
     }
 
+    /** The same into new rows allocated in {@code arena} (at least 16 bytes), returned as queued. */
+    public DeviceBuffer quantize(DeviceBuffer x, int tokens, int hidden, Arena arena, Stream stream) {
+        if (!hiddenOk(hidden)) throw new IllegalArgumentException("hidden must be a positive multiple of 16 for fp8 rows, got " + hidden);
+        DeviceBuffer out = device.allocate(Math.max(16, tokens * rowBytes(hidden)), arena);
+        quantize(x, tokens, hidden, out, stream);
+        return out;
+    }
+
     /** Synchronizes {@code stream} and throws if the kernel refused its arguments. */
     public void checkErrors(Stream stream) { errors.check("fp8 quantize", stream); }
 

@@ -120,8 +120,7 @@ class MoeGpuTest {
         byte[] rows;
         try (Arena a = Arena.ofShared()) {
             DeviceBuffer x = upload(devs.get(rank), a, MemorySegment.ofArray(bf.rows()));
-            DeviceBuffer out = devs.get(rank).allocate(Math.max(16, bf.tokens() * rb), a);
-            quantizers.get(rank).quantize(x, bf.tokens(), hidden, out, streams.get(rank));
+            DeviceBuffer out = quantizers.get(rank).quantize(x, bf.tokens(), hidden, a, streams.get(rank));
             quantizers.get(rank).checkErrors(streams.get(rank));
             rows = out.slice(0, bf.tokens() * rb).toByteArray();
         }

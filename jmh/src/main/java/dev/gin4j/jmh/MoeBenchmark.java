@@ -80,12 +80,10 @@ public class MoeBenchmark {
             }
             DeviceBuffer xb = upload(d, MemorySegment.ofArray(x));
             if (dtype == DType.FP8_E4M3) {
-                DeviceBuffer rows = d.allocate(Math.max(16, tokens * Fp8Rows.rowBytes(hidden)), arena);
                 try (Fp8Rows q = new Fp8Rows(d)) {
-                    q.quantize(xb, tokens, hidden, rows, streams.getLast());
+                    xb = q.quantize(xb, tokens, hidden, arena, streams.getLast());
                     q.checkErrors(streams.getLast());
                 }
-                xb = rows;
             }
             xs.add(xb);
             ids.add(upload(d, MemorySegment.ofArray(idx)));
