@@ -43,6 +43,9 @@
 // published (two-level layout only), n << 32 = positions published; the dispatch then adds one per
 // claimed own-token item (the low 32 bits are the claim counter of call n, reset by that store).
 #define MOE_STATE_HIST_READY 640      // [MOE_MAX_CHANNELS]
+// Quantizing fp8 dispatch on the token path: sender c stores n here once its tokens' fp8 rows are
+// in xq (receiver c's own items wait for it; the layout path's positions release covers them).
+#define MOE_STATE_QUANT_READY 768     // [MOE_MAX_CHANNELS]
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
 #define MOE_STATE_WORDS 1024
 
@@ -388,6 +391,23 @@ GIN_DEVICE_INLINE gin_u128 ld16_fresh(const void* p) {
 #endif
   return v;
 }
+// Release at device scope: for flags that only blocks of the same GPU read (cheaper fence than sys).
+GIN_DEVICE_INLINE void st_release_gpu(uint64_t* p, uint64_t v) {
+#if GIN_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+GIN_DEVICE_INLINE uint64_t ld8_fresh(const void* p) {
+#if GIN_HIP
+  return __hip_atomic_load((const uint64_t*)p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
+#else
+  uint64_t v;
+  asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+#endif
+}
 template <bool kFresh>
 GIN_DEVICE_INLINE gin_u128 ld16(const void* p) {
   return kFresh ? ld16_fresh(p) : gin_ld16_stream(p);
@@ -472,6 +492,7 @@ GIN_DEVICE_INLINE Dims make_dims(int rank, int nRanks, int numExperts, int topK,
 template <bool kTokenPathOnly, int kR, int kE, int kK, int kH, bool kFp8 = false>
 struct MoeShape {
   static constexpr bool tokenPathOnly = kTokenPathOnly;
+  static constexpr bool fp8 = kFp8;
   // True if the launch arguments are this entry's to run (the caller gets MOE_ERR_CONFIG if not).
   GIN_DEVICE_INLINE static bool accepts(int R, int E, int K, int H, int M, int C) {
     return (kR == 0 || R == kR) && (kE == 0 || E == kE) && (kK == 0 || K == kK) && (kH == 0 || H == kH) &&
@@ -1576,6 +1597,8 @@ GIN_DEVICE_INLINE OwnWork own_work(const RecvSmem& rs, const Dims& d) {
   w.items = w.n * w.sp.nseg;
   return w;
 }
+// kXFresh: x was written during this kernel (the quantizing fp8 dispatch's rows): coherent loads.
+template <bool kXFresh>
 GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, const Dims& d, uint64_t* claimWord,
                                       const uint16_t* x, const int32_t* topkIdx, const float* topkWeights,
                                       const int* sendList, const int* slotInExpert, int* slotRows, uint16_t* recvX,
@@ -1596,7 +1619,7 @@ GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, con
   // The row's first pass, the ids, positions and weights in flight together (round 7: the weight
   // waited for the ids and the row for the weight's store, 3 round trips after sendList).
   gin_u128 pass[kExpandUnroll];
-  if (fast && tokenOk) expand_load_pass<false>(pass, src, b0 >> 4, b1 >> 4);
+  if (fast && tokenOk) expand_load_pass<kXFresh>(pass, src, b0 >> 4, b1 >> 4);
   int row = -1;
   float wt = 0.f;
   if (lane < d.K && tokenOk) {
@@ -1617,7 +1640,7 @@ GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, con
     if (lane < d.K) slotRows[((uint64_t)d.rank * d.M + slot) * d.K + lane] = row;
     if (row >= 0) recvWeights[row] = wt;
   }
-  if (tokenOk) warp_expand_seg<false>(src, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+  if (tokenOk) warp_expand_seg<kXFresh>(src, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
   return true;
 }
 
@@ -1724,7 +1747,7 @@ GIN_DEVICE_INLINE gin_u128 tp_load_chunk(const uint8_t* row, uint64_t off, bool 
   if (off >= rowBytes) return v;
   if (fast) {
     if (wide) v = kFresh ? ld16_fresh(row + off) : gin_ld16_stream(row + off);
-    else v.lo = gin_ld8_stream(row + off);
+    else v.lo = kFresh ? ld8_fresh(row + off) : gin_ld8_stream(row + off);
   } else {
     for (int i = 0; i < (wide ? 8 : 4); ++i) {
       const uint64_t b = off + 2ull * (uint64_t)i;
@@ -1750,8 +1773,9 @@ GIN_DEVICE_INLINE void tp_store_chunk(uint8_t* row, uint64_t off, bool wide, uin
   }
 }
 
-// Sends lines [L0, L0 + kTpPassLines) of a row (bytes of `row`, not written during the kernel) as
-// LL128 lines with `flag` (the dispatch's token path, session 7).
+// Sends lines [L0, L0 + kTpPassLines) of a row as LL128 lines with `flag` (the dispatch's token
+// path, session 7). kFresh: the row was written during this kernel (coherent loads).
+template <bool kFresh>
 GIN_DEVICE_INLINE void tp_send_pass(const uint8_t* row, uint8_t* lines, uint64_t rowBytes, int nl, int L0, uint64_t flag,
                                     bool fast) {
   const int lane = (int)gin_lane_id(), g = lane >> 3, j = lane & 7;
@@ -1762,7 +1786,7 @@ GIN_DEVICE_INLINE void tp_send_pass(const uint8_t* row, uint8_t* lines, uint64_t
     const int L = L0 + u * kTpGroups + g;
     v[u].lo = 0;
     v[u].hi = 0;
-    if (L < nl) v[u] = tp_load_chunk<false>(row, tp_chunk_off(L, j, nl), wide, rowBytes, fast);
+    if (L < nl) v[u] = tp_load_chunk<kFresh>(row, tp_chunk_off(L, j, nl), wide, rowBytes, fast);
   }
   syncwarp();  // the 8 lanes of a line converged: one store instruction per line
 #pragma unroll
@@ -2027,6 +2051,137 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
 }
 
 // ================================================================================================
+// Scaled fp8 rows from bf16 rows (session 9): moe_fp8_quantize and the quantizing fp8 dispatch.
+// Per 128-element block of a row (the last may be short): amax = max |x|, scale = amax / FMAX
+// (1 where amax = 0), code = e4m3(x * (FMAX / amax)), rounded to nearest even and saturated to
+// +-FMAX. FMAX = 448 for e4m3fn (NVIDIA), 240 for e4m3fnuz (gfx942, the format its fp8 units take).
+// Non-finite inputs give non-finite scales or codes. out: [T][moe_fp8_row_bytes(H)], the padding
+// scales zero.
+// ================================================================================================
+namespace moe_detail {
+#if GIN_HIP
+constexpr bool kFp8Fnuz = true;
+#else
+constexpr bool kFp8Fnuz = false;
+#endif
+constexpr float kFp8Max = kFp8Fnuz ? 240.f : 448.f;
+
+// Round to nearest even, saturate to +-kFp8Max (a ≥ 0 here; the sign is added by the caller).
+GIN_DEVICE_INLINE uint32_t fp8_e4m3_magnitude(float a) {
+  constexpr int kBias = kFp8Fnuz ? 8 : 7;
+  if (a >= kFp8Max) a = kFp8Max;
+  const float minNormal = ldexpf(1.f, 1 - kBias);
+  if (a < minNormal) return (uint32_t)rintf(ldexpf(a, kBias + 2));  // subnormal steps of 2^(-bias-2); 8 = the min normal
+  int e;
+  const float f = frexpf(a, &e);                                    // a = f * 2^e, f in [0.5, 1)
+  uint32_t m = (uint32_t)rintf((2.f * f - 1.f) * 8.f), E = (uint32_t)(e - 1 + kBias);
+  if (m == 8u) {
+    m = 0u;
+    ++E;
+  }
+  return (E << 3) | m;
+}
+GIN_DEVICE_INLINE uint32_t fp8_e4m3(float v) {
+  if (v != v) return kFp8Fnuz ? 0x80u : 0x7fu;  // NaN
+  const uint32_t mag = fp8_e4m3_magnitude(fabsf(v));
+  if (kFp8Fnuz && mag == 0u) return 0u;           // fnuz has no negative zero (0x80 is its NaN)
+  return ((__float_as_uint(v) >> 31) << 7) | mag;  // the sign bit, as the hardware conversion keeps it
+}
+// Four codes, v[0] in the low byte. sm_89+: the hardware conversion (same rounding, saturation and
+// signed zero as fp8_e4m3; MOE_FP8_SOFTWARE forces the software one, to compare the two).
+GIN_DEVICE_INLINE uint32_t fp8_e4m3x4(const float (&v)[4]) {
+#if !GIN_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MOE_FP8_SOFTWARE)
+  uint16_t lo, hi;  // cvt puts its first source in the upper byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v[1]), "f"(v[0]));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v[3]), "f"(v[2]));
+  return (uint32_t)lo | ((uint32_t)hi << 16);
+#else
+  uint32_t c = 0u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) c |= fp8_e4m3(v[i]) << (8 * i);
+  return c;
+#endif
+}
+
+// Tokens [t0, t0 + n) of x (bf16 rows of H) -> scaled fp8 rows out[t] (moe_fp8_row_bytes(H) bytes
+// each), by warps warpIdx of nWarps (warp-uniform arguments; every lane of a warp calls). A 16-lane
+// group per (token, 128-block), 8 elements (one 16-byte load) per lane, kQuantUnroll blocks per
+// group at a time with all their loads in flight: one load per lane at a time kept an H200 at
+// ~1.3 TB/s (4096 x 7168: 68 us), latency- not bandwidth-bound. H % 16 == 0, x 16-byte and out
+// 8-byte aligned (the callers check). moe_fp8_quantize runs it over the grid, the quantizing
+// dispatch over a sender block's tokens.
+GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_t* out, uint64_t t0, uint64_t n,
+                                           uint64_t warpIdx, uint64_t nWarps) {
+  constexpr int kQuantUnroll = 2, kGroups = GIN_WARP_SIZE / 16;
+  const int S = moe_fp8_scales(hidden), Sp = (S + 3) / 4 * 4;
+  const uint64_t rowBytes = moe_fp8_row_bytes(hidden);
+  const int lane = (int)gin_lane_id(), sub = lane & 15, grp = lane >> 4;
+  constexpr uint64_t kPerWarp = (uint64_t)kGroups * kQuantUnroll;  // blocks a warp takes per iteration
+  const uint64_t items = n * (uint64_t)S;
+  for (uint64_t base = warpIdx * kPerWarp; base < items; base += nWarps * kPerWarp) {  // warp-uniform
+    float v[kQuantUnroll][8];
+    uint64_t t[kQuantUnroll];
+    int b[kQuantUnroll], h0[kQuantUnroll];
+    bool ok[kQuantUnroll];
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; ++u) {
+      const uint64_t it = base + (uint64_t)(u * kGroups + grp);
+      t[u] = it / (uint64_t)S;
+      b[u] = (int)(it - t[u] * (uint64_t)S);
+      t[u] += t0;
+      h0[u] = b[u] * 128 + sub * 8;  // H % 16 == 0: a lane's 8 elements are all in the row or none
+      ok[u] = it < items && h0[u] < hidden;
+      gin_u128 raw;
+      raw.lo = raw.hi = 0;
+      if (ok[u]) raw = *(const gin_u128*)(x + t[u] * (uint64_t)hidden + (uint64_t)h0[u]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        v[u][i] = bf16_to_f32((uint32_t)(raw.lo >> (16 * i)));
+        v[u][4 + i] = bf16_to_f32((uint32_t)(raw.hi >> (16 * i)));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kQuantUnroll; ++u) {
+      // amax over the 16 lanes: non-negative floats order like their bit patterns (a NaN wins)
+      float a = 0.f;
+      bool nan = false;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        a = fmaxf(a, fabsf(v[u][i]));
+        nan |= v[u][i] != v[u][i];
+      }
+      int m = nan ? 0x7fc00000 : (int)__float_as_uint(a);
+#pragma unroll
+      for (int o = 8; o > 0; o >>= 1) {
+        const int other = gin_shfl_xor_int(m, o);
+        m = other > m ? other : m;
+      }
+      if (base + (uint64_t)(u * kGroups + grp) >= items) continue;
+      const float amax = __uint_as_float((uint32_t)m);
+      uint8_t* row = out + t[u] * rowBytes;
+      if (ok[u]) {
+        // x * (FMAX / amax): one division per block, not per element (a division each kept the kernel
+        // ALU-bound: 45 us at 4096 x 7168). Blocks of bf16 subnormals are scaled up by 2^64 first
+        // (exact), else FMAX / amax overflows.
+        const float pre = amax < 0x1p-100f ? 0x1p64f : 1.f;
+        const float inv = amax == 0.f ? 0.f : kFp8Max / (amax * pre);
+        float q0[4], q1[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          q0[i] = v[u][i] * pre * inv;
+          q1[i] = v[u][4 + i] * pre * inv;
+        }
+        *(uint64_t*)(row + h0[u]) = (uint64_t)fp8_e4m3x4(q0) | ((uint64_t)fp8_e4m3x4(q1) << 32);
+      }
+      float* scales = (float*)(row + hidden);
+      if (sub == 0) scales[b[u]] = amax == 0.f ? 1.f : amax / kFp8Max;
+      if (b[u] == S - 1 && sub >= 1 && S - 1 + sub < Sp) scales[S - 1 + sub] = 0.f;  // padding
+    }
+  }
+}
+}  // namespace moe_detail
+
+// ================================================================================================
 // moe_gin_dispatch and its token-path entries (body: gin_dispatch; "Entry points" below).
 // Grid 2*C blocks of MOE_THREADS: blocks [0, C) are senders (channel c = token range c), blocks
 // [C, 2C) receivers (channel c = the slots that the senders of channel c of every
@@ -2060,7 +2215,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
                                      int32_t numTokens, uint16_t* recvX, float* recvWeights, int32_t* recvCounts,
                                      const uint64_t* peerBases, uint8_t* workspace, uint32_t* errorFlags, int32_t rank,
                                      int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,
-                                     int32_t maxTokens, int32_t numChannels) {
+                                     int32_t maxTokens, int32_t numChannels, uint8_t* xq = nullptr) {
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
   __shared__ uint64_t sharedBases[MOE_MAX_RANKS];
@@ -2093,6 +2248,20 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
   }
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
+  // The quantizing fp8 dispatch (session 10; fp8 entries with xq != null): x holds bf16 rows, and
+  // sender c turns its own tokens into scaled fp8 rows in xq[t] (fp8_quantize_tokens) before it
+  // sends any; from then on every path reads xq as it reads x otherwise. Its rows are written
+  // during the kernel, so the fp8 entries read x with coherent loads (kXFresh).
+  constexpr bool kXFresh = Shape::fp8;
+  const bool quant = Shape::fp8 && xq != nullptr;
+  const uint16_t* const xBf16 = x;
+  if (quant) {
+    if (!gin_is_aligned(x, 16) || !gin_is_aligned(xq, 16) || !gin_is_aligned(recvX, 16)) {
+      if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+      return;
+    }
+    x = (const uint16_t*)xq;
+  }
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
@@ -2190,6 +2359,13 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       }
     }
     MOE_PROF(0, 16);  // thread 0: its token's ids out and destinations known (then the write-after-read waits)
+    if (quant) {
+      // Every warp, after its token's ids (session 10, 2 ranks on one H200, DeepSeek-V3, 128
+      // tokens: only the warps without ids quantizing was 0.5 us slower; 1, 4 or 8 blocks in
+      // flight per lane group instead of 2 were slower too).
+      fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)t0, (uint64_t)(t1 - t0), (uint64_t)warp, MOE_WARPS);
+      MOE_PROF(0, 13);  // thread 0: its warp's share of the fp8 rows stored
+    }
     for (int r = tid; r < d.R; r += B) s.runD[r] = 0;  // tp_send_positions' counters
     if (c == d.C - 1)
       for (int i = tid; i < d.C * d.R; i += B) s.u.lead.histD[i] = 0;
@@ -2200,7 +2376,13 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       tpChanStartTo = (int*)(workspace + ws.chanStartTo);
       tpState = state;
     }
+#if GIN_HIP
+    if (quant) __threadfence();  // every wave's xq stores before the one release below
+#endif
     __syncthreads();  // destinations known; the write-after-read acquires before any staging store
+    // Our fp8 rows are in xq: receiver c's own items may read them (the barrier orders every
+    // thread's xq stores before the release).
+    if (quant && tid == B - GIN_WARP_SIZE) st_release_gpu(state + MOE_STATE_QUANT_READY + c, seq);
     MOE_PROF(0, 11);
     {
       for (int q = 1; q < d.R; ++q) {
@@ -2228,7 +2410,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
           if (pass == 0 && lane < d.K)
             gin_st_relaxed_sys((uint64_t*)(peerWin + wl.dispMeta + slotIx * wl.metaStride) + lane,
                                seqHi | (uint64_t)__float_as_uint(topkWeights[(uint64_t)t * d.K + lane]));
-          tp_send_pass((const uint8_t*)x + (uint64_t)t * d.rowBytes, peerWin + wl.dispRows + slotIx * wl.dispSlotStride,
+          tp_send_pass<kXFresh>((const uint8_t*)x + (uint64_t)t * d.rowBytes, peerWin + wl.dispRows + slotIx * wl.dispSlotStride,
                        d.rowBytes, nl, pass * kTpPassLines, seq, fast);
         }
       }
@@ -2274,6 +2456,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
     const int totalItems = s.itemEnd[d.R];
     bool firstRemote = true;
+    bool quantSeen = !quant;  // the quantizing dispatch: sender c's fp8 rows of our own tokens are in xq
     for (int g = warp; g < totalItems; g += MOE_WARPS) {
       int q = 0;
       while (g >= s.itemEnd[q + 1]) ++q;
@@ -2321,14 +2504,20 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       gin_u128 pass[kExpandUnroll];
       float wt = 0.f;
       if (self) {
+        if (!quantSeen) {
+          if (lane == 0) (void)gin_wait_geq(state + MOE_STATE_QUANT_READY + c, seq, errorFlags);
+          syncwarp();  // lane 0's acquire, then the barrier: every lane may read xq
+          quantSeen = true;
+          if (warp == 0) MOE_PROF(0, 14);  // thread 0: sender c's fp8 rows seen
+        }
         const uint8_t* xRow = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
-        if (fast) expand_load_pass<false>(pass, xRow, b0 >> 4, b1 >> 4);
+        if (fast) expand_load_pass<kXFresh>(pass, xRow, b0 >> 4, b1 >> 4);
         if (seg == 0 && row >= 0) wt = topkWeights[(uint64_t)t * d.K + lane];
         if (seg == 0) {
           if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
           if (row >= 0) recvWeights[row] = wt;
         }
-        warp_expand_seg<false>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
+        warp_expand_seg<kXFresh>(xRow, (uint8_t*)recvX, d.rowBytes, row, d.K, fast, b0, b1, pass, fast);
         if (g == warp && warp == 0) MOE_PROF(0, 21);  // thread 0: warp 0's first own item copied
       } else {
         // Pass `seg` of the token's LL128 row (lines seg * kTpPassLines ...), each line polled until
@@ -2444,6 +2633,9 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     }
 
     if (!small) layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
+    // The quantizing dispatch: this channel's fp8 rows, before the barrier and the positions'
+    // release below, which own-item readers (receiver c) acquire anyway.
+    if (quant) fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)t0, (uint64_t)(t1 - t0), (uint64_t)warp, MOE_WARPS);
     if (!warSeen)
       for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
 #if GIN_HIP
@@ -2509,7 +2701,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
 #pragma unroll
             for (int u = 0; u < kExpandUnroll; ++u) {
               const uint64_t vi = v0 + (uint64_t)lane + (uint64_t)u * GIN_WARP_SIZE;
-              if (vi < vEnd) v[u] = gin_ld16_stream(src + (vi << 4));
+              if (vi < vEnd) v[u] = ld16<kXFresh>(src + (vi << 4));
             }
 #pragma unroll
             for (int u = 0; u < kExpandUnroll; ++u) {
@@ -2559,7 +2751,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     if (takeOwn) {
       MOE_PROF(0, 6);
       const OwnWork ow = own_work(rs, d);
-      while (own_claim_item(rs, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert,
+      while (own_claim_item<kXFresh>(rs, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert,
                             (int*)(workspace + ws.slotRows), recvX, recvWeights, fast, errorFlags)) {
       }
     }
@@ -2616,7 +2808,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         ownState = 1;
       }
       if (ownState == 2) return false;
-      if (own_claim_item(s, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX,
+      if (own_claim_item<kXFresh>(s, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX,
                          recvWeights, fast, errorFlags))
         return true;
       ownState = 2;
@@ -2684,7 +2876,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       ownState = 1;
     }
     while (ownState == 1) {
-      if (!own_claim_item(s, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX,
+      if (!own_claim_item<kXFresh>(s, ow, d, claimWord, x, topkIdx, topkWeights, sendList, slotInExpert, slotRows, recvX,
                           recvWeights, fast, errorFlags))
         ownState = 2;
     }
@@ -3384,13 +3576,18 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp(MOE_COMBINE
 MOE_TP_SHAPES(MOE_TP_ENTRIES)
 
 // fp8 dispatch (session 9): the same kernels moving scaled fp8 rows (moe_fp8_row_bytes(hidden)
-// bytes each; x and recvX hold such rows, H % 16 == 0, else MOE_ERR_CONFIG). The combine of an
-// fp8 dispatch is the bf16 one (expert outputs are bf16), any of the entries above.
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8(MOE_DISPATCH_PARAMS) {
-  gin_dispatch<MoeShape<false, 0, 0, 0, 0, true>>(MOE_DISPATCH_ARGS);
+// bytes each; recvX holds such rows, H % 16 == 0, else MOE_ERR_CONFIG), with one more argument,
+// xq (session 10): null = x holds fp8 rows already; else x holds bf16 rows [T][H] and the kernel
+// quantizes them into xq ([maxTokens][moe_fp8_row_bytes(hidden)] scratch, as moe_fp8_quantize
+// would; x, xq and recvX 16-byte aligned, else MOE_ERR_CONFIG) before sending them. The combine of
+// an fp8 dispatch is the bf16 one (expert outputs are bf16), any of the entries above.
+#define MOE_DISPATCH_FP8_PARAMS MOE_DISPATCH_PARAMS, uint8_t *xq
+#define MOE_DISPATCH_FP8_ARGS MOE_DISPATCH_ARGS, xq
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8(MOE_DISPATCH_FP8_PARAMS) {
+  gin_dispatch<MoeShape<false, 0, 0, 0, 0, true>>(MOE_DISPATCH_FP8_ARGS);
 }
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DISPATCH_PARAMS) {
-  gin_dispatch<MoeShape<true, 0, 0, 0, 0, true>>(MOE_DISPATCH_ARGS);
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DISPATCH_FP8_PARAMS) {
+  gin_dispatch<MoeShape<true, 0, 0, 0, 0, true>>(MOE_DISPATCH_FP8_ARGS);
 }
 // The shapes whose models ship fp8 checkpoints (DeepSeek-V3, Qwen3-30B-A3B) get fp8 token-path
 // entries of their own (Qwen3, 2 ranks on one H200, 128 tokens, gated: 15.3 us against 18.5 through
@@ -3400,8 +3597,8 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DI
   X(2, 128, 8, 2048) X(4, 128, 8, 2048) X(8, 128, 8, 2048)
 #define MOE_TP_FP8_ENTRIES(R, E, K, H)                                                                  \
   GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r##R##_e##E##_k##K##_h##H(  \
-      MOE_DISPATCH_PARAMS) {                                                                            \
-    gin_dispatch<MoeShape<true, R, E, K, H, true>>(MOE_DISPATCH_ARGS);                                  \
+      MOE_DISPATCH_FP8_PARAMS) {                                                                        \
+    gin_dispatch<MoeShape<true, R, E, K, H, true>>(MOE_DISPATCH_FP8_ARGS);                              \
   }
 MOE_TP_FP8_SHAPES(MOE_TP_FP8_ENTRIES)
 
@@ -3647,135 +3844,19 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
 }
 
 // ================================================================================================
-// moe_fp8_quantize (session 9): bf16 rows -> scaled fp8 rows, the fp8 dispatch's input.
-// Per 128-element block of a row (the last may be short): amax = max |x|, scale = amax / FMAX
-// (1 where amax = 0), code = e4m3(x * (FMAX / amax)), rounded to nearest even and saturated to
-// +-FMAX. FMAX = 448 for e4m3fn (NVIDIA), 240 for e4m3fnuz (gfx942, the format its fp8 units take).
-// Non-finite inputs give non-finite scales or codes. out: [T][moe_fp8_row_bytes(H)], the padding
-// scales zero. H % 16 == 0 (else MOE_ERR_CONFIG); x 16-byte and out 8-byte aligned (else
-// MOE_ERR_CONFIG). Any grid, any block size that is a multiple of the warp size.
+// moe_fp8_quantize (session 9): bf16 rows -> scaled fp8 rows (fp8_quantize_tokens over the grid),
+// the input of the fp8 dispatch entries when they do not quantize themselves. H % 16 == 0 (else
+// MOE_ERR_CONFIG); x 16-byte and out 8-byte aligned (else MOE_ERR_CONFIG). Any grid, any block
+// size that is a multiple of the warp size.
 // ================================================================================================
-namespace moe_detail {
-#if GIN_HIP
-constexpr bool kFp8Fnuz = true;
-#else
-constexpr bool kFp8Fnuz = false;
-#endif
-constexpr float kFp8Max = kFp8Fnuz ? 240.f : 448.f;
-
-// Round to nearest even, saturate to +-kFp8Max (a ≥ 0 here; the sign is added by the caller).
-GIN_DEVICE_INLINE uint32_t fp8_e4m3_magnitude(float a) {
-  constexpr int kBias = kFp8Fnuz ? 8 : 7;
-  if (a >= kFp8Max) a = kFp8Max;
-  const float minNormal = ldexpf(1.f, 1 - kBias);
-  if (a < minNormal) return (uint32_t)rintf(ldexpf(a, kBias + 2));  // subnormal steps of 2^(-bias-2); 8 = the min normal
-  int e;
-  const float f = frexpf(a, &e);                                    // a = f * 2^e, f in [0.5, 1)
-  uint32_t m = (uint32_t)rintf((2.f * f - 1.f) * 8.f), E = (uint32_t)(e - 1 + kBias);
-  if (m == 8u) {
-    m = 0u;
-    ++E;
-  }
-  return (E << 3) | m;
-}
-GIN_DEVICE_INLINE uint32_t fp8_e4m3(float v) {
-  if (v != v) return kFp8Fnuz ? 0x80u : 0x7fu;  // NaN
-  const uint32_t mag = fp8_e4m3_magnitude(fabsf(v));
-  if (kFp8Fnuz && mag == 0u) return 0u;           // fnuz has no negative zero (0x80 is its NaN)
-  return ((__float_as_uint(v) >> 31) << 7) | mag;  // the sign bit, as the hardware conversion keeps it
-}
-// Four codes, v[0] in the low byte. sm_89+: the hardware conversion (same rounding, saturation and
-// signed zero as fp8_e4m3; MOE_FP8_SOFTWARE forces the software one, to compare the two).
-GIN_DEVICE_INLINE uint32_t fp8_e4m3x4(const float (&v)[4]) {
-#if !GIN_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(MOE_FP8_SOFTWARE)
-  uint16_t lo, hi;  // cvt puts its first source in the upper byte
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(v[1]), "f"(v[0]));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(v[3]), "f"(v[2]));
-  return (uint32_t)lo | ((uint32_t)hi << 16);
-#else
-  uint32_t c = 0u;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) c |= fp8_e4m3(v[i]) << (8 * i);
-  return c;
-#endif
-}
-}  // namespace moe_detail
-
 GIN_KERNEL void moe_fp8_quantize(const uint16_t* x, int32_t numTokens, int32_t hidden, uint8_t* out, uint32_t* errorFlags) {
   if (numTokens < 0 || !moe_fp8_hidden_ok(hidden) || blockDim.x % GIN_WARP_SIZE != 0 ||
       (numTokens > 0 && (x == nullptr || out == nullptr)) || !gin_is_aligned(x, 16) || !gin_is_aligned(out, 8)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
-  // A 16-lane group per (token, 128-block), 8 elements (one 16-byte load) per lane, kQuantUnroll
-  // blocks per group at a time with all their loads in flight: one load per lane at a time kept an
-  // H200 at ~1.3 TB/s (4096 x 7168: 68 us), latency- not bandwidth-bound.
-  constexpr int kQuantUnroll = 2, kGroups = GIN_WARP_SIZE / 16;
-  const int S = moe_fp8_scales(hidden), Sp = (S + 3) / 4 * 4;
-  const uint64_t rowBytes = moe_fp8_row_bytes(hidden);
-  const int lane = (int)gin_lane_id(), sub = lane & 15, grp = lane >> 4;
-  constexpr uint64_t kPerWarp = (uint64_t)kGroups * kQuantUnroll;  // blocks a warp takes per iteration
-  const uint64_t warps = (uint64_t)gridDim.x * (blockDim.x / GIN_WARP_SIZE);
-  const uint64_t items = (uint64_t)numTokens * (uint64_t)S;
-  for (uint64_t base = ((uint64_t)blockIdx.x * (blockDim.x / GIN_WARP_SIZE) + threadIdx.x / GIN_WARP_SIZE) * kPerWarp;
-       base < items; base += warps * kPerWarp) {  // warp-uniform: every lane takes part in the shuffles
-    float v[kQuantUnroll][8];
-    uint64_t t[kQuantUnroll];
-    int b[kQuantUnroll], h0[kQuantUnroll];
-    bool ok[kQuantUnroll];
-#pragma unroll
-    for (int u = 0; u < kQuantUnroll; ++u) {
-      const uint64_t it = base + (uint64_t)(u * kGroups + grp);
-      t[u] = it / (uint64_t)S;
-      b[u] = (int)(it - t[u] * (uint64_t)S);
-      h0[u] = b[u] * 128 + sub * 8;  // H % 16 == 0: a lane's 8 elements are all in the row or none
-      ok[u] = it < items && h0[u] < hidden;
-      gin_u128 raw;
-      raw.lo = raw.hi = 0;
-      if (ok[u]) raw = *(const gin_u128*)(x + t[u] * (uint64_t)hidden + (uint64_t)h0[u]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        v[u][i] = bf16_to_f32((uint32_t)(raw.lo >> (16 * i)));
-        v[u][4 + i] = bf16_to_f32((uint32_t)(raw.hi >> (16 * i)));
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kQuantUnroll; ++u) {
-      // amax over the 16 lanes: non-negative floats order like their bit patterns (a NaN wins)
-      float a = 0.f;
-      bool nan = false;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        a = fmaxf(a, fabsf(v[u][i]));
-        nan |= v[u][i] != v[u][i];
-      }
-      int m = nan ? 0x7fc00000 : (int)__float_as_uint(a);
-#pragma unroll
-      for (int o = 8; o > 0; o >>= 1) {
-        const int other = gin_shfl_xor_int(m, o);
-        m = other > m ? other : m;
-      }
-      const uint64_t it = base + (uint64_t)(u * kGroups + grp);
-      if (it >= items) continue;
-      const float amax = __uint_as_float((uint32_t)m);
-      uint8_t* row = out + t[u] * rowBytes;
-      if (ok[u]) {
-        // x * (FMAX / amax): one division per block, not per element (a division each kept the kernel
-        // ALU-bound: 45 us at 4096 x 7168). Blocks of bf16 subnormals are scaled up by 2^64 first
-        // (exact), else FMAX / amax overflows.
-        const float pre = amax < 0x1p-100f ? 0x1p64f : 1.f;
-        const float inv = amax == 0.f ? 0.f : kFp8Max / (amax * pre);
-        float q0[4], q1[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          q0[i] = v[u][i] * pre * inv;
-          q1[i] = v[u][4 + i] * pre * inv;
-        }
-        *(uint64_t*)(row + h0[u]) = (uint64_t)fp8_e4m3x4(q0) | ((uint64_t)fp8_e4m3x4(q1) << 32);
-      }
-      float* scales = (float*)(row + hidden);
-      if (sub == 0) scales[b[u]] = amax == 0.f ? 1.f : amax / kFp8Max;
-      if (b[u] == S - 1 && sub >= 1 && S - 1 + sub < Sp) scales[S - 1 + sub] = 0.f;  // padding
-    }
-  }
+  const uint64_t warpsPerBlock = blockDim.x / GIN_WARP_SIZE;
+  moe_detail::fp8_quantize_tokens(x, hidden, out, 0, (uint64_t)numTokens,
+                                  (uint64_t)blockIdx.x * warpsPerBlock + threadIdx.x / GIN_WARP_SIZE,
+                                  (uint64_t)gridDim.x * warpsPerBlock);
 }

@@ -138,12 +138,14 @@ struct Case {
   Routing routing;
   double maskProb;
   bool fp8 = false;  // scaled fp8 dispatch rows (moe_fp8_row_bytes), bf16 combine
+  bool quant = false;  // fp8: bf16 rows in, quantized by the dispatch itself (its xq argument)
 };
 
 struct RankInput {
   int T = 0;
   std::vector<uint16_t> x;  // [T][H] bf16; fp8 cases: the values the fp8 rows stand for (exact in bf16)
   std::vector<uint8_t> x8;  // fp8 cases: the dispatch rows, [T][moe_fp8_row_bytes(H)]
+  std::vector<uint16_t> xIn;  // quantizing cases: the bf16 rows given to the dispatch (x: their fp8 values)
   std::vector<int> idx;     // [T][K]
   std::vector<float> w;     // [T][K]
   std::vector<int> ev;      // validated ids (CPU reference)
@@ -173,12 +175,73 @@ static void validate_ids(RankInput& in, int E, int K) {
     }
 }
 
+// ------------------------------------------------------------------------------------------------
+// CPU reference of moe_fp8_quantize (and of the quantizing dispatch): per 128-element block amax,
+// scale and x * (448 / amax) computed as the kernel states them (blocks of bf16 subnormals
+// pre-scaled by 2^64), each code the nearest of the 254 finite e4m3fn values found by search (ties
+// to the even code), saturated at 448, the sign from the sign bit (-0 -> 0x80).
+// ------------------------------------------------------------------------------------------------
+static uint8_t ref_e4m3(float q) {
+  const float a = std::fabs(q);
+  int best = 0;
+  float bestD = INFINITY;
+  for (int c = 0; c < 0x7f; ++c) {  // magnitudes 0 .. 448 (0x7f is NaN)
+    const float d = std::fabs(e4m3_value((uint32_t)c) - a);
+    if (d < bestD || (d == bestD && (c & 1) == 0)) {
+      best = c;
+      bestD = d;
+    }
+  }
+  return (uint8_t)((std::signbit(q) ? 0x80 : 0) | best);  // -0 keeps its sign (e4m3fn has a negative zero)
+}
+
+// bf16 rows [T][H] -> scaled fp8 rows [T][moe_fp8_row_bytes(H)] (the padding scales zero).
+static std::vector<uint8_t> ref_quantize_rows(const std::vector<uint16_t>& x, int T, int H) {
+  const int S = moe_fp8_scales(H);
+  const uint64_t rb = moe_fp8_row_bytes(H);
+  std::vector<uint8_t> want((size_t)T * rb, 0);
+  for (int t = 0; t < T; ++t)
+    for (int b = 0; b < S; ++b) {
+      const int h1 = std::min(H, b * 128 + 128);
+      float amax = 0.f;
+      for (int h = b * 128; h < h1; ++h) amax = std::max(amax, std::fabs(bf2f(x[(size_t)t * H + h])));
+      const float scale = amax == 0.f ? 1.f : amax / 448.f;
+      memcpy(&want[(size_t)t * rb + H + 4 * b], &scale, 4);
+      const float pre = amax < 0x1p-100f ? 0x1p64f : 1.f, inv = amax == 0.f ? 0.f : 448.f / (amax * pre);
+      for (int h = b * 128; h < h1; ++h) want[(size_t)t * rb + h] = ref_e4m3(bf2f(x[(size_t)t * H + h]) * pre * inv);
+    }
+  return want;
+}
+
 static RankInput make_input(std::mt19937_64& rng, const Case& cs, int R, int rank, int T, int round) {
   RankInput in;
   in.T = T;
   const int E = cs.E, K = cs.K, H = cs.H, L = E / R;
   in.x.resize((size_t)T * H);
-  if (cs.fp8) {
+  if (cs.quant) {
+    // Positive bf16 values of one magnitude range per 128-block (2^-20 .. 2^20, a zero block now
+    // and then): the codes round. The rows expected are the CPU reference's quantization, and the
+    // combine's reference takes the values they stand for (row_value); x: those rounded to bf16.
+    std::uniform_real_distribution<float> uni(1.f, 2.f);
+    std::uniform_int_distribution<int> expo(-20, 20);
+    in.xIn.resize((size_t)T * H);
+    for (int t = 0; t < T; ++t)
+      for (int b = 0; b * 128 < H; ++b) {
+        const int e = expo(rng);
+        const bool zero = (t * 7 + b) % 23 == 5;
+        for (int h = b * 128; h < std::min(H, b * 128 + 128); ++h)
+          in.xIn[(size_t)t * H + h] = zero ? 0 : f2bf(ldexpf(uni(rng), e - (int)(uni(rng) * 3.f)));
+      }
+    in.x8 = ref_quantize_rows(in.xIn, T, H);
+    const uint64_t rb = moe_fp8_row_bytes(H);
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < H; ++h) {
+        const uint8_t* row = &in.x8[(size_t)t * rb];
+        float scale;
+        memcpy(&scale, row + H + 4 * (h / 128), 4);
+        in.x[(size_t)t * H + h] = f2bf(e4m3_value(row[h]) * scale);
+      }
+  } else if (cs.fp8) {
     // Random positive normal codes (0x08..0x7e) and power-of-two scales: every value and its
     // fake-expert product are exact in bf16, so the combine reference is the bf16 one.
     const uint64_t rb = moe_fp8_row_bytes(H);
@@ -259,7 +322,17 @@ static void reference_dispatch(const std::vector<RankInput>& in, int R, int E, i
 }
 
 // Fake expert output of one element (exactly what fake_expert_kernel computes).
-static uint16_t fake_out(uint16_t xv, int globalExpert) { return f2bf(bf2f(xv) * (float)(1 + globalExpert)); }
+// v: the value the dispatched row holds (row_value).
+static uint16_t fake_out(float v, int globalExpert) { return f2bf(v * (float)(1 + globalExpert)); }
+// Element h of token t's dispatched row as fake_expert_kernel reads it: the bf16 value, or the fp8
+// code times its block's scale (a float product, as the kernel computes it).
+static float row_value(const RankInput& ri, bool fp8, int H, int t, int h) {
+  if (!fp8) return bf2f(ri.x[(size_t)t * H + h]);
+  const uint8_t* row = &ri.x8[(size_t)t * moe_fp8_row_bytes(H)];
+  float scale;
+  memcpy(&scale, row + H + 4 * (h / 128), 4);
+  return e4m3_value(row[h]) * scale;
+}
 
 // ------------------------------------------------------------------------------------------------
 // Per-rank device state for one configuration.
@@ -273,6 +346,8 @@ struct Rank {
   uint64_t* peerBases = nullptr;
   uint32_t* err = nullptr;
   uint16_t *x = nullptr, *recvX = nullptr, *expertOut = nullptr, *y = nullptr;
+  uint16_t* xb = nullptr;  // fp8 setups: bf16 rows for the quantizing inputs (Setup::input)
+  uint8_t* xq = nullptr;   // fp8 setups: [M] fp8 rows, the quantizing dispatch's scratch
   int *idx = nullptr, *recvCounts = nullptr;
   float *w = nullptr, *recvWeights = nullptr;
   // HOST
@@ -285,17 +360,19 @@ struct Rank {
 
 // A pair of GIN entry points (moe.cu, "Entry points").
 using DispatchKernel = decltype(&moe_gin_dispatch);
+using Fp8DispatchKernel = decltype(&moe_gin_dispatch_fp8);  // one more argument: xq
 using CombineKernel = decltype(&moe_gin_combine);
 struct Entry {
   std::string name;  // the dispatch's
-  DispatchKernel dispatch;
+  DispatchKernel dispatch;  // bf16 entries
   CombineKernel combine;
+  Fp8DispatchKernel dispatch8 = nullptr;  // fp8 entries (dispatch null)
 };
 static const Entry kGenericEntry{"moe_gin_dispatch", moe_gin_dispatch, moe_gin_combine};
 static const Entry kTokenPathEntry{"moe_gin_dispatch_tp", moe_gin_dispatch_tp, moe_gin_combine_tp};
 // fp8 dispatch entries, each with the bf16 combine of the same reach.
-static const Entry kFp8GenericEntry{"moe_gin_dispatch_fp8", moe_gin_dispatch_fp8, moe_gin_combine};
-static const Entry kFp8TokenPathEntry{"moe_gin_dispatch_fp8_tp", moe_gin_dispatch_fp8_tp, moe_gin_combine_tp};
+static const Entry kFp8GenericEntry{"moe_gin_dispatch_fp8", nullptr, moe_gin_combine, moe_gin_dispatch_fp8};
+static const Entry kFp8TokenPathEntry{"moe_gin_dispatch_fp8_tp", nullptr, moe_gin_combine_tp, moe_gin_dispatch_fp8_tp};
 // The entry of MOE_TP_SHAPES (fp8: MOE_TP_FP8_SHAPES) compiled for (R, E, K, H), if there is one.
 static bool shaped_entry(int R, int E, int K, int H, Entry& e, bool fp8 = false) {
 #define MOE_TEST_SHAPED(R_, E_, K_, H_)                                                                  \
@@ -308,8 +385,8 @@ static bool shaped_entry(int R, int E, int K, int H, Entry& e, bool fp8 = false)
 #undef MOE_TEST_SHAPED
 #define MOE_TEST_SHAPED_FP8(R_, E_, K_, H_)                                                             \
   if (fp8 && R == R_ && E == E_ && K == K_ && H == H_) {                                               \
-    e = {"moe_gin_dispatch_fp8_tp_r" #R_ "_e" #E_ "_k" #K_ "_h" #H_,                                   \
-         moe_gin_dispatch_fp8_tp_r##R_##_e##E_##_k##K_##_h##H_, moe_gin_combine_tp_r##R_##_e##E_##_k##K_##_h##H_}; \
+    e = {"moe_gin_dispatch_fp8_tp_r" #R_ "_e" #E_ "_k" #K_ "_h" #H_, nullptr,                          \
+         moe_gin_combine_tp_r##R_##_e##E_##_k##K_##_h##H_, moe_gin_dispatch_fp8_tp_r##R_##_e##E_##_k##K_##_h##H_}; \
     return true;                                                                                       \
   }
   MOE_TP_FP8_SHAPES(MOE_TEST_SHAPED_FP8)
@@ -329,6 +406,9 @@ struct Setup {
   Entry entry;  // the kernels gin_dispatch / gin_combine launch
   bool pdl = false;  // launched with programmatic dependent launch (the kernels wait for prior grids)
   bool fp8 = false;  // dispatch rows are scaled fp8 rows (the buffers keep bf16 sizes, never smaller)
+  // fp8: what the dispatch gets. ROWS: the fp8 rows (x). QUANT_FUSED: the bf16 rows (xb), quantized
+  // by the dispatch into xq. QUANT_KERNEL: moe_fp8_quantize(xb -> xq), then the dispatch of xq.
+  enum Input { ROWS, QUANT_FUSED, QUANT_KERNEL } input = ROWS;
   uint64_t rowBytes, capRows, sendCapRows;
   uint64_t dispRowBytes;  // bytes of a dispatch row: rowBytes, or moe_fp8_row_bytes(H)
   MoeWindowLayout wl;
@@ -400,6 +480,10 @@ static Setup make_setup(int E, int K, int H, int M, int C, bool withHost, bool f
     q.recvWeights = dmalloc<float>(s.capRows * 4);
     q.recvCounts = dmalloc<int>(4ull * s.L);
     q.y = dmalloc<uint16_t>((size_t)M * s.rowBytes);
+    if (fp8) {
+      q.xb = dmalloc<uint16_t>((size_t)M * s.rowBytes);
+      q.xq = dmalloc<uint8_t>((size_t)M * s.dispRowBytes);
+    }
     if (withHost) {
       q.hws = dmalloc<uint8_t>(s.wsl.totalBytes);
       CUDA_CHECK(cudaMemset(q.hws, 0, s.wsl.totalBytes));
@@ -435,7 +519,7 @@ static void free_setup(Setup& s) {
     CUDA_CHECK(cudaDeviceSynchronize());
     void* ptrs[] = {q.window, q.ws, q.peerBases, q.err, q.x, q.idx, q.w, q.recvX, q.expertOut, q.recvWeights,
                     q.recvCounts, q.y, q.hws, q.sendRows, q.sendWeights, q.recvBuf, q.recvBufWeights, q.countMatrix,
-                    q.hRecvX, q.hExpertOut, q.hRecvWeights, q.hRecvCounts, q.backBuf, q.returned, q.hy};
+                    q.hRecvX, q.hExpertOut, q.hRecvWeights, q.hRecvCounts, q.backBuf, q.returned, q.hy, q.xb, q.xq};
     for (void* p : ptrs)
       if (p) CUDA_CHECK(cudaFree(p));
     CUDA_CHECK(cudaStreamDestroy(q.stream));
@@ -455,8 +539,13 @@ static void upload_inputs(Setup& s, const std::vector<RankInput>& in) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
     if (in[r].T > 0) {
-      if (s.fp8) CUDA_CHECK(cudaMemcpy(q.x, in[r].x8.data(), in[r].x8.size(), cudaMemcpyHostToDevice));
-      else CUDA_CHECK(cudaMemcpy(q.x, in[r].x.data(), in[r].x.size() * 2, cudaMemcpyHostToDevice));
+      if (s.fp8) {
+        CUDA_CHECK(cudaMemcpy(q.x, in[r].x8.data(), in[r].x8.size(), cudaMemcpyHostToDevice));
+        const std::vector<uint16_t>& xb = in[r].xIn.empty() ? in[r].x : in[r].xIn;  // what the fp8 rows stand for
+        CUDA_CHECK(cudaMemcpy(q.xb, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice));
+      } else {
+        CUDA_CHECK(cudaMemcpy(q.x, in[r].x.data(), in[r].x.size() * 2, cudaMemcpyHostToDevice));
+      }
       CUDA_CHECK(cudaMemcpy(q.idx, in[r].idx.data(), in[r].idx.size() * 4, cudaMemcpyHostToDevice));
       CUDA_CHECK(cudaMemcpy(q.w, in[r].w.data(), in[r].w.size() * 4, cudaMemcpyHostToDevice));
     }
@@ -506,10 +595,34 @@ static void gin_launch(Setup& s, int r, Kernel kernel, Args... args) {
   cfg.numAttrs = s.pdl ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
 }
-static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T) {
+static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T, uint8_t* xq = nullptr) {
   Rank& q = s.rk[r];
-  gin_launch(s, r, s.entry.dispatch, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
-             (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
+  if (s.entry.dispatch8)
+    gin_launch(s, r, s.entry.dispatch8, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
+               (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C, xq);
+  else
+    gin_launch(s, r, s.entry.dispatch, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
+               (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
+}
+// moe_fp8_quantize over T rows of x into out, as Fp8Rows launches it (4 blocks of 128 per warp).
+static void quantize_rows(Setup& s, int r, const uint16_t* x, int T, uint8_t* out) {
+  Rank& q = s.rk[r];
+  CUDA_CHECK(cudaSetDevice(q.dev));
+  const int blocks = T * moe_fp8_scales(s.H), grid = std::max(1, std::min(8 * gSmCount, (blocks + 31) / 32));
+  moe_fp8_quantize<<<grid, 256, 0, q.stream>>>(x, T, s.H, out, q.err);
+  CUDA_CHECK(cudaGetLastError());
+}
+// Rank r's dispatch of its inputs (x, idx, w of the setup) the way s.input says.
+static void dispatch_rank(Setup& s, int r, int T) {
+  Rank& q = s.rk[r];
+  if (s.input == Setup::QUANT_FUSED) {
+    gin_dispatch(s, r, q.xb, q.idx, q.w, T, q.xq);
+  } else if (s.input == Setup::QUANT_KERNEL) {
+    quantize_rows(s, r, q.xb, T, q.xq);
+    gin_dispatch(s, r, (const uint16_t*)q.xq, q.idx, q.w, T);
+  } else {
+    gin_dispatch(s, r, q.x, q.idx, q.w, T);
+  }
 }
 static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   Rank& q = s.rk[r];
@@ -581,8 +694,11 @@ static void host_pack_all(Setup& s, const std::vector<int>& T) {
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
+    // quantizing inputs: moe_fp8_quantize first, as the Java HOST path does
+    const bool quant = s.input != Setup::ROWS;
+    if (quant) quantize_rows(s, r, q.xb, T[r], q.xq);
     (s.fp8 ? moe_host_pack_fp8 : moe_host_pack)<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(
-        q.x, q.idx, q.w, T[r], q.hws, q.sendRows, q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
+        quant ? (const uint16_t*)q.xq : q.x, q.idx, q.w, T[r], q.hws, q.sendRows, q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -754,7 +870,7 @@ static double check_combine(const Setup& s, const std::vector<RankInput>& in, in
       for (int k = 0; k < s.K; ++k) {
         const int e = ri.ev[(size_t)t * s.K + k];
         if (e < 0) continue;
-        ref += (double)ri.w[(size_t)t * s.K + k] * (double)bf2f(fake_out(ri.x[(size_t)t * s.H + h], e));
+        ref += (double)ri.w[(size_t)t * s.K + k] * (double)bf2f(fake_out(row_value(ri, s.fp8, s.H, t, h), e));
       }
       const double got = bf2f(y[(size_t)t * s.H + h]);
       if (ref == 0.0) {
@@ -800,19 +916,20 @@ static const double kHostBound = 0.00392, kGinBound = 0.00786;
 static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
   Setup s = make_setup(cs.E, cs.K, cs.H, cs.M, cs.C, true, cs.fp8);
   s.entry = entry;
+  s.input = cs.quant ? Setup::QUANT_FUSED : Setup::ROWS;
   std::vector<int> T(s.R);
   for (int r = 0; r < s.R; ++r) T[r] = cs.T[r % cs.T.size()];
   std::vector<RankInput> in(s.R);
   for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, T[r], 0);
   printf("case %-28s R=%d E=%d K=%d H=%d M=%d C=%d T=[", cs.name.c_str(), s.R, cs.E, cs.K, cs.H, cs.M, cs.C);
   for (int r = 0; r < s.R; ++r) printf("%s%d", r ? "," : "", T[r]);
-  printf("] %s\n", entry.name.c_str());
+  printf("] %s%s\n", entry.name.c_str(), cs.quant ? " (bf16 in, quantizing)" : "");
   upload_inputs(s, in);
   const uint32_t expectErr = cs.routing == INVALID_IDS ? MOE_ERR_EXPERT_ID : 0u;
 
   // GIN: dispatch on all ranks, fake experts, combine.
   poison_outputs(s);
-  for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T[r]);
+  for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T[r]);
   for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
   for (int r = 0; r < s.R; ++r) gin_combine(s, r, T[r], s.rk[r].y);
   sync_all(s);
@@ -878,16 +995,21 @@ static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
 // ------------------------------------------------------------------------------------------------
 // dispatchOnly: only the entry's dispatch is expected to refuse (the fp8 entries share the bf16
 // combines, which accept the instance); the combine is not launched.
+// misalignedXq (fp8 entries): a quantizing dispatch whose xq is 8 bytes off 16-byte alignment.
 static void refusal_case(const char* what, int E, int K, int H, int M, int C, const Entry& entry, std::mt19937_64& rng,
-                         bool dispatchOnly = false) {
-  Setup s = make_setup(E, K, H, M, C, false);
+                         bool dispatchOnly = false, bool misalignedXq = false) {
+  Setup s = make_setup(E, K, H, M, C, false, misalignedXq);
   s.entry = entry;
   Case cs{what, E, K, H, M, C, {M}, UNIFORM, 0.0};
   std::vector<RankInput> in(s.R);
   for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, M, 0);
   upload_inputs(s, in);
   poison_outputs(s);
-  for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, M);
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    if (misalignedXq) gin_dispatch(s, r, q.xb, q.idx, q.w, M, q.xq + 8);
+    else gin_dispatch(s, r, q.x, q.idx, q.w, M);
+  }
   sync_all(s);
   std::vector<uint32_t> errD = read_errors(s, false);
   if (!dispatchOnly)
@@ -927,30 +1049,16 @@ static void run_entry_refusals(std::mt19937_64& rng) {
   // fp8 rows need H % 16 == 0 (16-byte vectors of codes, then of scales)
   refusal_case("fp8 entry, H=200", 16 * R, 4, 200, 64, 4, kFp8TokenPathEntry, rng, true);
   refusal_case("fp8 entry, H=600 layout path", 16 * R, 8, 600, 600, 4, kFp8GenericEntry, rng, true);
+  // the quantizing dispatch needs xq 16-byte aligned (its rows are read as 16-byte vectors)
+  refusal_case("fp8 quantizing, xq misaligned", 16 * R, 4, 256, 64, 4, kFp8TokenPathEntry, rng, true, true);
+  refusal_case("fp8 quantizing, xq misaligned, layout path", 16 * R, 8, 256, 600, 4, kFp8GenericEntry, rng, true, true);
 }
 
 // ------------------------------------------------------------------------------------------------
-// moe_fp8_quantize against an independent CPU reference: per 128-element block amax, scale and
-// x * (448 / amax) computed as the kernel states them (blocks of bf16 subnormals pre-scaled by
-// 2^64), each code the nearest of the 254 finite e4m3fn values found by search (ties to the even
-// code), saturated at 448, the sign from the sign bit (-0 -> 0x80). Inputs mix magnitudes from
+// moe_fp8_quantize against the CPU reference (ref_quantize_rows). Inputs mix magnitudes from
 // 2^-130 to 2^44, negative values, zero blocks and values that land on e4m3 subnormals; outputs
 // are poisoned.
 // ------------------------------------------------------------------------------------------------
-static uint8_t ref_e4m3(float q) {
-  const float a = std::fabs(q);
-  int best = 0;
-  float bestD = INFINITY;
-  for (int c = 0; c < 0x7f; ++c) {  // magnitudes 0 .. 448 (0x7f is NaN)
-    const float d = std::fabs(e4m3_value((uint32_t)c) - a);
-    if (d < bestD || (d == bestD && (c & 1) == 0)) {
-      best = c;
-      bestD = d;
-    }
-  }
-  return (uint8_t)((std::signbit(q) ? 0x80 : 0) | best);  // -0 keeps its sign (e4m3fn has a negative zero)
-}
-
 static void run_fp8_quantize(std::mt19937_64& rng) {
   printf("case fp8 quantize (moe_fp8_quantize vs CPU reference)\n");
   std::uniform_real_distribution<float> uni(0.f, 1.f);
@@ -974,18 +1082,7 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
           x[(size_t)t * H + h] = f2bf(v);
         }
       }
-    // reference
-    std::vector<uint8_t> want((size_t)T * rb, 0);
-    for (int t = 0; t < T; ++t)
-      for (int b = 0; b < S; ++b) {
-        const int h1 = std::min(H, b * 128 + 128);
-        float amax = 0.f;
-        for (int h = b * 128; h < h1; ++h) amax = std::max(amax, std::fabs(bf2f(x[(size_t)t * H + h])));
-        const float scale = amax == 0.f ? 1.f : amax / 448.f;
-        memcpy(&want[(size_t)t * rb + H + 4 * b], &scale, 4);
-        const float pre = amax < 0x1p-100f ? 0x1p64f : 1.f, inv = amax == 0.f ? 0.f : 448.f / (amax * pre);
-        for (int h = b * 128; h < h1; ++h) want[(size_t)t * rb + h] = ref_e4m3(bf2f(x[(size_t)t * H + h]) * pre * inv);
-      }
+    const std::vector<uint8_t> want = ref_quantize_rows(x, T, H);
     CUDA_CHECK(cudaSetDevice(0));
     uint16_t* dx = dmalloc<uint16_t>(x.size() * 2);
     uint8_t* dout = dmalloc<uint8_t>(want.size() + 16);
@@ -1239,12 +1336,12 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
-        {16, "token path: thread 0's token out (pre-barrier)"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
+        {16, "token path: thread 0's token out (pre-barrier)"}, {13, "token path: thread 0's warp quantized its share"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{10, "entry"}, {1, "count tables read"},
         {17, "token path: counters cleared (remote T probed)"}, {18, "token path: thread 0's first (own) tokens counted"},
         {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
-        {11, "token path: layout done (scan, items)"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
+        {11, "token path: layout done (scan, items)"}, {14, "token path: warp 0 saw sender c's fp8 rows"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C,
@@ -1401,23 +1498,37 @@ static void run_bench(std::mt19937_64& rng, int channels) {
       // first is a token-path one the generic entry too, alternately in the same loop (same-run
       // A/B). Per variant: gated single calls, and 8 calls back to back after the gate (/ 8: the
       // steady state that pipelined Java calls see).
+      // fp8 shapes also time bf16 rows in: quantized by the dispatch (xq), and moe_fp8_quantize
+      // followed by the dispatch of its rows (session 10).
       struct Variant {
         Entry entry;
         bool pdl;
-        std::string name() const { return entry.name + (pdl ? " + PDL" : ""); }
+        Setup::Input input = Setup::ROWS;
+        std::string name() const {
+          const char* in = input == Setup::QUANT_FUSED ? " (bf16 in, quantizing)"
+                           : input == Setup::QUANT_KERNEL ? " (bf16 in: moe_fp8_quantize, then fp8 rows)" : "";
+          return entry.name + (pdl ? " + PDL" : "") + in;
+        }
       };
       const Entry best = s.entry;
       std::vector<Variant> variants{{best, false}, {best, true}};
       const Entry generic = sh.fp8 ? kFp8GenericEntry : kGenericEntry;
       if (best.name != generic.name) variants.push_back({generic, false});
+      if (sh.fp8) {
+        variants.push_back({best, false, Setup::QUANT_FUSED});
+        variants.push_back({best, true, Setup::QUANT_FUSED});
+        variants.push_back({best, false, Setup::QUANT_KERNEL});
+        variants.push_back({best, true, Setup::QUANT_KERNEL});
+      }
       const int nb = 8;
       std::vector<std::vector<float>> vd(variants.size()), vc(variants.size()), vbd(variants.size()), vbc(variants.size());
       for (int i = 0; i < warm + iters; ++i) {
         for (size_t v = 0; v < variants.size(); ++v) {
           s.entry = variants[v].entry;
           s.pdl = variants[v].pdl;
+          s.input = variants[v].input;
           const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
-            for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+            for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
           });
           for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
           const float b = timed_all_ranks(s, g, ev0, ev1, [&] {
@@ -1425,7 +1536,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
           });
           const float ba = timed_all_ranks(s, g, ev0, ev1, [&] {
             for (int j = 0; j < nb; ++j)
-              for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+              for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
           });
           const float bb = timed_all_ranks(s, g, ev0, ev1, [&] {
             for (int j = 0; j < nb; ++j)
@@ -1441,12 +1552,13 @@ static void run_bench(std::mt19937_64& rng, int channels) {
       }
       s.entry = best;
       s.pdl = false;
+      s.input = Setup::ROWS;
       std::vector<float>& td = vd[0];
       std::vector<float>& tc = vc[0];
       if (gProfile) {
         profile_enable(s, true);
         const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+          for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
         });
         profile_enable(s, false);
         printf("%-14s %6d\n", sh.name, T);
@@ -1463,7 +1575,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         profile_enable(s, true);
         const float pa = timed_all_ranks(s, g, ev0, ev1, [&] {
           for (int i = 0; i < nb; ++i)
-            for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, T);
+            for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
         });
         profile_enable(s, false);
         profile_print(s, "dispatch, the last of 8 back to back (the column: all 8 / 8)", pa / nb);
@@ -1475,6 +1587,23 @@ static void run_bench(std::mt19937_64& rng, int channels) {
         });
         profile_enable(s, false);
         profile_print(s, "combine, the last of 8 back to back (the column: all 8 / 8)", pb / nb);
+        if (sh.fp8) {  // the same entry quantizing bf16 rows itself
+          s.input = Setup::QUANT_FUSED;
+          profile_enable(s, true);
+          const float qa = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
+          });
+          profile_enable(s, false);
+          profile_print(s, "dispatch, bf16 in, quantizing", qa);
+          profile_enable(s, true);
+          const float qb = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int i = 0; i < nb; ++i)
+              for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
+          });
+          profile_enable(s, false);
+          profile_print(s, "dispatch, bf16 in, quantizing, the last of 8 back to back", qb / nb);
+          s.input = Setup::ROWS;
+        }
       }
       std::vector<uint32_t> err = read_errors(s, false);
       bool errOk = true;
@@ -1643,6 +1772,14 @@ int main(int argc, char** argv) {
         {"fp8 H=16", 8 * R, 4, 16, 96, 5, {96, 80}, UNIFORM, 0.1, true},
         {"fp8 two-level layout", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05, true},
         {"fp8 T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1, true},
+        // Session 10: bf16 rows in, quantized by the dispatch (xq); rows checked byte for byte
+        // against the CPU reference quantizer. Both paths, the shape entries, a short scale block.
+        {"fp8 quantizing DeepSeek-like", 256, 8, 7168, 128, Cd, {128, 101}, UNIFORM, 0.0, true, true},
+        {"fp8 quantizing Qwen-like", 128, 8, 2048, 512, Cd, {512, 480}, UNIFORM, 0.05, true, true},
+        {"fp8 quantizing layout path", 16 * R, 8, 256, 600, Cd, {600, 333}, UNIFORM, 0.05, true, true},
+        {"fp8 quantizing two-level", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05, true, true},
+        {"fp8 quantizing H=272", 8 * R, 4, 272, 64, 4, {64, 50}, UNIFORM, 0.1, true, true},
+        {"fp8 quantizing T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1, true, true},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {

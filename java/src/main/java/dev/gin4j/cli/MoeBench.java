@@ -41,13 +41,17 @@ import java.util.SplittableRandom;
  * rows are scaled fp8 rows, {@code Fp8Rows.rowBytes(H)}).
  */
 final class MoeBench {
-    record Shape(String name, int hidden, int experts, int topK, DType dtype) {}
+    /** input: what x holds (the row type, or BF16 that an fp8 dispatch quantizes itself). */
+    record Shape(String name, int hidden, int experts, int topK, DType dtype, DType input) {
+        Shape(String name, int hidden, int experts, int topK, DType dtype) { this(name, hidden, experts, topK, dtype, dtype); }
+    }
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
                long crossingBytes, long dispatchCrossingBytes, String kernel) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
-            new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3));
+            new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3),
+            new Shape("deepseek-v3-fp8q", 7168, 256, 8, DType.FP8_E4M3, DType.BF16));
 
     /** Calls back to back in the pipelined measurement. */
     static final int PIPELINED = 20;
@@ -68,7 +72,7 @@ final class MoeBench {
         int iters = Integer.parseInt(Bench.option(args, "--iters", "20"));
         int warmup = Integer.parseInt(Bench.option(args, "--warmup", "10"));  // GIN runs at least 1500
         int[] tokenCounts = Arrays.stream(Bench.option(args, "--tokens", "128,4096").split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
-        List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8").split(","));
+        List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q").split(","));
         Path json = Path.of(Bench.option(args, "--out", "moe.json"));
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();
@@ -135,7 +139,7 @@ final class MoeBench {
         SplittableRandom random = new SplittableRandom(42);
         List<Stream> streams = new ArrayList<>();
         List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>();
-        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend))) {
+        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input()))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             long crossingTokens = 0;
             for (int i = 0; i < local; i++) {
@@ -154,7 +158,7 @@ final class MoeBench {
                     for (int d2 = 0; d2 < n; d2++) if (to[d2] && d2 != g.rank(i).rank()) crossingTokens++;
                 }
                 DeviceBuffer xb = upload(d, a, MemorySegment.ofArray(x));
-                if (shape.dtype() == DType.FP8_E4M3) {  // the dispatch takes scaled fp8 rows: quantize on the device
+                if (shape.input() == DType.FP8_E4M3) {  // the dispatch takes scaled fp8 rows: quantize on the device
                     try (Fp8Rows q = new Fp8Rows(d)) {
                         xb = q.quantize(xb, tokens, h, a, streams.get(i));
                         q.checkErrors(streams.get(i));

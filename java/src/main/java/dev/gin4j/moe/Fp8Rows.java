@@ -69,10 +69,15 @@ public final class Fp8Rows implements AutoCloseable {
             throw new IllegalArgumentException("x, out and the stream must be on " + device);
         if (x.address() % 16 != 0 || out.address() % 8 != 0)
             throw new IllegalArgumentException("x must be 16-byte and out 8-byte aligned");
+        args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
+        kernel.launch(stream, launchConfig(device, tokens, hidden), args);
+    }
+
+    /** Grid of {@code moe_fp8_quantize} for {@code tokens} rows (also launched by {@link MoeAllToAll}). */
+    static LaunchConfig launchConfig(Device device, int tokens, int hidden) {
         long blocks = (long) tokens * scales(hidden);  // 128-element blocks; a warp takes 4 at a time (NVIDIA)
         int grid = (int) Math.max(1, Math.min(8L * device.multiprocessors(), (blocks + 31) / 32));  // 8 warps per 256-thread block
-        args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
-        kernel.launch(stream, LaunchConfig.of(grid, 256), args);
+        return LaunchConfig.of(grid, 256);
     }
 
     /** The same into new rows allocated in {@code arena} (at least 16 bytes), returned as queued. */

@@ -27,7 +27,8 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
 
 /**
  * MoE dispatch and combine over the ranks of a {@link CommGroup}: experts split evenly, top-k
- * routing, bf16 rows or scaled fp8 rows ({@link Fp8Rows}; {@link MoeConfig#fp8}) for the dispatch,
+ * routing, bf16 rows or scaled fp8 rows ({@link Fp8Rows}; {@link MoeConfig#fp8}, or
+ * {@link MoeConfig#fp8FromBf16} to have the dispatch quantize bf16 x itself) for the dispatch,
  * bf16 for the combine. {@code dispatch(x[T][H], topkIdx[T][K] int32, topkWeights[T][K] f32)} sends
  * each token once to every rank holding one of its experts and lays the rows out expert-major
  * there; {@code combine(expertOut)} returns {@code y[t] = sum_k w[t][k] * out(t, expert_k)}
@@ -62,8 +63,12 @@ public final class MoeAllToAll implements AutoCloseable {
         final CodeObject code;
         final DeviceBuffer workspace, recvX, recvWeights, recvCounts, y;
         final KernelErrors errors;
-        final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine;
-        final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs;
+        final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine, quantize;
+        final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs, quantizeArgs;
+        // fp8 from bf16 (cfg.quantizes()): the fp8 rows of x, [maxTokens][dispatchRowBytes], written
+        // by the GIN dispatch itself on the token path, else by moe_fp8_quantize before it (and
+        // before the HOST pack)
+        final DeviceBuffer xq;
         // HOST backend buffers
         DeviceBuffer sendRows, sendWeights, recvBuf, recvBufWeights, countMatrix, backBuf, returned;
         long lastTopkIdx, lastTopkWeights;  // HOST: the combine re-reads the routing of the last dispatch
@@ -82,7 +87,8 @@ public final class MoeAllToAll implements AutoCloseable {
             recvCounts = device.allocate(4L * localExperts, arena);
             y = device.allocate((long) cfg.maxTokens() * combineRow, arena);
             errors = new KernelErrors(device, arena, setup);
-            String fp8 = cfg.dtype() == DType.FP8_E4M3 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
+            boolean isFp8 = cfg.dtype() == DType.FP8_E4M3;
+            String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
             dispatch = code.kernel(entryPoint("moe_gin_dispatch" + fp8, device));
             combine = code.kernel(entryPoint("moe_gin_combine", device));
             layout = code.kernel("moe_host_layout");
@@ -90,7 +96,12 @@ public final class MoeAllToAll implements AutoCloseable {
             permute = code.kernel("moe_host_permute" + fp8);
             unpermute = code.kernel("moe_host_unpermute");
             hostCombine = code.kernel("moe_host_combine");
-            dispatchArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+            quantize = cfg.quantizes() ? code.kernel("moe_fp8_quantize") : null;
+            quantizeArgs = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
+            xq = cfg.quantizes() ? device.allocate((long) cfg.maxTokens() * dispatchRow, arena) : null;
+            dispatchArgs = isFp8  // the fp8 entries take one more argument: xq (null: x holds fp8 rows)
+                    ? KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32, POINTER)
+                    : KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
             combineArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
             layoutArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, I32, I32, I32, I32, I32);
             packArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
@@ -193,11 +204,13 @@ public final class MoeAllToAll implements AutoCloseable {
 
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
         if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException("T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
-        long needX = (long) tokens * cfg.dispatchRowBytes(), needK = 4L * tokens * cfg.topK();
+        long needX = (long) tokens * cfg.inputRowBytes(), needK = 4L * tokens * cfg.topK();
         if (x.byteSize() < needX) {
-            String rows = cfg.dtype() == DType.FP8_E4M3 ? tokens + " scaled fp8 rows of " + cfg.dispatchRowBytes() + " bytes (Fp8Rows)" : "[" + tokens + "][" + cfg.hidden() + "] bf16";
+            String rows = cfg.input() == DType.FP8_E4M3 ? tokens + " scaled fp8 rows of " + cfg.inputRowBytes() + " bytes (Fp8Rows)" : "[" + tokens + "][" + cfg.hidden() + "] bf16";
             throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; " + rows + " needs " + needX);
         }
+        if (cfg.quantizes() && x.address() % 16 != 0)
+            throw new IllegalArgumentException("x must be 16-byte aligned for the quantizing fp8 dispatch, its address is 0x" + Long.toHexString(x.address()));
         if (idx.byteSize() < needK) throw new IllegalArgumentException("topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
         if (w.byteSize() < needK) throw new IllegalArgumentException("topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
         for (DeviceBuffer b : List.of(x, idx, w)) if (b.device() != r.device) throw new IllegalArgumentException("an input of " + r.comm + " is on " + b.device());
@@ -217,7 +230,20 @@ public final class MoeAllToAll implements AutoCloseable {
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
-        a.setPointer(0, x.address()).setPointer(1, topkIdx.address()).setPointer(2, topkWeights.address()).setInt(3, tokens)
+        long rows = x.address(), xq = 0;
+        if (cfg.quantizes()) {
+            // On the token path the dispatch quantizes (its senders, before their sends: 0.3-0.5 us
+            // over fp8 rows, 1x H200, DeepSeek-V3, 128 tokens); on the layout path a separate
+            // moe_fp8_quantize is faster (4096 tokens: 148 against 196 us, session 10).
+            if (query[Q_TOKEN_PATH] == 1) {
+                xq = r.xq.address();
+            } else {
+                quantizeRows(r, x, tokens, stream);
+                rows = r.xq.address();
+            }
+        }
+        if (cfg.dtype() == DType.FP8_E4M3) a.setPointer(17, xq);
+        a.setPointer(0, rows).setPointer(1, topkIdx.address()).setPointer(2, topkWeights.address()).setInt(3, tokens)
                 .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
                 .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
@@ -247,6 +273,12 @@ public final class MoeAllToAll implements AutoCloseable {
         return out;
     }
 
+    /** moe_fp8_quantize: bf16 x -> the fp8 rows in r.xq. */
+    private void quantizeRows(RankState r, DeviceBuffer x, int tokens, Stream stream) {
+        r.quantizeArgs.setPointer(0, x).setInt(1, tokens).setInt(2, cfg.hidden()).setPointer(3, r.xq).setPointer(4, r.errors.buffer());
+        r.quantize.launch(stream, Fp8Rows.launchConfig(r.device, tokens, cfg.hidden()), r.quantizeArgs);
+    }
+
     private static int warpGrid(long warps) { return (int) Math.max(1, Math.min(4096, (warps + 7) / 8)); } // 8 warps per 256-thread block
 
     private void hostDispatch(List<DeviceBuffer> x, List<DeviceBuffer> idx, List<DeviceBuffer> w, int[] tokens, List<Stream> streams) {
@@ -258,7 +290,12 @@ public final class MoeAllToAll implements AutoCloseable {
             r.layoutArgs.setPointer(0, idx.get(i)).setInt(1, tokens[i]).setPointer(2, r.workspace).setPointer(3, r.errors.buffer())
                     .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.maxTokens()).setInt(8, channels);
             r.layout.launch(streams.get(i), LaunchConfig.of(channels, THREADS), r.layoutArgs);
-            r.packArgs.setPointer(0, x.get(i)).setPointer(1, idx.get(i)).setPointer(2, w.get(i)).setInt(3, tokens[i]).setPointer(4, r.workspace)
+            DeviceBuffer rows = x.get(i);
+            if (cfg.quantizes()) {
+                quantizeRows(r, rows, tokens[i], streams.get(i));
+                rows = r.xq;
+            }
+            r.packArgs.setPointer(0, rows).setPointer(1, idx.get(i)).setPointer(2, w.get(i)).setInt(3, tokens[i]).setPointer(4, r.workspace)
                     .setPointer(5, r.sendRows).setPointer(6, r.sendWeights).setPointer(7, r.errors.buffer())
                     .setInt(8, nRanks).setInt(9, cfg.experts()).setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens());
             r.pack.launch(streams.get(i), LaunchConfig.of(warpGrid(tokens[i]), 256), r.packArgs);

@@ -5,12 +5,15 @@ import dev.gin4j.a2a.DType;
 
 /**
  * Shape of an expert-parallel exchange: hidden size, number of experts (split evenly over the
- * ranks), top-k, the most tokens a rank sends in one call, the element type of the dispatched rows
- * and the backend. {@link DType#BF16}: bf16 rows of {@code 2 * hidden} bytes. {@link DType#FP8_E4M3}:
- * scaled fp8 rows ({@link Fp8Rows}: hidden e4m3 codes, then one f32 scale per 128 elements),
- * {@code hidden % 16 == 0}. Expert outputs and the combine's result are bf16 either way.
+ * ranks), top-k, the most tokens a rank sends in one call, the element type of the dispatched rows,
+ * the backend, and the element type of the {@code x} that {@code dispatch} takes.
+ * {@link DType#BF16} rows: {@code 2 * hidden} bytes. {@link DType#FP8_E4M3}: scaled fp8 rows
+ * ({@link Fp8Rows}: hidden e4m3 codes, then one f32 scale per 128 elements),
+ * {@code hidden % 16 == 0}; {@code x} is either such rows ({@link #fp8}) or bf16 rows that the
+ * dispatch quantizes itself ({@link #fp8FromBf16}). Expert outputs and the combine's result are
+ * bf16 either way.
  */
-public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend) {
+public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input) {
     public MoeConfig {
         if (hidden < 1) throw new IllegalArgumentException("hidden must be >= 1, got " + hidden);
         if (experts < 1 || experts > 2048) throw new IllegalArgumentException("experts must be in [1, 2048], got " + experts);
@@ -20,18 +23,40 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
             throw new IllegalArgumentException("MoE rows are BF16 or FP8_E4M3 (scaled fp8 rows), got " + dtype);
         if (dtype == DType.FP8_E4M3 && !Fp8Rows.hiddenOk(hidden))
             throw new IllegalArgumentException("FP8_E4M3 rows need hidden to be a positive multiple of 16, got " + hidden);
+        if (input != dtype && input != DType.BF16)
+            throw new IllegalArgumentException("dispatch input must be the row type (" + dtype + ") or BF16 (quantized by the dispatch), got " + input);
+    }
+
+    /** The dispatch takes x of the row type itself. */
+    public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend) {
+        this(hidden, experts, topK, maxTokens, dtype, backend, dtype);
     }
 
     public static MoeConfig bf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.BF16, backend);
     }
 
-    /** Dispatch of scaled fp8 rows ({@link Fp8Rows}); expert outputs and the combine stay bf16. */
+    /** Dispatch of scaled fp8 rows that x already holds ({@link Fp8Rows}); expert outputs and the combine stay bf16. */
     public static MoeConfig fp8(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.FP8_E4M3, backend);
     }
 
-    /** Bytes of one dispatched row (x and the received rows). */
+    /**
+     * Dispatch of scaled fp8 rows made from bf16 x by the dispatch itself, as {@link Fp8Rows#quantize}
+     * would make them: x is [T][hidden] bf16, the received rows are fp8 rows; expert outputs and the
+     * combine stay bf16.
+     */
+    public static MoeConfig fp8FromBf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
+        return new MoeConfig(hidden, experts, topK, maxTokens, DType.FP8_E4M3, backend, DType.BF16);
+    }
+
+    /** True if the dispatch quantizes bf16 x into fp8 rows. */
+    public boolean quantizes() { return dtype == DType.FP8_E4M3 && input == DType.BF16; }
+
+    /** Bytes of one row of the dispatch's input x. */
+    public long inputRowBytes() { return input == DType.FP8_E4M3 ? Fp8Rows.rowBytes(hidden) : 2L * hidden; }
+
+    /** Bytes of one dispatched row (the received rows). */
     public long dispatchRowBytes() { return dtype == DType.FP8_E4M3 ? Fp8Rows.rowBytes(hidden) : 2L * hidden; }
 
     /** Bytes of one bf16 row of the expert outputs and of the combine's result. */

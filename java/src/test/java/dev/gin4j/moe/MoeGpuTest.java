@@ -72,10 +72,13 @@ class MoeGpuTest {
 
     /**
      * One rank's inputs: the dispatched rows as bytes (bf16, or scaled fp8 rows), the values they
-     * stand for ([T][H], what the fake experts and the combine reference use), the routing. bf16
-     * rows carry their source rank and token index in the first elements.
+     * stand for ([T][H], what the fake experts and the combine reference use), the routing, and x,
+     * what the dispatch is handed (the rows themselves, or the bf16 rows an fp8 dispatch quantizes).
+     * bf16 rows carry their source rank and token index in the first elements.
      */
-    record Input(int tokens, byte[] rows, float[] values, int[] idx, float[] w) {}
+    record Input(int tokens, byte[] rows, float[] values, int[] idx, float[] w, byte[] x) {
+        Input(int tokens, byte[] rows, float[] values, int[] idx, float[] w) { this(tokens, rows, values, idx, w, rows); }
+    }
 
     enum Routing { UNIFORM, ONE_EXPERT, NOTHING_TO_LAST_RANK, ALL_MASKED, SOME_MASKED }
 
@@ -114,8 +117,11 @@ class MoeGpuTest {
         return new Input(tokens, rows, values, idx, w);
     }
 
-    /** The same inputs as scaled fp8 rows, quantized on rank's GPU (Fp8Rows); values = what the rows decode to. */
-    Input fp8(int rank, Input bf, int hidden) {
+    /**
+     * The same inputs as scaled fp8 rows, quantized on rank's GPU (Fp8Rows); values = what the rows
+     * decode to; x: the fp8 rows, or with fromBf16 the bf16 rows (the dispatch quantizes them).
+     */
+    Input fp8(int rank, Input bf, int hidden, boolean fromBf16) {
         long rb = Fp8Rows.rowBytes(hidden);
         byte[] rows;
         try (Arena a = Arena.ofShared()) {
@@ -125,7 +131,7 @@ class MoeGpuTest {
             rows = out.slice(0, bf.tokens() * rb).toByteArray();
         }
         float[] values = Fp8RowsGpuTest.decode(rows, bf.tokens(), hidden, devs.get(rank).arch().startsWith("gfx"));
-        return new Input(bf.tokens(), rows, values, bf.idx(), bf.w());
+        return new Input(bf.tokens(), rows, values, bf.idx(), bf.w(), fromBf16 ? bf.rows() : rows);
     }
 
     /** Expected expert-major layout on rank d: rows, weights, per-expert counts. */
@@ -168,7 +174,7 @@ class MoeGpuTest {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
             int[] tokens = new int[n];
             for (int i = 0; i < n; i++) {
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].rows)));
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].x)));
                 ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].idx)));
                 ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].w)));
                 tokens[i] = in[i].tokens;
@@ -247,30 +253,33 @@ class MoeGpuTest {
         return (experts + n - 1) / n * n;
     }
 
+    /** What the dispatch moves and what it is handed. */
+    enum Rows { BF16, FP8, FP8_FROM_BF16 }
+
     private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing) {
-        both(hidden, experts, k, maxTokens, tokens, routing, false);
+        both(hidden, experts, k, maxTokens, tokens, routing, Rows.BF16);
     }
 
-    private Input[] inputs(int[] tokens, int hidden, int experts, int k, Routing routing, boolean fp8) {
+    private Input[] inputs(int[] tokens, int hidden, int experts, int k, Routing routing, Rows rows) {
         Input[] in = new Input[n];
         for (int i = 0; i < n; i++) {
             in[i] = input(i, tokens[i], hidden, experts, k, routing);
-            if (fp8) in[i] = fp8(i, in[i], hidden);
+            if (rows != Rows.BF16) in[i] = fp8(i, in[i], hidden, rows == Rows.FP8_FROM_BF16);
         }
         return in;
     }
 
-    private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing, boolean fp8) {
-        Input[] in = inputs(tokens, hidden, experts, k, routing, fp8);
-        String shape = (fp8 ? "fp8 " : "") + "H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing;
-        DType dtype = fp8 ? DType.FP8_E4M3 : DType.BF16;
-        try (MoeAllToAll gin = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.GIN));
-             MoeAllToAll host = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.HOST))) {
+    private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing, Rows rows) {
+        Input[] in = inputs(tokens, hidden, experts, k, routing, rows);
+        String shape = rows + " H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing;
+        DType dtype = rows == Rows.BF16 ? DType.BF16 : DType.FP8_E4M3, input = rows == Rows.FP8 ? DType.FP8_E4M3 : DType.BF16;
+        try (MoeAllToAll gin = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.GIN, input));
+             MoeAllToAll host = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.HOST, input))) {
             byte[][] g = roundTrip(gin, in, hidden, experts, k, "GIN " + shape);
             byte[][] h = roundTrip(host, in, hidden, experts, k, "HOST " + shape);
             for (int d = 0; d < n; d++) assertArrayEquals(h[d], g[d], "GIN and HOST layouts differ on rank " + d + ", " + shape);
             // a second round on the same instances with fresh routing: flags and workspaces reset correctly
-            in = inputs(tokens, hidden, experts, k, routing, fp8);
+            in = inputs(tokens, hidden, experts, k, routing, rows);
             roundTrip(gin, in, hidden, experts, k, "GIN (second call) " + shape);
             roundTrip(host, in, hidden, experts, k, "HOST (second call) " + shape);
         }
@@ -306,9 +315,9 @@ class MoeGpuTest {
 
     @Test void fp8Rows() {
         // token path: DeepSeek-V3's own fp8 entry at 2, 4 and 8 ranks; layout path: the generic fp8 entry
-        both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, true);
-        both(272, experts(16), 8, 600, tokens(600, 321), Routing.SOME_MASKED, true);
-        both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, true);
+        both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, Rows.FP8);
+        both(272, experts(16), 8, 600, tokens(600, 321), Routing.SOME_MASKED, Rows.FP8);
+        both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, Rows.FP8);
         try (MoeAllToAll tp = MoeAllToAll.create(group, MoeConfig.fp8(7168, experts(256), 8, 128, Backend.GIN));
              MoeAllToAll layout = MoeAllToAll.create(group, MoeConfig.fp8(272, experts(16), 8, 600, Backend.GIN))) {
             String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_fp8_tp";
@@ -317,6 +326,28 @@ class MoeGpuTest {
         }
         IllegalArgumentException odd = assertThrows(IllegalArgumentException.class, () -> MoeConfig.fp8(200, 8, 2, 16, Backend.GIN));
         assertTrue(odd.getMessage().contains("multiple of 16"), odd.getMessage());
+    }
+
+    @Test void fp8FromBf16() {
+        // bf16 x, quantized by the dispatch (token path: in its senders; layout path: moe_fp8_quantize
+        // first; HOST: the same before its pack): the rows must be Fp8Rows.quantize's, byte for byte
+        both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, Rows.FP8_FROM_BF16);
+        both(272, experts(16), 8, 600, tokens(600, 321), Routing.SOME_MASKED, Rows.FP8_FROM_BF16);
+        both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, Rows.FP8_FROM_BF16);
+        try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.fp8FromBf16(256, experts(8), 2, 16, Backend.GIN))) {
+            assertTrue(gin.config().quantizes());
+            assertEquals(512, gin.config().inputRowBytes());
+            DeviceBuffer x = devs.get(0).allocate(16 * 512 + 16, a), ids = devs.get(0).allocate(16 * 8, a);
+            IllegalArgumentException small = assertThrows(IllegalArgumentException.class,
+                    () -> gin.dispatch(0, x.slice(0, 15 * 512), ids, ids, 16, streams.get(0)));
+            assertTrue(small.getMessage().contains("[16][256] bf16"), small.getMessage());
+            IllegalArgumentException unaligned = assertThrows(IllegalArgumentException.class,
+                    () -> gin.dispatch(0, x.slice(8, 16 * 512), ids, ids, 16, streams.get(0)));
+            assertTrue(unaligned.getMessage().contains("16-byte aligned"), unaligned.getMessage());
+        }
+        IllegalArgumentException bf16From = assertThrows(IllegalArgumentException.class,
+                () -> new MoeConfig(256, 8, 2, 16, DType.BF16, Backend.GIN, DType.FP8_E4M3));
+        assertTrue(bf16From.getMessage().contains("dispatch input"), bf16From.getMessage());
     }
 
     @Test void combineNeedsTheLatestHandle() {

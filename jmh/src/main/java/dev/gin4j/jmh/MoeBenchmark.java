@@ -25,7 +25,9 @@ import java.util.concurrent.TimeUnit;
  * GPU, then wait for all), GIN and HOST in the same run, uniform random top-k routing, identity
  * experts (expertOut = the received rows; zeros for fp8 dispatch, whose rows are not bf16). For
  * per-call device times, pipelined times and GB/s use {@code gin4j bench moe}. fp8 dispatch:
- * {@code -p dtype=FP8_E4M3} (x quantized once on the GPU with {@link Fp8Rows}).
+ * {@code -p dtype=FP8_E4M3} (x quantized once on the GPU with {@link Fp8Rows}); add
+ * {@code -p quantize=true} to hand the dispatch bf16 x and have it quantize every call
+ * ({@link MoeConfig#fp8FromBf16}).
  */
 @State(Scope.Benchmark)
 @Fork(value = 1, jvmArgsAppend = "--enable-native-access=ALL-UNNAMED")
@@ -48,6 +50,10 @@ public class MoeBenchmark {
     @Param({"BF16"})
     public DType dtype;
 
+    /** With FP8_E4M3: x stays bf16 and every dispatch quantizes it. */
+    @Param({"false"})
+    public boolean quantize;
+
     private CommGroup group;
     private MoeAllToAll moe;
     private Arena arena;
@@ -61,7 +67,7 @@ public class MoeBenchmark {
         List<Device> devs = GpuRuntime.get().devices();
         group = CommGroup.initAll(devs);
         arena = Arena.ofShared();
-        moe = MoeAllToAll.create(group, new MoeConfig(hidden, experts, topK, tokens, dtype, backend));
+        moe = MoeAllToAll.create(group, new MoeConfig(hidden, experts, topK, tokens, dtype, backend, quantize ? DType.BF16 : dtype));
         SplittableRandom random = new SplittableRandom(7);
         for (Device d : devs) {
             streams.add(d.createStream());
@@ -79,7 +85,7 @@ public class MoeBenchmark {
                 }
             }
             DeviceBuffer xb = upload(d, MemorySegment.ofArray(x));
-            if (dtype == DType.FP8_E4M3) {
+            if (moe.config().input() == DType.FP8_E4M3) {
                 try (Fp8Rows q = new Fp8Rows(d)) {
                     xb = q.quantize(xb, tokens, hidden, arena, streams.getLast());
                     q.checkErrors(streams.getLast());
