@@ -53,6 +53,15 @@ GIN_DEVICE_INLINE void gin_st_release_sys(uint64_t* p, uint64_t v) {
 #endif
 }
 
+// Release at device scope, for flags that only blocks of the same GPU read (a cheaper fence).
+GIN_DEVICE_INLINE void gin_st_release_gpu(uint64_t* p, uint64_t v) {
+#if GIN_HIP
+  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
+#else
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+}
+
 GIN_DEVICE_INLINE void gin_st_relaxed_sys(uint64_t* p, uint64_t v) {
 #if GIN_HIP
   __hip_atomic_store(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);

@@ -391,14 +391,6 @@ GIN_DEVICE_INLINE gin_u128 ld16_fresh(const void* p) {
 #endif
   return v;
 }
-// Release at device scope: for flags that only blocks of the same GPU read (cheaper fence than sys).
-GIN_DEVICE_INLINE void st_release_gpu(uint64_t* p, uint64_t v) {
-#if GIN_HIP
-  __hip_atomic_store(p, v, __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT);
-#else
-  asm volatile("st.release.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-#endif
-}
 GIN_DEVICE_INLINE uint64_t ld8_fresh(const void* p) {
 #if GIN_HIP
   return __hip_atomic_load((const uint64_t*)p, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_SYSTEM);
@@ -2395,7 +2387,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     __syncthreads();  // destinations known; the write-after-read acquires before any staging store
     // Our fp8 rows are in xq: receiver c's own items may read them (the barrier orders every
     // thread's xq stores before the release).
-    if (quant && tid == B - GIN_WARP_SIZE) st_release_gpu(state + MOE_STATE_QUANT_READY + c, seq);
+    if (quant && tid == B - GIN_WARP_SIZE) gin_st_release_gpu(state + MOE_STATE_QUANT_READY + c, seq);
     MOE_PROF(0, 11);
     {
       for (int q = 1; q < d.R; ++q) {
