@@ -1556,52 +1556,34 @@ static void run_bench(std::mt19937_64& rng, int channels) {
       std::vector<float>& td = vd[0];
       std::vector<float>& tc = vc[0];
       if (gProfile) {
-        profile_enable(s, true);
-        const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
-        });
-        profile_enable(s, false);
+        // One profiled gated region: `calls` rounds of `call` on every rank; the stamps are the
+        // last round's (each call overwrites them).
+        auto profiled = [&](const char* what, int calls, auto call) {
+          profile_enable(s, true);
+          const float us = timed_all_ranks(s, g, ev0, ev1, [&] {
+            for (int i = 0; i < calls; ++i)
+              for (int r = 0; r < s.R; ++r) call(r);
+          });
+          profile_enable(s, false);
+          profile_print(s, what, us / calls);
+        };
+        auto dispatchCall = [&](int r) { dispatch_rank(s, r, T); };
+        auto combineCall = [&](int r) { gin_combine(s, r, T, s.rk[r].y); };
+        auto experts = [&] {
+          for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
+        };
         printf("%-14s %6d\n", sh.name, T);
-        profile_print(s, "dispatch", a);
-        for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
-        profile_enable(s, true);
-        const float b = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
-        });
-        profile_enable(s, false);
-        profile_print(s, "combine", b);
-        // The same in steady state: 8 calls back to back after the gate; the stamps are the
-        // last call's (each call overwrites them).
-        profile_enable(s, true);
-        const float pa = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int i = 0; i < nb; ++i)
-            for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
-        });
-        profile_enable(s, false);
-        profile_print(s, "dispatch, the last of 8 back to back (the column: all 8 / 8)", pa / nb);
-        for (int r = 0; r < s.R; ++r) fake_expert(s, r, s.rk[r].recvX, s.rk[r].expertOut, s.rk[r].recvCounts);
-        profile_enable(s, true);
-        const float pb = timed_all_ranks(s, g, ev0, ev1, [&] {
-          for (int i = 0; i < nb; ++i)
-            for (int r = 0; r < s.R; ++r) gin_combine(s, r, T, s.rk[r].y);
-        });
-        profile_enable(s, false);
-        profile_print(s, "combine, the last of 8 back to back (the column: all 8 / 8)", pb / nb);
+        profiled("dispatch", 1, dispatchCall);
+        experts();
+        profiled("combine", 1, combineCall);
+        // The same in steady state: 8 calls back to back after the gate.
+        profiled("dispatch, the last of 8 back to back (the column: all 8 / 8)", nb, dispatchCall);
+        experts();
+        profiled("combine, the last of 8 back to back (the column: all 8 / 8)", nb, combineCall);
         if (sh.fp8) {  // the same entry quantizing bf16 rows itself
           s.input = Setup::QUANT_FUSED;
-          profile_enable(s, true);
-          const float qa = timed_all_ranks(s, g, ev0, ev1, [&] {
-            for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
-          });
-          profile_enable(s, false);
-          profile_print(s, "dispatch, bf16 in, quantizing", qa);
-          profile_enable(s, true);
-          const float qb = timed_all_ranks(s, g, ev0, ev1, [&] {
-            for (int i = 0; i < nb; ++i)
-              for (int r = 0; r < s.R; ++r) dispatch_rank(s, r, T);
-          });
-          profile_enable(s, false);
-          profile_print(s, "dispatch, bf16 in, quantizing, the last of 8 back to back", qb / nb);
+          profiled("dispatch, bf16 in, quantizing", 1, dispatchCall);
+          profiled("dispatch, bf16 in, quantizing, the last of 8 back to back", nb, dispatchCall);
           s.input = Setup::ROWS;
         }
       }

@@ -234,7 +234,7 @@ public final class MoeAllToAll implements AutoCloseable {
         if (cfg.quantizes()) {
             // On the token path the dispatch quantizes (its senders, before their sends: 0.3-0.5 us
             // over fp8 rows, 1x H200, DeepSeek-V3, 128 tokens); on the layout path a separate
-            // moe_fp8_quantize is faster (4096 tokens: 148 against 196 us, session 10).
+            // moe_fp8_quantize is faster (4096 tokens, one rank: 141 against 192 us, session 10).
             if (query[Q_TOKEN_PATH] == 1) {
                 xq = r.xq.address();
             } else {
