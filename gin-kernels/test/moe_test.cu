@@ -221,7 +221,7 @@ static RankInput make_input(std::mt19937_64& rng, const Case& cs, int R, int ran
   if (cs.quant) {
     // Positive bf16 values of one magnitude range per 128-block (2^-20 .. 2^20, a zero block now
     // and then): the codes round. The rows expected are the CPU reference's quantization, and the
-    // combine's reference takes the values they stand for (row_value); x: those rounded to bf16.
+    // combine's reference takes the values they stand for (row_value); x stays unused.
     std::uniform_real_distribution<float> uni(1.f, 2.f);
     std::uniform_int_distribution<int> expo(-20, 20);
     in.xIn.resize((size_t)T * H);
@@ -233,14 +233,6 @@ static RankInput make_input(std::mt19937_64& rng, const Case& cs, int R, int ran
           in.xIn[(size_t)t * H + h] = zero ? 0 : f2bf(ldexpf(uni(rng), e - (int)(uni(rng) * 3.f)));
       }
     in.x8 = ref_quantize_rows(in.xIn, T, H);
-    const uint64_t rb = moe_fp8_row_bytes(H);
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < H; ++h) {
-        const uint8_t* row = &in.x8[(size_t)t * rb];
-        float scale;
-        memcpy(&scale, row + H + 4 * (h / 128), 4);
-        in.x[(size_t)t * H + h] = f2bf(e4m3_value(row[h]) * scale);
-      }
   } else if (cs.fp8) {
     // Random positive normal codes (0x08..0x7e) and power-of-two scales: every value and its
     // fake-expert product are exact in bf16, so the combine reference is the bf16 one.
@@ -604,12 +596,14 @@ static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, con
     gin_launch(s, r, s.entry.dispatch, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
                (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
 }
-// moe_fp8_quantize over T rows of x into out, as Fp8Rows launches it (4 blocks of 128 per warp).
+// moe_fp8_quantize's grid of 256-thread blocks for T rows, as Fp8Rows launches it (4 blocks of 128
+// elements per warp).
+static int quantize_grid(int T, int H) { return std::max(1, std::min(8 * gSmCount, (T * moe_fp8_scales(H) + 31) / 32)); }
+// moe_fp8_quantize over T rows of x into out on rank r's stream.
 static void quantize_rows(Setup& s, int r, const uint16_t* x, int T, uint8_t* out) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  const int blocks = T * moe_fp8_scales(s.H), grid = std::max(1, std::min(8 * gSmCount, (blocks + 31) / 32));
-  moe_fp8_quantize<<<grid, 256, 0, q.stream>>>(x, T, s.H, out, q.err);
+  moe_fp8_quantize<<<quantize_grid(T, s.H), 256, 0, q.stream>>>(x, T, s.H, out, q.err);
   CUDA_CHECK(cudaGetLastError());
 }
 // Rank r's dispatch of its inputs (x, idx, w of the setup) the way s.input says.
@@ -1418,7 +1412,7 @@ static void bench_quantize() {
     cudaEvent_t a, b;
     CUDA_CHECK(cudaEventCreate(&a));
     CUDA_CHECK(cudaEventCreate(&b));
-    const int blocks = T * moe_fp8_scales(H), grid = std::max(1, std::min(8 * gSmCount, (blocks + 31) / 32));  // as Fp8Rows
+    const int grid = quantize_grid(T, H);
     std::vector<float> t;
     for (int i = 0; i < 25; ++i) {
       CUDA_CHECK(cudaEventRecord(a));
