@@ -510,6 +510,12 @@ GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) {
   t0 = (int)((int64_t)c * d.T / d.C);
   t1 = (int)((int64_t)(c + 1) * d.T / d.C);
 }
+// The quantizing dispatch's layout path: sender c quantizes tokens [t0, quant_split) of its range,
+// receiver c (idle until the count tables come) the rest, [quant_split, t1). Sender c lays out the
+// routing first (~18 us at 4096 tokens while the receivers quantize), hence the smaller share
+// (session 11, DeepSeek-V3 4096 tokens on one H200: a quarter 133.7 us per call at one rank, a
+// third 135.5, a half 138.8).
+GIN_DEVICE_INLINE int quant_split(int t0, int t1) { return t0 + (t1 - t0) / 4; }
 
 // ev[0..K) in place: ids < -1 or >= E, and repeats of an earlier slot, become -1. True if any did.
 GIN_DEVICE_INLINE bool validate_experts(int* ev, const Dims& d) {
@@ -2105,53 +2111,59 @@ GIN_DEVICE_INLINE uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #endif
 }
 // Tokens [t0, t0 + n) of x (bf16 rows of H) -> scaled fp8 rows out[t] (moe_fp8_row_bytes(H) bytes
-// each), by warps warpIdx of nWarps (warp-uniform arguments; every lane of a warp calls). A 16-lane
-// group per (token, 128-block), 8 elements (one 16-byte load) per lane, kQuantUnroll blocks per
-// group at a time with all their loads in flight: one load per lane at a time kept an H200 at
-// ~1.3 TB/s (4096 x 7168: 68 us), latency- not bandwidth-bound. H % 16 == 0, x 16-byte and out
-// 8-byte aligned (the callers check). moe_fp8_quantize runs it over the grid, the quantizing
-// dispatch over a sender block's tokens.
-GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_t* out, uint64_t t0, uint64_t n,
-                                           uint64_t warpIdx, uint64_t nWarps) {
-  constexpr int kQuantUnroll = 2, kGroups = GIN_WARP_SIZE / 16;
+// each), by warps warpIdx of nWarps (warp-uniform arguments; every lane of a warp calls). A group of
+// kQuantLanes lanes per (token, 128-block), each lane 128 / kQuantLanes elements (chunks of 8, one
+// 16-byte load each, chunk j * kQuantLanes + lane of the block), kQuantUnroll blocks per group at a
+// time with all their loads in flight: one load per lane at a time kept an H200 at ~1.3 TB/s
+// (4096 x 7168: 68 us), latency- not bandwidth-bound. H % 16 == 0, x 16-byte and out 8-byte aligned
+// (the callers check). moe_fp8_quantize runs it over the grid, the quantizing dispatch over a
+// sender block's tokens.
+template <int kQuantLanes, int kQuantUnroll>
+GIN_DEVICE_INLINE void fp8_quantize_tokens_by(const uint16_t* x, int hidden, uint8_t* out, uint64_t t0, uint64_t n,
+                                              uint64_t warpIdx, uint64_t nWarps) {
+  constexpr int kChunks = 16 / kQuantLanes, kGroups = GIN_WARP_SIZE / kQuantLanes;
+  static_assert(kQuantLanes == 16 || kQuantLanes == 8 || kQuantLanes == 4 || kQuantLanes == 2, "a block is 16 chunks of 8 elements");
   const int S = moe_fp8_scales(hidden), Sp = (S + 3) / 4 * 4;
   const uint64_t rowBytes = moe_fp8_row_bytes(hidden);
-  const int lane = (int)gin_lane_id(), sub = lane & 15, grp = lane >> 4;
+  const int lane = (int)gin_lane_id(), sub = lane % kQuantLanes, grp = lane / kQuantLanes;
   constexpr uint64_t kPerWarp = (uint64_t)kGroups * kQuantUnroll;  // blocks a warp takes per iteration
   const uint64_t items = n * (uint64_t)S;
   const bool items32 = items < (1ull << 32);  // 32-bit item arithmetic (a 64-bit division is a long call)
   for (uint64_t base = warpIdx * kPerWarp; base < items; base += nWarps * kPerWarp) {  // warp-uniform
-    uint32_t w[kQuantUnroll][4];  // the lane's 8 bf16 values of block u, two per word
+    uint32_t w[kQuantUnroll][kChunks][4];  // the lane's bf16 values of block u, chunk j, two per word
     uint64_t t[kQuantUnroll];
-    int b[kQuantUnroll], h0[kQuantUnroll];
-    bool ok[kQuantUnroll];
+    int b[kQuantUnroll];
 #pragma unroll
     for (int u = 0; u < kQuantUnroll; ++u) {
       const uint64_t it = base + (uint64_t)(u * kGroups + grp);
       t[u] = items32 ? (uint64_t)((uint32_t)it / (uint32_t)S) : it / (uint64_t)S;
       b[u] = (int)(it - t[u] * (uint64_t)S);
       t[u] += t0;
-      h0[u] = b[u] * 128 + sub * 8;  // H % 16 == 0: a lane's 8 elements are all in the row or none
-      ok[u] = it < items && h0[u] < hidden;
-      gin_u128 raw;
-      raw.lo = raw.hi = 0;
-      if (ok[u]) raw = *(const gin_u128*)(x + t[u] * (uint64_t)hidden + (uint64_t)h0[u]);
-      w[u][0] = (uint32_t)raw.lo;
-      w[u][1] = (uint32_t)(raw.lo >> 32);
-      w[u][2] = (uint32_t)raw.hi;
-      w[u][3] = (uint32_t)(raw.hi >> 32);
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int h0 = b[u] * 128 + (j * kQuantLanes + sub) * 8;  // H % 16 == 0: a chunk is all in the row or none
+        gin_u128 raw;
+        raw.lo = raw.hi = 0;
+        if (it < items && h0 < hidden) raw = *(const gin_u128*)(x + t[u] * (uint64_t)hidden + (uint64_t)h0);
+        w[u][j][0] = (uint32_t)raw.lo;
+        w[u][j][1] = (uint32_t)(raw.lo >> 32);
+        w[u][j][2] = (uint32_t)raw.hi;
+        w[u][j][3] = (uint32_t)(raw.hi >> 32);
+      }
     }
 #pragma unroll
     for (int u = 0; u < kQuantUnroll; ++u) {
-      // amax over the 16 lanes on the bf16 bits (session 10: the float form with a NaN test per
+      // amax over the group on the bf16 bits (session 10: the float form with a NaN test per
       // element was ~2x the instructions): |x| as 15-bit magnitudes order like the values, a NaN
       // above every number; canonical NaN as before.
       uint32_t m2 = 0u;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) m2 = max_u16x2(m2, w[u][i] & 0x7fff7fffu);
+      for (int j = 0; j < kChunks; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) m2 = max_u16x2(m2, w[u][j][i] & 0x7fff7fffu);
       int m = (int)((m2 & 0xffffu) > (m2 >> 16) ? (m2 & 0xffffu) : (m2 >> 16));
 #pragma unroll
-      for (int o = 8; o > 0; o >>= 1) {
+      for (int o = kQuantLanes / 2; o > 0; o >>= 1) {
         const int other = gin_shfl_xor_int(m, o);
         m = other > m ? other : m;
       }
@@ -2159,16 +2171,19 @@ GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_
       if (base + (uint64_t)(u * kGroups + grp) >= items) continue;
       const float amax = __uint_as_float((uint32_t)m << 16);
       uint8_t* row = out + t[u] * rowBytes;
-      if (ok[u]) {
-        // x * (FMAX / amax): one division per block, not per element (a division each kept the kernel
-        // ALU-bound: 45 us at 4096 x 7168). Blocks of bf16 subnormals are scaled up by 2^64 first
-        // (exact), else FMAX / amax overflows; (x * 2^64) * inv, as x * (2^64 * inv) may overflow.
-        const bool tiny = amax < 0x1p-100f;
-        const float pre = tiny ? 0x1p64f : 1.f;
-        const float inv = amax == 0.f ? 0.f : kFp8Max / (amax * pre);
+      // x * (FMAX / amax): one division per block, not per element (a division each kept the kernel
+      // ALU-bound: 45 us at 4096 x 7168). Blocks of bf16 subnormals are scaled up by 2^64 first
+      // (exact), else FMAX / amax overflows; (x * 2^64) * inv, as x * (2^64 * inv) may overflow.
+      const bool tiny = amax < 0x1p-100f;
+      const float pre = tiny ? 0x1p64f : 1.f;
+      const float inv = amax == 0.f ? 0.f : kFp8Max / (amax * pre);
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int h0 = b[u] * 128 + (j * kQuantLanes + sub) * 8;
+        if (h0 >= hidden) continue;
         float q[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) q[i] = bf16_to_f32(w[u][i / 2] >> (16 * (i & 1)));
+        for (int i = 0; i < 8; ++i) q[i] = bf16_to_f32(w[u][j][i / 2] >> (16 * (i & 1)));
         if (tiny) {
 #pragma unroll
           for (int i = 0; i < 8; ++i) q[i] *= pre;
@@ -2176,13 +2191,30 @@ GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_
 #pragma unroll
         for (int i = 0; i < 8; ++i) q[i] *= inv;
         const float q0[4] = {q[0], q[1], q[2], q[3]}, q1[4] = {q[4], q[5], q[6], q[7]};
-        *(uint64_t*)(row + h0[u]) = (uint64_t)fp8_e4m3x4(q0) | ((uint64_t)fp8_e4m3x4(q1) << 32);
+        *(uint64_t*)(row + h0) = (uint64_t)fp8_e4m3x4(q0) | ((uint64_t)fp8_e4m3x4(q1) << 32);
       }
       float* scales = (float*)(row + hidden);
-      if (sub == 0) scales[b[u]] = amax == 0.f ? 1.f : amax / kFp8Max;
-      if (b[u] == S - 1 && sub >= 1 && S - 1 + sub < Sp) scales[S - 1 + sub] = 0.f;  // padding
+      if (sub == 0) {
+        scales[b[u]] = amax == 0.f ? 1.f : amax / kFp8Max;
+        if (b[u] == S - 1)
+          for (int p = S; p < Sp; ++p) scales[p] = 0.f;  // padding
+      }
     }
   }
+}
+// The lane grouping by work per warp (session 11, 1x H200, DeepSeek-V3): where one iteration of
+// 8-lane groups covers a warp's share (2 tokens per sender block at 128 tokens: 112 blocks over 16
+// warps) they take it in one round, with every warp busy; 4-lane groups would leave half the warps
+// idle (+1.3 us to "quantized"), 16-lane groups (until session 10) need two rounds (+0.7 us).
+// Above that, 4-lane groups keep the most loads in flight: at 4 tokens per block 21.0 against 21.3
+// (8-lane) and 25 us (16-lane) per gated call, and moe_fp8_quantize at 4096 x 7168 ~30 us
+// against 35 (16-lane). Two lanes per block, or 4 blocks per group, were slower (spills and
+// fewer warps busy).
+GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_t* out, uint64_t t0, uint64_t n,
+                                           uint64_t warpIdx, uint64_t nWarps) {
+  const uint64_t items = n * (uint64_t)moe_fp8_scales(hidden);
+  if (items <= nWarps * (GIN_WARP_SIZE / 8) * 2) fp8_quantize_tokens_by<8, 2>(x, hidden, out, t0, n, warpIdx, nWarps);
+  else fp8_quantize_tokens_by<4, 2>(x, hidden, out, t0, n, warpIdx, nWarps);
 }
 }  // namespace moe_detail
 
@@ -2366,8 +2398,8 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     MOE_PROF(0, 16);  // thread 0: its token's ids out and destinations known (then the write-after-read waits)
     if (quant) {
       // Every warp, after its token's ids (session 10, 2 ranks on one H200, DeepSeek-V3, 128
-      // tokens: only the warps without ids quantizing was 0.5 us slower; 1, 4 or 8 blocks in
-      // flight per lane group instead of 2 were slower too).
+      // tokens: only the warps without ids quantizing was 0.5 us slower). One round of loads per
+      // warp where the share allows it (fp8_quantize_tokens' lane grouping, session 11).
       fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)t0, (uint64_t)(t1 - t0), (uint64_t)warp, MOE_WARPS);
       MOE_PROF(0, 13);  // thread 0: its warp's share of the fp8 rows stored
     }
@@ -2639,8 +2671,16 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
 
     if (!small) layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
     // The quantizing dispatch: this channel's fp8 rows, before the barrier and the positions'
-    // release below, which own-item readers (receiver c) acquire anyway.
-    if (quant) fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)t0, (uint64_t)(t1 - t0), (uint64_t)warp, MOE_WARPS);
+    // release below (which every own-item reader acquires, and which precedes our sends). We
+    // take the first third of the range; receiver c, idle until the count tables come, the rest
+    // (quant_split), and releases quantReady[c] = n: our acquire of it, then the barrier, order
+    // its xq stores before the positions' release.
+    if (quant) {
+      const int tm = quant_split(t0, t1);
+      fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)t0, (uint64_t)(tm - t0), (uint64_t)warp, MOE_WARPS);
+      MOE_PROF(0, 13);
+      if (tid == 0) (void)gin_wait_geq(state + MOE_STATE_QUANT_READY + c, seq, errorFlags);
+    }
     if (!warSeen)
       for (int i = B - 1 - tid; i < warFlags; i += B) (void)gin_wait_geq(warFlag(i), seq - 1, errorFlags);
 #if GIN_HIP
@@ -2767,6 +2807,21 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     RecvSmem& s = sm.rcv;
     const int c = (int)blockIdx.x - d.C;
     MOE_PROF(0, 0);
+    if (quant) {
+      // The quantizing dispatch: our part of sender c's token range into xq while the senders
+      // lay out the routing, then quantReady[c] = n (the barrier orders every warp's stores
+      // before the release; sender c waits for it before it publishes its positions).
+      int t0, t1;
+      token_range(d, c, t0, t1);
+      const int tm = quant_split(t0, t1);
+      fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)tm, (uint64_t)(t1 - tm), (uint64_t)warp, MOE_WARPS);
+#if GIN_HIP
+      __threadfence();
+#endif
+      __syncthreads();
+      if (tid == B - GIN_WARP_SIZE) gin_st_release_gpu(state + MOE_STATE_QUANT_READY + c, seq);
+      MOE_PROF(0, 15);  // receiver: its part of the fp8 rows stored and released
+    }
     (void)recv_tables(s, d, c, ownWin, wl, seq, true, c == 0 ? recvCounts : nullptr, errorFlags);
     MOE_PROF(0, 1);
     if (c == 0) {

@@ -1330,12 +1330,12 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
         {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
         {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
         {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
-        {16, "token path: thread 0's token out (pre-barrier)"}, {13, "token path: thread 0's warp quantized its share"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
+        {16, "token path: thread 0's token out (pre-barrier)"}, {13, "thread 0's warp quantized its share"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
        {{10, "entry"}, {1, "count tables read"},
         {17, "token path: counters cleared (remote T probed)"}, {18, "token path: thread 0's first (own) tokens counted"},
         {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
-        {11, "token path: layout done (scan, items)"}, {14, "token path: warp 0 saw sender c's fp8 rows"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
+        {11, "token path: layout done (scan, items)"}, {14, "token path: warp 0 saw sender c's fp8 rows"}, {15, "layout path: its share of the fp8 rows released"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
       {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
       {"combine consumer", 1, C, 2 * C,
@@ -1438,7 +1438,7 @@ static void bench_quantize() {
   }
 }
 
-static void run_bench(std::mt19937_64& rng, int channels) {
+static void run_bench(std::mt19937_64& rng, int channels, const char* only) {
   bench_quantize();
   const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8},         {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2},
                           {"DeepSeek fp8", 7168, 256, 8, true}, {"Qwen3 fp8", 2048, 128, 8, true}};
@@ -1457,6 +1457,7 @@ static void run_bench(std::mt19937_64& rng, int channels) {
   printf("%-14s %6s | %11s %8s | %11s %8s | %10s %10s | %9s %9s\n", "shape", "tokens", "GIN disp us", "GB/s",
          "GIN comb us", "GB/s", "NVLink MB", "rows/rank", "HOST d us", "HOST c us");
   for (const Shape& sh : shapes) {
+    if (only != nullptr && strcmp(only, sh.name) != 0) continue;
     for (int T : tokens) {
       if (sh.E % gNumRanks != 0) continue;
       Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, UNIFORM, 0.0, sh.fp8};
@@ -1644,6 +1645,7 @@ int main(int argc, char** argv) {
   uint64_t seed = (uint64_t)std::chrono::high_resolution_clock::now().time_since_epoch().count();
   bool bench = true, tests = true;
   int channels = 0;
+  const char* onlyShape = nullptr;  // --shape NAME: time only that row of the table
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], nullptr, 10);
     else if (!strcmp(argv[i], "--no-bench")) bench = false;
@@ -1651,8 +1653,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--channels") && i + 1 < argc) channels = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--profile")) gProfile = true;
     else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) gNumRanks = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--shape") && i + 1 < argc) onlyShape = argv[++i];
     else {
-      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R] [--shape NAME]\n", argv[0]);
       return 2;
     }
   }
@@ -1778,7 +1781,7 @@ int main(int argc, char** argv) {
     run_back_to_back(rng, 50, 2, true);
     printf("\n%d passed, %d failed\n", gPassed, gFailed);
   }
-  if (bench) run_bench(rng, channels);
+  if (bench) run_bench(rng, channels, onlyShape);
   if (!tests) printf("\n%d passed, %d failed\n", gPassed, gFailed);
   return gFailed == 0 ? 0 : 1;
 }

@@ -329,8 +329,9 @@ class MoeGpuTest {
     }
 
     @Test void fp8FromBf16() {
-        // bf16 x, quantized by the dispatch (token path: in its senders; layout path: moe_fp8_quantize
-        // first; HOST: the same before its pack): the rows must be Fp8Rows.quantize's, byte for byte
+        // bf16 x, quantized by the dispatch (token path: its senders; layout path: its senders and
+        // receivers; HOST: moe_fp8_quantize before its pack): the rows must be Fp8Rows.quantize's,
+        // byte for byte
         both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, Rows.FP8_FROM_BF16);
         both(272, experts(16), 8, 600, tokens(600, 321), Routing.SOME_MASKED, Rows.FP8_FROM_BF16);
         both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, Rows.FP8_FROM_BF16);
