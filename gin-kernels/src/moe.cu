@@ -2208,8 +2208,8 @@ GIN_DEVICE_INLINE void fp8_quantize_tokens_by(const uint16_t* x, int hidden, uin
 // idle (+1.3 us to "quantized"), 16-lane groups (until session 10) need two rounds (+0.7 us).
 // Above that, 4-lane groups keep the most loads in flight: at 4 tokens per block 21.0 against 21.3
 // (8-lane) and 25 us (16-lane) per gated call, and moe_fp8_quantize at 4096 x 7168 ~30 us
-// against 35 (16-lane). Two lanes per block, or 4 blocks per group, were slower (spills and
-// fewer warps busy).
+// against 35 (16-lane). Two lanes per block (moe_fp8_quantize at 4096 tokens: 1.8-2.0 TB/s) and 4
+// blocks per group (the dispatch at its 128-register limit) were slower.
 GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_t* out, uint64_t t0, uint64_t n,
                                            uint64_t warpIdx, uint64_t nWarps) {
   const uint64_t items = n * (uint64_t)moe_fp8_scales(hidden);
