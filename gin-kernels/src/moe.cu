@@ -2511,6 +2511,22 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       const int bit = __ffs((int)m) - 1;
       const int t = s.t0s[src] + bit;
       const int slot = s.runD[src] + j;
+      // An own item's loads first, all in flight together: the row's pass and the token's weights
+      // with its ids below (session 11: ids, then the pass, then the weights were three dependent
+      // round trips, ~0.8 us each at one rank, before the item's first store).
+      gin_u128 pass[kExpandUnroll];
+      float wt = 0.f;
+      const uint8_t* xRow = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
+      if (self) {
+        if (!quantSeen) {
+          if (lane == 0) (void)gin_wait_geq(state + MOE_STATE_QUANT_READY + c, seq, errorFlags);
+          syncwarp();  // lane 0's acquire, then the barrier: every lane may read xq
+          quantSeen = true;
+          if (warp == 0) MOE_PROF(0, 14);  // thread 0: sender c's fp8 rows seen
+        }
+        if (fast) expand_load_pass<kXFresh>(pass, xRow, b0 >> 4, b1 >> 4);
+        if (seg == 0 && lane < d.K) wt = topkWeights[(uint64_t)t * d.K + lane];
+      }
       // Lane k's id of token t (before any flag: the ids are here), validated like token_experts
       // (range, then a repeat of an earlier slot's id is masked).
       int e = -1;
@@ -2538,18 +2554,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
           row = -1;
         }
       }
-      gin_u128 pass[kExpandUnroll];
-      float wt = 0.f;
       if (self) {
-        if (!quantSeen) {
-          if (lane == 0) (void)gin_wait_geq(state + MOE_STATE_QUANT_READY + c, seq, errorFlags);
-          syncwarp();  // lane 0's acquire, then the barrier: every lane may read xq
-          quantSeen = true;
-          if (warp == 0) MOE_PROF(0, 14);  // thread 0: sender c's fp8 rows seen
-        }
-        const uint8_t* xRow = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
-        if (fast) expand_load_pass<kXFresh>(pass, xRow, b0 >> 4, b1 >> 4);
-        if (seg == 0 && row >= 0) wt = topkWeights[(uint64_t)t * d.K + lane];
         if (seg == 0) {
           if (lane < d.K) slotRows[((uint64_t)src * d.M + slot) * d.K + lane] = row;
           if (row >= 0) recvWeights[row] = wt;
