@@ -32,7 +32,13 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * bf16 for the combine. {@code dispatch(x[T][H], topkIdx[T][K] int32, topkWeights[T][K] f32)} sends
  * each token once to every rank holding one of its experts and lays the rows out expert-major
  * there; {@code combine(expertOut)} returns {@code y[t] = sum_k w[t][k] * out(t, expert_k)}
- * (fp32 accumulation) to the token's own rank.
+ * (fp32 accumulation) to the token's own rank, {@code combineUnweighted} the sum without the weights.
+ * <p>Training: the same routing lays the rows out the same way every time, so the backward of
+ * combine is a dispatch of dy (each expert row receives dy of its token; multiply by the handle's
+ * weights for d out), and the backward of dispatch is {@code combineUnweighted} of the rows'
+ * gradients (dx). Not provided yet: the router weights' gradient (one value per (token, k) back to
+ * the token's rank). The rows of a dispatch live until the next one: keep a copy of what the
+ * expert backward needs.
  * <p>{@link Backend#GIN}: one kernel each way; counts are computed and exchanged on the device,
  * rows are stored into the peers' symmetric windows, no host synchronization, capturable in a
  * graph. {@link Backend#HOST}: the TorchTitan-style baseline (count all-to-all, counts to the host,
@@ -62,6 +68,8 @@ public final class MoeAllToAll implements AutoCloseable {
         final Device device;
         final CodeObject code;
         final DeviceBuffer workspace, recvX, recvWeights, recvCounts, y;
+        // 1.0f per received row (GIN) or per (token, k) (HOST): the weights of combineUnweighted
+        final DeviceBuffer unitWeights;
         final KernelErrors errors;
         final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine, quantize;
         final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs, quantizeArgs;
@@ -85,6 +93,8 @@ public final class MoeAllToAll implements AutoCloseable {
             recvWeights = device.allocate(capRows * 4, arena);
             recvCounts = device.allocate(4L * localExperts, arena);
             y = device.allocate((long) cfg.maxTokens() * combineRow, arena);
+            unitWeights = device.allocate(4L * Math.max(capRows, (long) cfg.maxTokens() * cfg.topK()), arena);
+            unitWeights.fill32(Float.floatToRawIntBits(1f), setup);
             errors = new KernelErrors(device, arena, setup);
             boolean isFp8 = cfg.dtype() == DType.FP8_E4M3;
             String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
@@ -358,13 +368,26 @@ public final class MoeAllToAll implements AutoCloseable {
 
     /** GIN backend, one local rank: y[T][H] bf16 for the tokens of that rank's last dispatch (this instance's buffer). */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        return combine(handle, expertOut, stream, true);
+    }
+
+    /**
+     * {@code y[t] = sum_k out(t, expert_k)}, without the router weights: in training, the gradient of
+     * x from the gradients of the received rows (the backward of dispatch). Otherwise as
+     * {@link #combine(MoeDispatch, DeviceBuffer, Stream)}.
+     */
+    public DeviceBuffer combineUnweighted(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        return combine(handle, expertOut, stream, false);
+    }
+
+    private DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
         if (cfg.backend() != Backend.GIN) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST combine with several local ranks must be issued for all of them together: use the list form");
-            return combine(List.of(handle), List.of(expertOut), List.of(stream)).getFirst();
+            return combine(List.of(handle), List.of(expertOut), List.of(stream), weighted).getFirst();
         }
         RankState r = checkHandle(handle, expertOut, stream);
         KernelArgs a = r.combineArgs;
-        a.setPointer(0, expertOut).setPointer(1, r.recvWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
+        a.setPointer(0, expertOut).setPointer(1, weighted ? r.recvWeights : r.unitWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
                 .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
         r.combine.launch(stream, ginLaunch, a);
@@ -373,12 +396,21 @@ public final class MoeAllToAll implements AutoCloseable {
 
     /** Every local rank at once (the only form for HOST with several local ranks). */
     public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
+        return combine(handles, expertOut, streams, true);
+    }
+
+    /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once. */
+    public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
+        return combine(handles, expertOut, streams, false);
+    }
+
+    private List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams, boolean weighted) {
         int local = group.localCount();
         if (handles.size() != local || expertOut.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one handle, expert output and stream per local rank expected (" + local + ")");
         List<DeviceBuffer> ys = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i)));
+            for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i), weighted));
             return ys;
         }
         long rowBytes = cfg.combineRowBytes();
@@ -400,7 +432,7 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             MoeDispatch h = handles.get(i);
-            r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.lastTopkIdx).setPointer(2, r.lastTopkWeights).setInt(3, h.numTokens()).setPointer(4, r.workspace)
+            r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.lastTopkIdx).setPointer(2, weighted ? r.lastTopkWeights : r.unitWeights.address()).setInt(3, h.numTokens()).setPointer(4, r.workspace)
                     .setPointer(5, r.y).setPointer(6, r.errors.buffer()).setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK())
                     .setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
             r.hostCombine.launch(streams.get(i), LaunchConfig.of(warpGrid(h.numTokens()), 256), r.hostCombineArgs);

@@ -167,8 +167,11 @@ class MoeGpuTest {
         return b;
     }
 
-    /** Runs dispatch + fake experts + combine on one backend and checks everything; returns each rank's received bytes. */
-    private byte[][] roundTrip(MoeAllToAll moe, Input[] in, int hidden, int experts, int k, String what) {
+    /**
+     * Runs dispatch + fake experts + combine (weighted: {@code combine}, else {@code combineUnweighted})
+     * on one backend and checks everything; returns each rank's received bytes.
+     */
+    private byte[][] roundTrip(MoeAllToAll moe, Input[] in, int hidden, int experts, int k, String what, boolean weighted) {
         int rowBytes = (int) moe.config().dispatchRowBytes();
         try (Arena a = Arena.ofShared()) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
@@ -207,7 +210,7 @@ class MoeGpuTest {
                 }
                 outs.add(upload(devs.get(d), a, MemorySegment.ofArray(expertOut)));
             }
-            List<DeviceBuffer> ys = moe.combine(handles, outs, streams);
+            List<DeviceBuffer> ys = weighted ? moe.combine(handles, outs, streams) : moe.combineUnweighted(handles, outs, streams);
             moe.checkErrors(streams);
             for (int s = 0; s < n; s++) {
                 MemorySegment y = MemorySegment.ofArray(ys.get(s).toByteArray());
@@ -217,13 +220,14 @@ class MoeGpuTest {
                         for (int q = 0; q < k; q++) {
                             int e = in[s].idx[t * k + q];
                             if (e < 0) continue;
-                            double term = in[s].w[t * k + q] * (double) f32(bf16(in[s].values[t * hidden + h2] * (1 + e)));
+                            double w = weighted ? in[s].w[t * k + q] : 1.0;
+                            double term = w * f32(bf16(in[s].values[t * hidden + h2] * (1 + e)));
                             ref += term;
                             mag += Math.abs(term);
                         }
                         float v = f32(y.getAtIndex(ValueLayout.JAVA_SHORT_UNALIGNED, (long) t * hidden + h2));
                         if (!(Math.abs(v - ref) <= 0.016 * mag + 1e-6)) {
-                            fail(what + ": y on rank " + s + " token " + t + " element " + h2 + ": expected " + ref + " got " + v);
+                            fail(what + (weighted ? "" : " (unweighted)") + ": y on rank " + s + " token " + t + " element " + h2 + ": expected " + ref + " got " + v);
                         }
                     }
                 }
@@ -275,13 +279,14 @@ class MoeGpuTest {
         DType dtype = rows == Rows.BF16 ? DType.BF16 : DType.FP8_E4M3, input = rows == Rows.FP8 ? DType.FP8_E4M3 : DType.BF16;
         try (MoeAllToAll gin = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.GIN, input));
              MoeAllToAll host = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.HOST, input))) {
-            byte[][] g = roundTrip(gin, in, hidden, experts, k, "GIN " + shape);
-            byte[][] h = roundTrip(host, in, hidden, experts, k, "HOST " + shape);
+            byte[][] g = roundTrip(gin, in, hidden, experts, k, "GIN " + shape, true);
+            byte[][] h = roundTrip(host, in, hidden, experts, k, "HOST " + shape, true);
             for (int d = 0; d < n; d++) assertArrayEquals(h[d], g[d], "GIN and HOST layouts differ on rank " + d + ", " + shape);
-            // a second round on the same instances with fresh routing: flags and workspaces reset correctly
+            // a second round on the same instances with fresh routing: flags and workspaces reset
+            // correctly; its combine without the router weights (the backward of dispatch)
             in = inputs(tokens, hidden, experts, k, routing, rows);
-            roundTrip(gin, in, hidden, experts, k, "GIN (second call) " + shape);
-            roundTrip(host, in, hidden, experts, k, "HOST (second call) " + shape);
+            roundTrip(gin, in, hidden, experts, k, "GIN (second call) " + shape, false);
+            roundTrip(host, in, hidden, experts, k, "HOST (second call) " + shape, false);
         }
     }
 
