@@ -2117,7 +2117,7 @@ GIN_DEVICE_INLINE uint32_t max_u16x2(uint32_t a, uint32_t b) {
 // time with all their loads in flight: one load per lane at a time kept an H200 at ~1.3 TB/s
 // (4096 x 7168: 68 us), latency- not bandwidth-bound. H % 16 == 0, x 16-byte and out 8-byte aligned
 // (the callers check). moe_fp8_quantize runs it over the grid, the quantizing dispatch over a
-// sender block's tokens.
+// block's share of its channel's tokens.
 template <int kQuantLanes, int kQuantUnroll>
 GIN_DEVICE_INLINE void fp8_quantize_tokens_by(const uint16_t* x, int hidden, uint8_t* out, uint64_t t0, uint64_t n,
                                               uint64_t warpIdx, uint64_t nWarps) {
@@ -2677,7 +2677,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     if (!small) layout_positions(s, topkIdx, d, t0, t1, slotInExpert, tokenPos, sendList);
     // The quantizing dispatch: this channel's fp8 rows, before the barrier and the positions'
     // release below (which every own-item reader acquires, and which precedes our sends). We
-    // take the first third of the range; receiver c, idle until the count tables come, the rest
+    // take the first quarter of the range; receiver c, idle until the count tables come, the rest
     // (quant_split), and releases quantReady[c] = n: our acquire of it, then the barrier, order
     // its xq stores before the positions' release.
     if (quant) {
