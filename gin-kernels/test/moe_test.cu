@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -1438,10 +1439,17 @@ static void bench_quantize() {
   }
 }
 
-static void run_bench(std::mt19937_64& rng, int channels, const char* only) {
-  bench_quantize();
+// only: the name of the one shape to time (--shape), null = all. False if no shape has that name.
+static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
   const Shape shapes[] = {{"DeepSeek-V3", 7168, 256, 8},         {"Qwen3-30B-A3B", 2048, 128, 8}, {"Mixtral", 4096, 8, 2},
                           {"DeepSeek fp8", 7168, 256, 8, true}, {"Qwen3 fp8", 2048, 128, 8, true}};
+  if (only != nullptr && std::none_of(std::begin(shapes), std::end(shapes), [&](const Shape& sh) { return !strcmp(only, sh.name); })) {
+    fprintf(stderr, "--shape \"%s\": expected one of", only);
+    for (const Shape& sh : shapes) fprintf(stderr, " \"%s\"", sh.name);
+    fprintf(stderr, "\n");
+    return false;
+  }
+  bench_quantize();
   const int tokens[] = {128, 4096};
   const int warm = 5, iters = 20;
   Gate g;
@@ -1639,6 +1647,7 @@ static void run_bench(std::mt19937_64& rng, int channels, const char* only) {
     }
   }
   CUDA_CHECK(cudaFreeHost(g.host));
+  return true;
 }
 
 int main(int argc, char** argv) {
@@ -1781,7 +1790,7 @@ int main(int argc, char** argv) {
     run_back_to_back(rng, 50, 2, true);
     printf("\n%d passed, %d failed\n", gPassed, gFailed);
   }
-  if (bench) run_bench(rng, channels, onlyShape);
+  if (bench && !run_bench(rng, channels, onlyShape)) return 2;
   if (!tests) printf("\n%d passed, %d failed\n", gPassed, gFailed);
   return gFailed == 0 ? 0 : 1;
 }
