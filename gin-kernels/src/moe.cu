@@ -3909,6 +3909,84 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
 }
 
 // ================================================================================================
+// One f32 per received row back to its (token, k) at the token's rank (session 12): in training,
+// the router weights' gradient dL/dw[t][k] = <dy[t], out(t, expert_k)>, one dot product per
+// received row on the expert side. Layouts of the last dispatch (workspace); every entry: any grid,
+// any block size. Out of range row indices set MOE_ERR_COUNTS and give 0.
+// GIN: moe_gin_row_values_out writes out[s][j][k] = rowValues[slotRows[s][j][k]] (0 where slot j
+// of source s has no row for its slot k here) for j < slotsFrom[s]; an all-to-all of [M][K] f32
+// per rank pair brings each source its values; moe_gin_row_values_in sums, per (t, k), in[r][j][k]
+// over the ranks r that token t went to (j = tokenPos[t][r]): one of them holds the value, the
+// others 0, so masked slots come out 0.
+// HOST: moe_host_unpermute with 4-byte rows, the exchange back, then moe_host_row_values_in:
+// g[t][k] = returned[expertOffset[e] + slotInExpert[t][k]], 0 for masked slots.
+// ================================================================================================
+GIN_KERNEL void moe_gin_row_values_out(const float* rowValues, const uint8_t* workspace, float* out, uint32_t* errorFlags,
+                                       int32_t nRanks, int32_t numExperts, int32_t topK, int32_t maxTokens) {
+  if (!moe_sizes_ok(nRanks, numExperts, topK, 1, maxTokens) || workspace == nullptr || out == nullptr || rowValues == nullptr) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const MoeWorkspaceLayout ws = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
+  const int* slotRows = (const int*)(workspace + ws.slotRows);
+  const int* slotsFrom = (const int*)(workspace + ws.slotsFrom);
+  const uint64_t perSource = (uint64_t)maxTokens * (uint64_t)topK, n = (uint64_t)nRanks * perSource;
+  const uint64_t capacity = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens);
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t src = i / perSource, j = (i - src * perSource) / (uint64_t)topK;
+    if (j >= (uint64_t)slotsFrom[src]) continue;  // no such slot: the source does not read it
+    const int row = slotRows[i];
+    float v = 0.f;
+    if (row >= 0 && (uint64_t)row < capacity) v = rowValues[row];
+    else if (row >= 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+    out[i] = v;
+  }
+}
+
+GIN_KERNEL void moe_gin_row_values_in(const float* in, int32_t numTokens, const uint8_t* workspace, float* g,
+                                      uint32_t* errorFlags, int32_t nRanks, int32_t numExperts, int32_t topK,
+                                      int32_t maxTokens) {
+  if (!moe_sizes_ok(nRanks, numExperts, topK, 1, maxTokens) || numTokens < 0 || numTokens > maxTokens ||
+      workspace == nullptr || (numTokens > 0 && (in == nullptr || g == nullptr))) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const MoeWorkspaceLayout ws = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
+  const int* tokenPos = (const int*)(workspace + ws.tokenPos);
+  const uint64_t n = (uint64_t)numTokens * (uint64_t)topK;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t t = i / (uint64_t)topK, k = i - t * (uint64_t)topK;
+    float v = 0.f;
+    for (int r = 0; r < nRanks; ++r) {
+      const int j = tokenPos[t * (uint64_t)nRanks + (uint64_t)r];
+      if (j >= maxTokens) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+      else if (j >= 0) v += in[((uint64_t)r * (uint64_t)maxTokens + (uint64_t)j) * (uint64_t)topK + k];
+    }
+    g[i] = v;
+  }
+}
+
+GIN_KERNEL void moe_host_row_values_in(const float* returned, const int32_t* topkIdx, int32_t numTokens,
+                                       const uint8_t* workspace, float* g, uint32_t* errorFlags, int32_t nRanks,
+                                       int32_t numExperts, int32_t topK, int32_t maxTokens) {
+  const Dims d = make_dims(0, nRanks, numExperts, topK, 1, maxTokens, 1, numTokens);
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || numTokens < 0 || numTokens > maxTokens || workspace == nullptr ||
+      (numTokens > 0 && (returned == nullptr || topkIdx == nullptr || g == nullptr))) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  const int* slotInExpert = (const int*)(workspace + ws.slotInExpert);
+  const int* expertOffset = (const int*)(workspace + ws.expertOffset);
+  const uint64_t capacity = (uint64_t)d.M * (uint64_t)d.K, n = (uint64_t)numTokens * (uint64_t)d.K;
+  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t t = i / (uint64_t)d.K;
+    const int pos = host_send_row(slotInExpert, expertOffset, topkIdx, d, t, (int)(i - t * (uint64_t)d.K), capacity, errorFlags);
+    g[i] = pos >= 0 ? returned[pos] : 0.f;
+  }
+}
+
+// ================================================================================================
 // moe_fp8_quantize (session 9): bf16 rows -> scaled fp8 rows (fp8_quantize_tokens over the grid),
 // the input of the fp8 dispatch entries when they do not quantize themselves. H % 16 == 0 (else
 // MOE_ERR_CONFIG); x 16-byte and out 8-byte aligned (else MOE_ERR_CONFIG). Any grid, any block

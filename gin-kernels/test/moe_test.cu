@@ -699,7 +699,9 @@ static void host_pack_all(Setup& s, const std::vector<int>& T) {
 }
 
 // Emulated exchange: d receives from every s (source-major) into recvBuf, or the way back.
-static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
+// back: from backBuf to returned, rows of backRowBytes (0: s.rowBytes).
+static void host_exchange(Setup& s, const HostCounts& hc, bool back, uint64_t backRowBytes = 0) {
+  const uint64_t rb = backRowBytes != 0 ? backRowBytes : s.rowBytes;
   std::vector<cudaEvent_t> ev(s.R);
   for (int r = 0; r < s.R; ++r) {
     CUDA_CHECK(cudaSetDevice(dev_of(r)));
@@ -725,9 +727,8 @@ static void host_exchange(Setup& s, const HostCounts& hc, bool back) {
                                          4ull * n, s.rk[src].stream));
         } else {
           CUDA_CHECK(cudaSetDevice(dev_of(d)));
-          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[src].returned + sendRow * s.rowBytes, dev_of(src),
-                                         (uint8_t*)s.rk[d].backBuf + recvRow * s.rowBytes, dev_of(d), n * s.rowBytes,
-                                         s.rk[d].stream));
+          CUDA_CHECK(cudaMemcpyPeerAsync((uint8_t*)s.rk[src].returned + sendRow * rb, dev_of(src),
+                                         (uint8_t*)s.rk[d].backBuf + recvRow * rb, dev_of(d), n * rb, s.rk[d].stream));
         }
       }
       recvRow += (uint64_t)n;
@@ -905,6 +906,90 @@ static std::vector<uint32_t> read_errors(Setup& s, bool host) {
 static const double kHostBound = 0.00392, kGinBound = 0.00786;
 
 // ------------------------------------------------------------------------------------------------
+// One f32 per received row back to its (token, k) (session 12; the router weights' gradient), both
+// backends, after run_case's dispatches. Row (source s, token t, slot k) of rank d's layout holds
+// 1 + ((s * M + t) * K + k) (exact in f32 at these sizes); s must get that value at [t][k], and 0
+// for masked slots. GIN: moe_gin_row_values_out, an all-to-all of [M][K] f32 per rank pair (peer
+// copies here, ncclAlltoAll in Java), moe_gin_row_values_in. HOST: moe_host_unpermute of 4-byte
+// rows, the exchange back, moe_host_row_values_in.
+// ------------------------------------------------------------------------------------------------
+static void check_row_values(Setup& s, const std::vector<RankInput>& in, const std::vector<int>& T, const HostCounts& hc,
+                             const std::string& tag) {
+  const uint64_t perPeer = (uint64_t)s.M * s.K;
+  std::vector<float*> vals(s.R), out(s.R), inb(s.R), g(s.R), hg(s.R);
+  for (int r = 0; r < s.R; ++r) {
+    std::vector<RefRow> rows;
+    std::vector<int> counts;
+    reference_dispatch(in, s.R, s.E, s.K, r, rows, counts);
+    std::vector<float> v(std::max<size_t>(1, rows.size()));
+    for (size_t i = 0; i < rows.size(); ++i) v[i] = (float)(1 + ((uint64_t)rows[i].src * s.M + rows[i].t) * s.K + rows[i].k);
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
+    vals[r] = dmalloc<float>(v.size() * 4);
+    CUDA_CHECK(cudaMemcpy(vals[r], v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    out[r] = dmalloc<float>(s.R * perPeer * 4);
+    inb[r] = dmalloc<float>(s.R * perPeer * 4);
+    g[r] = dmalloc<float>(perPeer * 4);
+    hg[r] = dmalloc<float>(perPeer * 4);
+    CUDA_CHECK(cudaMemset(out[r], 0xFF, s.R * perPeer * 4));  // NaN: a slot not written reads as NaN
+    CUDA_CHECK(cudaMemset(g[r], 0xFF, perPeer * 4));
+    CUDA_CHECK(cudaMemset(hg[r], 0xFF, perPeer * 4));
+    moe_gin_row_values_out<<<host_grid(s.R * perPeer / 32 + 1), kHostThreads, 0, s.rk[r].stream>>>(vals[r], s.rk[r].ws, out[r], s.rk[r].err, s.R, s.E, s.K, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  sync_all(s);
+  for (int r = 0; r < s.R; ++r)
+    for (int src = 0; src < s.R; ++src)
+      CUDA_CHECK(cudaMemcpyPeer(inb[r] + src * perPeer, dev_of(r), out[src] + r * perPeer, dev_of(src), perPeer * 4));
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_gin_row_values_in<<<host_grid(perPeer / 32 + 1), kHostThreads, 0, q.stream>>>(inb[r], T[r], q.ws, g[r], q.err, s.R, s.E, s.K, s.M);
+    CUDA_CHECK(cudaGetLastError());
+    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>((const uint16_t*)vals[r], q.countMatrix, q.backBuf,
+                                                                            q.err, s.R, s.E, s.K, 2, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  host_exchange(s, hc, true, 4);
+  for (int r = 0; r < s.R; ++r) {
+    Rank& q = s.rk[r];
+    CUDA_CHECK(cudaSetDevice(q.dev));
+    moe_host_row_values_in<<<host_grid(perPeer / 32 + 1), kHostThreads, 0, q.stream>>>((const float*)q.returned, q.idx, T[r], q.hws,
+                                                                                       hg[r], q.err, s.R, s.E, s.K, s.M);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  sync_all(s);
+  const std::vector<uint32_t> err = read_errors(s, false);
+  for (int r = 0; r < s.R; ++r) {
+    const size_t n = (size_t)T[r] * s.K;
+    std::vector<float> gg(std::max<size_t>(1, n)), hh(std::max<size_t>(1, n));
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
+    CUDA_CHECK(cudaMemcpy(gg.data(), g[r], gg.size() * 4, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(hh.data(), hg[r], hh.size() * 4, cudaMemcpyDeviceToHost));
+    int badG = 0, badH = 0;
+    std::string first;
+    for (size_t i = 0; i < n; ++i) {
+      const int t = (int)(i / s.K), k = (int)(i % s.K);
+      const float want = in[r].ev[i] >= 0 ? (float)(1 + ((uint64_t)r * s.M + t) * s.K + k) : 0.f;
+      const bool okG = gg[i] == want, okH = hh[i] == want;
+      badG += !okG;
+      badH += !okH;
+      if ((!okG || !okH) && first.empty()) {
+        char b[160];
+        snprintf(b, sizeof b, "first at t=%d k=%d: want %.0f, GIN %g, HOST %g", t, k, want, gg[i], hh[i]);
+        first = b;
+      }
+    }
+    char b[96];
+    snprintf(b, sizeof b, "%d GIN and %d HOST of %zu values wrong; errorFlags 0x%x; ", badG, badH, n, err[r]);
+    record(badG == 0 && badH == 0 && err[r] == 0u, tag + " rank " + std::to_string(r) + " row values to (t, k)", b + first);
+  }
+  for (int r = 0; r < s.R; ++r) {
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
+    for (float* p : {vals[r], out[r], inb[r], g[r], hg[r]}) CUDA_CHECK(cudaFree(p));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
 // One correctness case: GIN and HOST dispatch + fake experts + combine, all checks.
 // ------------------------------------------------------------------------------------------------
 // entry: the GIN kernels to run (they must accept the case; the checks are the same for all).
@@ -980,6 +1065,7 @@ static void run_case(const Case& cs, std::mt19937_64& rng, const Entry& entry) {
     record(ginErr[r] == want && hostErr[r] == want, std::string(tag) + " error flags", ebuf);
     printf("  rank %d: %d rows received, combine max rel. error GIN %.2e HOST %.2e\n", r, total, rg, rh);
   }
+  check_row_values(s, in, T, hc, cs.name + " (" + entry.name + ")");
   free_setup(s);
 }
 
@@ -1768,6 +1854,9 @@ int main(int argc, char** argv) {
         {"fp8 quantizing two-level", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05, true, true},
         {"fp8 quantizing H=272", 8 * R, 4, 272, 64, 4, {64, 50}, UNIFORM, 0.1, true, true},
         {"fp8 quantizing T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1, true, true},
+        // Session 12: ~31 tokens per channel at C = 66, bf16 rows of 2048 (the quantizing split
+        // between sender and receiver c at a realistic hidden size).
+        {"fp8 quantizing 31 per channel", 16 * R, 8, 2048, 2100, Cd, {2100, 1500}, UNIFORM, 0.05, true, true},
     };
     for (const Case& cs : cases) {
       if (cs.E % R != 0 || cs.K > cs.E) {

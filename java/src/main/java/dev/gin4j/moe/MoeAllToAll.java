@@ -35,10 +35,10 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * (fp32 accumulation) to the token's own rank, {@code combineUnweighted} the sum without the weights.
  * <p>Training: the same routing lays the rows out the same way every time, so the backward of
  * combine is a dispatch of dy (each expert row receives dy of its token; multiply by the handle's
- * weights for d out), and the backward of dispatch is {@code combineUnweighted} of the rows'
- * gradients (dx). Not provided yet: the router weights' gradient (one value per (token, k) back to
- * the token's rank). The rows of a dispatch live until the next one: keep a copy of what the
- * expert backward needs.
+ * weights for d out), the backward of dispatch is {@code combineUnweighted} of the rows'
+ * gradients (dx), and {@code returnRowValues} brings each row's {@code <dy, out>} back as the
+ * router weights' gradient. The rows of a dispatch live until the next one: keep a copy of what
+ * the expert backward needs.
  * <p>{@link Backend#GIN}: one kernel each way; counts are computed and exchanged on the device,
  * rows are stored into the peers' symmetric windows, no host synchronization, capturable in a
  * graph. {@link Backend#HOST}: the TorchTitan-style baseline (count all-to-all, counts to the host,
@@ -73,6 +73,11 @@ public final class MoeAllToAll implements AutoCloseable {
         final KernelErrors errors;
         final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine, quantize;
         final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs, quantizeArgs;
+        // returnRowValues: GIN, per (source, slot, k) values out and in ([ranks][maxTokens][topK] f32,
+        // one all-to-all between them); HOST, 4-byte rows back the way the rows came; both, [maxTokens][topK] f32
+        final Kernel valuesOut, valuesIn;
+        final KernelArgs valuesOutArgs, valuesInArgs;
+        final DeviceBuffer valuesSend, valuesRecv, tokenValues;
         // fp8 from bf16 (cfg.quantizes()): the fp8 rows of x, [maxTokens][dispatchRowBytes], written
         // by the GIN dispatch itself, or by moe_fp8_quantize before the HOST pack
         final DeviceBuffer xq;
@@ -117,6 +122,23 @@ public final class MoeAllToAll implements AutoCloseable {
             permuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
             unpermuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
             hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+            long perRank = (long) cfg.maxTokens() * cfg.topK();
+            tokenValues = device.allocate(4L * perRank, arena);
+            if (cfg.backend() == Backend.GIN) {
+                valuesOut = code.kernel("moe_gin_row_values_out");
+                valuesOutArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32);
+                valuesIn = code.kernel("moe_gin_row_values_in");
+                valuesInArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
+                valuesSend = device.allocate(4L * nRanks * perRank, arena);
+                valuesRecv = device.allocate(4L * nRanks * perRank, arena);
+            } else {
+                valuesOut = null;  // moe_host_unpermute
+                valuesOutArgs = null;
+                valuesIn = code.kernel("moe_host_row_values_in");
+                valuesInArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
+                valuesSend = device.allocate(4L * capRows, arena);
+                valuesRecv = device.allocate(4L * query[Q_SEND_ROWS], arena);
+            }
             if (cfg.backend() == Backend.HOST) {
                 long sendRowsCap = query[Q_SEND_ROWS];
                 sendRows = device.allocate(sendRowsCap * dispatchRow, arena);
@@ -439,6 +461,76 @@ public final class MoeAllToAll implements AutoCloseable {
             ys.add(r.y.slice(0, (long) h.numTokens() * rowBytes));
         }
         return ys;
+    }
+
+    /**
+     * One f32 per received row back to its token's rank: {@code g[t][k] = rowValues[row of (t, expert_k)]}
+     * for the tokens of the handle's dispatch, 0 where slot k is masked. In training this returns
+     * the router weights' gradient, {@code dL/dw[t][k] = <dy[t], out(t, expert_k)>}: dispatch dy
+     * with the same routing, take each received row's dot product of its dy and its expert output
+     * into {@code rowValues}, and pass them here.
+     * <p>{@code rowValues}: f32 per row of the handle's layout (its {@code rows}' order), at least
+     * capacity rows long, on this rank's device. Returns {@code [T][topK]} f32 in this instance's
+     * buffer, valid until the next call. A collective, host-initiated on both backends (GIN: two
+     * small kernels around one {@code ncclAlltoAll} of {@code [maxTokens][topK]} f32 per rank pair;
+     * HOST: the rows' way back with 4-byte rows): with several local ranks use the list form.
+     */
+    public DeviceBuffer returnRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
+        if (group.localCount() > 1) throw new IllegalStateException("returnRowValues with several local ranks must be issued for all of them together: use the list form");
+        return returnRowValues(List.of(handle), List.of(rowValues), List.of(stream)).getFirst();
+    }
+
+    /** {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once. */
+    public List<DeviceBuffer> returnRowValues(List<MoeDispatch> handles, List<DeviceBuffer> rowValues, List<Stream> streams) {
+        int local = group.localCount();
+        if (handles.size() != local || rowValues.size() != local || streams.size() != local)
+            throw new IllegalArgumentException("one handle, row values buffer and stream per local rank expected (" + local + ")");
+        long perRank = (long) cfg.maxTokens() * cfg.topK();
+        List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>(), out = new ArrayList<>();
+        long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
+        for (int i = 0; i < local; i++) {
+            MoeDispatch h = handles.get(i);
+            if (h.localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + h.localIndex() + ": one per local rank, in order");
+            RankState r = ranks.get(i);
+            DeviceBuffer v = rowValues.get(i);
+            Stream st = streams.get(i);
+            if (h.sequence() != r.lastSequence) throw new IllegalStateException("returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + h.sequence());
+            if (v.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException("rowValues has " + v.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
+            if (v.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + v.device());
+            if (st.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + st.device());
+            if (cfg.backend() == Backend.GIN) {
+                r.valuesOutArgs.setPointer(0, v).setPointer(1, r.workspace).setPointer(2, r.valuesSend).setPointer(3, r.errors.buffer())
+                        .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.maxTokens());
+                r.valuesOut.launch(st, LaunchConfig.of(warpGrid(nRanks * perRank / 32 + 1), 256), r.valuesOutArgs);
+            } else {
+                long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+                // 4-byte rows: the unpermute moves "hidden = 2" bf16 elements, the f32's bits unchanged
+                r.unpermuteArgs.setPointer(0, v).setPointer(1, r.countMatrix).setPointer(2, r.valuesSend).setPointer(3, r.errors.buffer())
+                        .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, 2).setInt(8, cfg.maxTokens());
+                r.unpermute.launch(st, LaunchConfig.of(warpGrid(rows), 256), r.unpermuteArgs);
+                sc[i] = scale(r.recvRowsFrom, 4); so[i] = scale(r.recvRowOffset, 4);
+                rc[i] = scale(r.sendRowsTo, 4); ro[i] = scale(r.sendRowOffset, 4);
+            }
+            send.add(r.valuesSend);
+            recv.add(r.valuesRecv);
+        }
+        if (cfg.backend() == Backend.GIN) group.allToAll(send, recv, 4L * perRank, streams);
+        else group.allToAllV(send, sc, so, recv, rc, ro, streams);
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            MoeDispatch h = handles.get(i);
+            KernelArgs a = r.valuesInArgs;
+            if (cfg.backend() == Backend.GIN) {
+                a.setPointer(0, r.valuesRecv).setInt(1, h.numTokens()).setPointer(2, r.workspace).setPointer(3, r.tokenValues).setPointer(4, r.errors.buffer())
+                        .setInt(5, nRanks).setInt(6, cfg.experts()).setInt(7, cfg.topK()).setInt(8, cfg.maxTokens());
+            } else {
+                a.setPointer(0, r.valuesRecv).setPointer(1, r.lastTopkIdx).setInt(2, h.numTokens()).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
+                        .setPointer(5, r.errors.buffer()).setInt(6, nRanks).setInt(7, cfg.experts()).setInt(8, cfg.topK()).setInt(9, cfg.maxTokens());
+            }
+            r.valuesIn.launch(streams.get(i), LaunchConfig.of(warpGrid((long) h.numTokens() * cfg.topK() / 32 + 1), 256), a);
+            out.add(r.tokenValues.slice(0, 4L * h.numTokens() * cfg.topK()));
+        }
+        return out;
     }
 
     /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. */

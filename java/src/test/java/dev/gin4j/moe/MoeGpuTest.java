@@ -134,7 +134,7 @@ class MoeGpuTest {
         return new Input(bf.tokens(), rows, values, bf.idx(), bf.w(), fromBf16 ? bf.rows() : rows);
     }
 
-    /** Expected expert-major layout on rank d: rows, weights, per-expert counts. */
+    /** Expected expert-major layout on rank d: rows, weights, per-expert counts, and each row's (source, token, expert, k). */
     record Layout(List<byte[]> rows, List<Float> weights, int[] counts, List<int[]> origin) {}
 
     Layout expected(Input[] in, int d, int rowBytes, int experts, int k) {
@@ -151,7 +151,7 @@ class MoeGpuTest {
                         if (in[s].idx[t * k + q] == ge) {
                             rows.add(Arrays.copyOfRange(in[s].rows, t * rowBytes, (t + 1) * rowBytes));
                             weights.add(in[s].w[t * k + q]);
-                            origin.add(new int[] {s, t, ge});
+                            origin.add(new int[] {s, t, ge, q});
                             counts[e]++;
                         }
                     }
@@ -159,6 +159,13 @@ class MoeGpuTest {
             }
         }
         return new Layout(rows, weights, counts, origin);
+    }
+
+    /** A received row's value for returnRowValues, from its origin (source, token, -, k): exact in f32 for these tests' sizes. */
+    private static float rowValue(int[] origin, int k) {
+        long v = 1 + ((long) origin[0] * 100_000 + origin[1]) * k + origin[3];
+        if (v >= 1 << 24) throw new IllegalStateException("row value " + v + " is not exact in f32");
+        return v;
     }
 
     private DeviceBuffer upload(Device d, Arena a, MemorySegment host) {
@@ -185,7 +192,7 @@ class MoeGpuTest {
             List<MoeDispatch> handles = moe.dispatch(xs, ids, ws, tokens, streams);
             moe.checkErrors(streams);
             byte[][] received = new byte[n][];
-            List<DeviceBuffer> outs = new ArrayList<>();
+            List<DeviceBuffer> outs = new ArrayList<>(), rowValues = new ArrayList<>();
             for (int d = 0; d < n; d++) {
                 Layout exp = expected(in, d, rowBytes, experts, k);
                 MoeDispatch h = handles.get(d);
@@ -209,6 +216,9 @@ class MoeGpuTest {
                     assertEquals(exp.weights().get(r), gw[r], what + ": weight of row " + r + " on rank " + d);
                 }
                 outs.add(upload(devs.get(d), a, MemorySegment.ofArray(expertOut)));
+                float[] values = new float[(int) moe.capacityRows()];
+                for (int r = 0; r < rows; r++) values[r] = rowValue(exp.origin().get(r), k);
+                rowValues.add(upload(devs.get(d), a, MemorySegment.ofArray(values)));
             }
             List<DeviceBuffer> ys = weighted ? moe.combine(handles, outs, streams) : moe.combineUnweighted(handles, outs, streams);
             moe.checkErrors(streams);
@@ -232,12 +242,25 @@ class MoeGpuTest {
                     }
                 }
             }
+            // each row's value back to its (token, k): the value names them, masked slots get 0
+            List<DeviceBuffer> back = moe.returnRowValues(handles, rowValues, streams);
+            moe.checkErrors(streams);
+            for (int s = 0; s < n; s++) {
+                float[] g = new float[in[s].tokens * k];
+                MemorySegment.copy(MemorySegment.ofArray(back.get(s).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, g, 0, g.length);
+                for (int t = 0; t < in[s].tokens; t++)
+                    for (int q = 0; q < k; q++) {
+                        float want = in[s].idx[t * k + q] < 0 ? 0f : rowValue(new int[] {s, t, -1, q}, k);
+                        if (g[t * k + q] != want) fail(what + ": returnRowValues on rank " + s + " token " + t + " k " + q + ": expected " + want + " got " + g[t * k + q]);
+                    }
+            }
             // poison everything this call produced: the next call on the instance must overwrite it all
             for (int i = 0; i < n; i++) {
                 handles.get(i).rows().fill((byte) 0xff, streams.get(i));
                 handles.get(i).weights().fill((byte) 0xff, streams.get(i));
                 handles.get(i).counts().fill((byte) 0xff, streams.get(i));
                 ys.get(i).fill((byte) 0xff, streams.get(i));
+                back.get(i).fill((byte) 0xff, streams.get(i));
                 streams.get(i).synchronize();
             }
             return received;
