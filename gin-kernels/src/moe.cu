@@ -47,6 +47,7 @@
 // in xq (receiver c's own items wait for it; the layout path's positions release covers them).
 #define MOE_STATE_QUANT_READY 768     // [MOE_MAX_CHANNELS]
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
+#define MOE_STATE_SEQ_ROW_VALUES 1021   // call counter of moe_gin_row_values (block 0 stores it)
 #define MOE_STATE_WORDS 1024
 
 // Optional phase timing (test builds only: moe_test.cu defines MOE_PROFILE before including this
@@ -194,6 +195,10 @@ struct MoeWindowLayout {
                           // words (call << 32 | payload): word 0 = T, then token t's ids at words
                           // 1 + t*ceil(K/2) + k/2 (16-bit half k % 2); zeroed with the flags
   uint64_t idsStride;
+  // moe_gin_row_values (session 12): f32 [2 call parities][R expert ranks][M slots][K], what expert
+  // rank r found for slot j of our tokens sent there; valReady uint64 [R][MOE_MAX_CHANNELS] (call
+  // n from r's block b); valConsumed uint64 [R] (token rank s done reading its call n's values).
+  uint64_t valRows, valReady, valConsumed;
   uint64_t flagsBytes, totalBytes;
 };
 
@@ -231,6 +236,12 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   w.dispIds = o;
   o += 2ull * (uint64_t)R * w.idsStride;
   o = moe_align_up(o, 256);
+  w.valReady = o;
+  o += 8ull * (uint64_t)R * MOE_MAX_CHANNELS;
+  w.valConsumed = o;
+  o = moe_align_up(o + 8ull * (uint64_t)R, 256);
+  w.valRows = o;
+  o = moe_align_up(o + 2ull * (uint64_t)R * (uint64_t)M * (uint64_t)K * 4ull, 256);
   w.flagsBytes = o - w.flagsOffset;
   w.totalBytes = o;
   return w;
@@ -3911,59 +3922,98 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
 // ================================================================================================
 // One f32 per received row back to its (token, k) at the token's rank (session 12): in training,
 // the router weights' gradient dL/dw[t][k] = <dy[t], out(t, expert_k)>, one dot product per
-// received row on the expert side. Layouts of the last dispatch (workspace); every entry: any grid,
-// any block size. Out of range row indices set MOE_ERR_COUNTS and give 0.
-// GIN: moe_gin_row_values_out writes out[s][j][k] = rowValues[slotRows[s][j][k]] (0 where slot j
-// of source s has no row for its slot k here) for j < slotsFrom[s]; an all-to-all of [M][K] f32
-// per rank pair brings each source its values; moe_gin_row_values_in sums, per (t, k), in[r][j][k]
-// over the ranks r that token t went to (j = tokenPos[t][r]): one of them holds the value, the
-// others 0, so masked slots come out 0.
-// HOST: moe_host_unpermute with 4-byte rows, the exchange back, then moe_host_row_values_in:
-// g[t][k] = returned[expertOffset[e] + slotInExpert[t][k]], 0 for masked slots.
+// received row on the expert side. Both use the last dispatch's layouts (workspace); out of range
+// row indices set MOE_ERR_COUNTS and give 0; masked slots give 0.
+// moe_gin_row_values (GPU-initiated, one launch): grid C blocks of MOE_THREADS (C = the dispatch's
+// channels; all blocks of all ranks resident together, as the dispatch's). Call n, block b:
+//  expert side: for every rank s, slots [b*S/C, (b+1)*S/C) of the S = slotsFrom[s] slots s sent
+//    here: v[j][k] = rowValues[slotRows[s][j][k]], 0 where that slot's k made no row here, stored
+//    into s's window at valRows[n % 2][this rank][j][k]; a barrier, then valReady[this rank][b] = n
+//    released in s's window. Buffer n % 2 was last read by s in call n - 2: first wait for
+//    valConsumed[s] >= n - 2 in our window, which s stores at the start of its call n - 1 (its call
+//    n - 2 is complete then: a relaxed store, as the dispatch's dispConsumed).
+//  token side: tokens [b*T/C, (b+1)*T/C) once valReady[r][b'] >= n for every rank r and block b':
+//    g[t][k] = sum over the ranks r that token t went to (j = tokenPos[t][r] >= 0) of
+//    valRows[n % 2][r][j][k]; one of them made a row for slot k, the others stored 0.
+// moe_host_row_values_in (HOST, after moe_host_unpermute of 4-byte rows and the rows' way back):
+// g[t][k] = returned[expertOffset[e] + slotInExpert[t][k]].
 // ================================================================================================
-GIN_KERNEL void moe_gin_row_values_out(const float* rowValues, const uint8_t* workspace, float* out, uint32_t* errorFlags,
-                                       int32_t nRanks, int32_t numExperts, int32_t topK, int32_t maxTokens) {
-  if (!moe_sizes_ok(nRanks, numExperts, topK, 1, maxTokens) || workspace == nullptr || out == nullptr || rowValues == nullptr) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
+    moe_gin_row_values(const float* rowValues, int32_t numTokens, float* g, const uint64_t* peerBases, uint8_t* workspace,
+                       uint32_t* errorFlags, int32_t rank, int32_t nRanks, int32_t numExperts, int32_t topK,
+                       int32_t hidden, int32_t maxTokens, int32_t numChannels) {
+  __shared__ uint64_t sharedSeq;
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x, C = numChannels, b = (int)blockIdx.x;
+  Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);  // H: the window layout
+  if (!launch_ok(d, 1, true, workspace, peerBases, errorFlags) || !peers_ok(peerBases, d.R, errorFlags)) return;
+  if (rowValues == nullptr || (numTokens > 0 && g == nullptr)) {
+    if (b == 0 && tid == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
-  const MoeWorkspaceLayout ws = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
+  uint64_t* state = state_of(workspace);
+  // The token partition is the dispatch's (tokenPos holds its T tokens); g gets numTokens rows. A
+  // mismatch is reported but the call goes on: the other ranks wait for our values.
+  const int dispatchT = (int)state[MOE_STATE_DISPATCH_TOKENS];
+  if (dispatchT != numTokens && b == 0 && tid == 0) gin_error_set(errorFlags, MOE_ERR_TOKENS);
+  d.T = dispatchT < 0 ? 0 : (dispatchT > d.M ? d.M : dispatchT);
+  const int gRows = numTokens < 0 ? 0 : numTokens;
+  if (tid == 0) sharedSeq = state[MOE_STATE_SEQ_ROW_VALUES] + 1;
+  __syncthreads();
+  const uint64_t seq = sharedSeq;
+  const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
+  const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
+  uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
+  const uint64_t perRank = (uint64_t)d.M * (uint64_t)d.K, parity = seq & 1ull;
+  // Our call n - 1's values are all read (it is complete): tell every rank.
+  if (b == 0 && tid < d.R)
+    gin_st_relaxed_sys((uint64_t*)((uint8_t*)peerBases[tid] + wl.valConsumed) + d.rank, seq - 1);
+
+  // Expert side.
   const int* slotRows = (const int*)(workspace + ws.slotRows);
   const int* slotsFrom = (const int*)(workspace + ws.slotsFrom);
-  const uint64_t perSource = (uint64_t)maxTokens * (uint64_t)topK, n = (uint64_t)nRanks * perSource;
-  const uint64_t capacity = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens);
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t src = i / perSource, j = (i - src * perSource) / (uint64_t)topK;
-    if (j >= (uint64_t)slotsFrom[src]) continue;  // no such slot: the source does not read it
-    const int row = slotRows[i];
-    float v = 0.f;
-    if (row >= 0 && (uint64_t)row < capacity) v = rowValues[row];
-    else if (row >= 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-    out[i] = v;
+  const uint64_t capacity = moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  if (seq >= 2 && tid < d.R)
+    (void)gin_wait_geq((const uint64_t*)(ownWin + wl.valConsumed) + tid, seq - 2, errorFlags);
+  __syncthreads();
+  for (int s = 0; s < d.R; ++s) {
+    const int S = slotsFrom[s] < 0 ? 0 : (slotsFrom[s] > d.M ? d.M : slotsFrom[s]);
+    const uint64_t j0 = (uint64_t)((int64_t)b * S / C), j1 = (uint64_t)((int64_t)(b + 1) * S / C);
+    float* dst = (float*)((uint8_t*)peerBases[s] + wl.valRows) + (parity * (uint64_t)d.R + (uint64_t)d.rank) * perRank;
+    for (uint64_t i = j0 * (uint64_t)d.K + (uint64_t)tid; i < j1 * (uint64_t)d.K; i += (uint64_t)B) {
+      const int row = slotRows[(uint64_t)s * perRank + i];
+      float v = 0.f;
+      if (row >= 0 && (uint64_t)row < capacity) v = rowValues[row];
+      else if (row >= 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+      dst[i] = v;
+    }
   }
-}
+#if GIN_HIP
+  __threadfence();  // every wave's stores before the releases below
+#endif
+  __syncthreads();  // every thread's stores before the releases (cumulative)
+  if (tid < d.R) gin_st_release_sys((uint64_t*)((uint8_t*)peerBases[tid] + wl.valReady) + (uint64_t)d.rank * MOE_MAX_CHANNELS + b, seq);
 
-GIN_KERNEL void moe_gin_row_values_in(const float* in, int32_t numTokens, const uint8_t* workspace, float* g,
-                                      uint32_t* errorFlags, int32_t nRanks, int32_t numExperts, int32_t topK,
-                                      int32_t maxTokens) {
-  if (!moe_sizes_ok(nRanks, numExperts, topK, 1, maxTokens) || numTokens < 0 || numTokens > maxTokens ||
-      workspace == nullptr || (numTokens > 0 && (in == nullptr || g == nullptr))) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
-    return;
-  }
-  const MoeWorkspaceLayout ws = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
+  // Token side.
+  for (int i = tid; i < d.R * C; i += B)
+    (void)gin_wait_geq((const uint64_t*)(ownWin + wl.valReady) + (uint64_t)(i / C) * MOE_MAX_CHANNELS + (i % C), seq, errorFlags);
+  __syncthreads();  // every thread's acquires, then this barrier: every thread may read the values
   const int* tokenPos = (const int*)(workspace + ws.tokenPos);
-  const uint64_t n = (uint64_t)numTokens * (uint64_t)topK;
-  for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x) {
-    const uint64_t t = i / (uint64_t)topK, k = i - t * (uint64_t)topK;
+  const float* vals = (const float*)(ownWin + wl.valRows) + parity * (uint64_t)d.R * perRank;
+  int t0, t1;
+  token_range(d, b, t0, t1);
+  if (t1 > gRows) t1 = gRows;
+  for (uint64_t i = (uint64_t)t0 * d.K + tid; i < (uint64_t)(t1 > t0 ? t1 : t0) * d.K; i += (uint64_t)B) {
+    const uint64_t t = i / (uint64_t)d.K, k = i - t * (uint64_t)d.K;
     float v = 0.f;
-    for (int r = 0; r < nRanks; ++r) {
-      const int j = tokenPos[t * (uint64_t)nRanks + (uint64_t)r];
-      if (j >= maxTokens) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-      else if (j >= 0) v += in[((uint64_t)r * (uint64_t)maxTokens + (uint64_t)j) * (uint64_t)topK + k];
+    for (int r = 0; r < d.R; ++r) {
+      const int j = tokenPos[t * (uint64_t)d.R + (uint64_t)r];
+      if (j >= d.M) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+      else if (j >= 0) v += __int_as_float(ld_fresh_i32((const int*)(vals + (uint64_t)r * perRank + (uint64_t)j * d.K + k)));
     }
     g[i] = v;
   }
+  // Every block of this rank has read seq: block 0's wait above needed their valReady.
+  if (b == 0 && tid == 0) state[MOE_STATE_SEQ_ROW_VALUES] = seq;
 }
 
 GIN_KERNEL void moe_host_row_values_in(const float* returned, const int32_t* topkIdx, int32_t numTokens,

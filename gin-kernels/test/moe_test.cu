@@ -908,44 +908,46 @@ static const double kHostBound = 0.00392, kGinBound = 0.00786;
 // ------------------------------------------------------------------------------------------------
 // One f32 per received row back to its (token, k) (session 12; the router weights' gradient), both
 // backends, after run_case's dispatches. Row (source s, token t, slot k) of rank d's layout holds
-// 1 + ((s * M + t) * K + k) (exact in f32 at these sizes); s must get that value at [t][k], and 0
-// for masked slots. GIN: moe_gin_row_values_out, an all-to-all of [M][K] f32 per rank pair (peer
-// copies here, ncclAlltoAll in Java), moe_gin_row_values_in. HOST: moe_host_unpermute of 4-byte
-// rows, the exchange back, moe_host_row_values_in.
+// 1 + ((s * M + t) * K + k) + call * 2^20 (exact in f32 at these sizes); s must get that value at
+// [t][k], and 0 for masked slots. GIN: moe_gin_row_values on every rank, three calls back to back
+// (its buffers alternate by call parity, so the third reuses the first's: the write-after-read
+// wait). HOST: moe_host_unpermute of 4-byte rows, the exchange back, moe_host_row_values_in.
 // ------------------------------------------------------------------------------------------------
 static void check_row_values(Setup& s, const std::vector<RankInput>& in, const std::vector<int>& T, const HostCounts& hc,
                              const std::string& tag) {
-  const uint64_t perPeer = (uint64_t)s.M * s.K;
-  std::vector<float*> vals(s.R), out(s.R), inb(s.R), g(s.R), hg(s.R);
+  constexpr int kCalls = 3;
+  const uint64_t perRank = (uint64_t)s.M * s.K;
+  auto value = [&](uint64_t src, uint64_t t, uint64_t k, int call) { return (float)(1 + (src * s.M + t) * s.K + k + ((uint64_t)call << 20)); };
+  std::vector<std::vector<float*>> vals(kCalls, std::vector<float*>(s.R)), g(kCalls + 1, std::vector<float*>(s.R));  // g[kCalls]: HOST
   for (int r = 0; r < s.R; ++r) {
     std::vector<RefRow> rows;
     std::vector<int> counts;
     reference_dispatch(in, s.R, s.E, s.K, r, rows, counts);
-    std::vector<float> v(std::max<size_t>(1, rows.size()));
-    for (size_t i = 0; i < rows.size(); ++i) v[i] = (float)(1 + ((uint64_t)rows[i].src * s.M + rows[i].t) * s.K + rows[i].k);
     CUDA_CHECK(cudaSetDevice(dev_of(r)));
-    vals[r] = dmalloc<float>(v.size() * 4);
-    CUDA_CHECK(cudaMemcpy(vals[r], v.data(), v.size() * 4, cudaMemcpyHostToDevice));
-    out[r] = dmalloc<float>(s.R * perPeer * 4);
-    inb[r] = dmalloc<float>(s.R * perPeer * 4);
-    g[r] = dmalloc<float>(perPeer * 4);
-    hg[r] = dmalloc<float>(perPeer * 4);
-    CUDA_CHECK(cudaMemset(out[r], 0xFF, s.R * perPeer * 4));  // NaN: a slot not written reads as NaN
-    CUDA_CHECK(cudaMemset(g[r], 0xFF, perPeer * 4));
-    CUDA_CHECK(cudaMemset(hg[r], 0xFF, perPeer * 4));
-    moe_gin_row_values_out<<<host_grid(s.R * perPeer / 32 + 1), kHostThreads, 0, s.rk[r].stream>>>(vals[r], s.rk[r].ws, out[r], s.rk[r].err, s.R, s.E, s.K, s.M);
-    CUDA_CHECK(cudaGetLastError());
+    for (int c = 0; c < kCalls; ++c) {
+      std::vector<float> v(std::max<size_t>(1, rows.size()));
+      for (size_t i = 0; i < rows.size(); ++i) v[i] = value(rows[i].src, rows[i].t, rows[i].k, c);
+      vals[c][r] = dmalloc<float>(v.size() * 4);
+      CUDA_CHECK(cudaMemcpy(vals[c][r], v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    }
+    for (int c = 0; c <= kCalls; ++c) {
+      g[c][r] = dmalloc<float>(perRank * 4);
+      CUDA_CHECK(cudaMemset(g[c][r], 0xFF, perRank * 4));  // NaN
+    }
   }
   sync_all(s);
-  for (int r = 0; r < s.R; ++r)
-    for (int src = 0; src < s.R; ++src)
-      CUDA_CHECK(cudaMemcpyPeer(inb[r] + src * perPeer, dev_of(r), out[src] + r * perPeer, dev_of(src), perPeer * 4));
+  for (int c = 0; c < kCalls; ++c)
+    for (int r = 0; r < s.R; ++r) {
+      Rank& q = s.rk[r];
+      CUDA_CHECK(cudaSetDevice(q.dev));
+      moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(vals[c][r], T[r], g[c][r], (const uint64_t*)q.peerBases, q.ws, q.err, r,
+                                                              s.R, s.E, s.K, s.H, s.M, s.C);
+      CUDA_CHECK(cudaGetLastError());
+    }
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_gin_row_values_in<<<host_grid(perPeer / 32 + 1), kHostThreads, 0, q.stream>>>(inb[r], T[r], q.ws, g[r], q.err, s.R, s.E, s.K, s.M);
-    CUDA_CHECK(cudaGetLastError());
-    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>((const uint16_t*)vals[r], q.countMatrix, q.backBuf,
+    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>((const uint16_t*)vals[0][r], q.countMatrix, q.backBuf,
                                                                             q.err, s.R, s.E, s.K, 2, s.M);
     CUDA_CHECK(cudaGetLastError());
   }
@@ -953,39 +955,40 @@ static void check_row_values(Setup& s, const std::vector<RankInput>& in, const s
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_row_values_in<<<host_grid(perPeer / 32 + 1), kHostThreads, 0, q.stream>>>((const float*)q.returned, q.idx, T[r], q.hws,
-                                                                                       hg[r], q.err, s.R, s.E, s.K, s.M);
+    moe_host_row_values_in<<<host_grid(perRank / 32 + 1), kHostThreads, 0, q.stream>>>((const float*)q.returned, q.idx, T[r], q.hws,
+                                                                                       g[kCalls][r], q.err, s.R, s.E, s.K, s.M);
     CUDA_CHECK(cudaGetLastError());
   }
   sync_all(s);
   const std::vector<uint32_t> err = read_errors(s, false);
   for (int r = 0; r < s.R; ++r) {
     const size_t n = (size_t)T[r] * s.K;
-    std::vector<float> gg(std::max<size_t>(1, n)), hh(std::max<size_t>(1, n));
-    CUDA_CHECK(cudaSetDevice(dev_of(r)));
-    CUDA_CHECK(cudaMemcpy(gg.data(), g[r], gg.size() * 4, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(hh.data(), hg[r], hh.size() * 4, cudaMemcpyDeviceToHost));
-    int badG = 0, badH = 0;
+    int bad[kCalls + 1] = {};
     std::string first;
-    for (size_t i = 0; i < n; ++i) {
-      const int t = (int)(i / s.K), k = (int)(i % s.K);
-      const float want = in[r].ev[i] >= 0 ? (float)(1 + ((uint64_t)r * s.M + t) * s.K + k) : 0.f;
-      const bool okG = gg[i] == want, okH = hh[i] == want;
-      badG += !okG;
-      badH += !okH;
-      if ((!okG || !okH) && first.empty()) {
-        char b[160];
-        snprintf(b, sizeof b, "first at t=%d k=%d: want %.0f, GIN %g, HOST %g", t, k, want, gg[i], hh[i]);
-        first = b;
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
+    for (int c = 0; c <= kCalls; ++c) {
+      std::vector<float> got(std::max<size_t>(1, n));
+      CUDA_CHECK(cudaMemcpy(got.data(), g[c][r], got.size() * 4, cudaMemcpyDeviceToHost));
+      for (size_t i = 0; i < n; ++i) {
+        const int t = (int)(i / s.K), k = (int)(i % s.K);
+        const float want = in[r].ev[i] >= 0 ? value(r, t, k, c < kCalls ? c : 0) : 0.f;
+        if (got[i] == want) continue;
+        ++bad[c];
+        if (first.empty()) {
+          char b[160];
+          snprintf(b, sizeof b, "first: %s call %d t=%d k=%d: want %.0f got %g", c < kCalls ? "GIN" : "HOST", c, t, k, want, got[i]);
+          first = b;
+        }
       }
     }
-    char b[96];
-    snprintf(b, sizeof b, "%d GIN and %d HOST of %zu values wrong; errorFlags 0x%x; ", badG, badH, n, err[r]);
-    record(badG == 0 && badH == 0 && err[r] == 0u, tag + " rank " + std::to_string(r) + " row values to (t, k)", b + first);
+    char b[128];
+    snprintf(b, sizeof b, "wrong of %zu: GIN calls %d / %d / %d, HOST %d; errorFlags 0x%x; ", n, bad[0], bad[1], bad[2], bad[3], err[r]);
+    record(bad[0] + bad[1] + bad[2] + bad[3] == 0 && err[r] == 0u, tag + " rank " + std::to_string(r) + " row values to (t, k)", b + first);
   }
   for (int r = 0; r < s.R; ++r) {
     CUDA_CHECK(cudaSetDevice(dev_of(r)));
-    for (float* p : {vals[r], out[r], inb[r], g[r], hg[r]}) CUDA_CHECK(cudaFree(p));
+    for (int c = 0; c < kCalls; ++c) CUDA_CHECK(cudaFree(vals[c][r]));
+    for (int c = 0; c <= kCalls; ++c) CUDA_CHECK(cudaFree(g[c][r]));
   }
 }
 

@@ -73,10 +73,10 @@ public final class MoeAllToAll implements AutoCloseable {
         final KernelErrors errors;
         final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine, quantize;
         final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs, quantizeArgs;
-        // returnRowValues: GIN, per (source, slot, k) values out and in ([ranks][maxTokens][topK] f32,
-        // one all-to-all between them); HOST, 4-byte rows back the way the rows came; both, [maxTokens][topK] f32
-        final Kernel valuesOut, valuesIn;
-        final KernelArgs valuesOutArgs, valuesInArgs;
+        // returnRowValues: GIN, one kernel (moe_gin_row_values); HOST, 4-byte rows back the way the
+        // rows came (valuesSend, valuesRecv), then moe_host_row_values_in; both, [maxTokens][topK] f32 out
+        final Kernel values;
+        final KernelArgs valuesArgs;
         final DeviceBuffer valuesSend, valuesRecv, tokenValues;
         // fp8 from bf16 (cfg.quantizes()): the fp8 rows of x, [maxTokens][dispatchRowBytes], written
         // by the GIN dispatch itself, or by moe_fp8_quantize before the HOST pack
@@ -122,20 +122,15 @@ public final class MoeAllToAll implements AutoCloseable {
             permuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
             unpermuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
             hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-            long perRank = (long) cfg.maxTokens() * cfg.topK();
-            tokenValues = device.allocate(4L * perRank, arena);
+            tokenValues = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
             if (cfg.backend() == Backend.GIN) {
-                valuesOut = code.kernel("moe_gin_row_values_out");
-                valuesOutArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32);
-                valuesIn = code.kernel("moe_gin_row_values_in");
-                valuesInArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
-                valuesSend = device.allocate(4L * nRanks * perRank, arena);
-                valuesRecv = device.allocate(4L * nRanks * perRank, arena);
+                values = code.kernel("moe_gin_row_values");
+                valuesArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+                valuesSend = null;
+                valuesRecv = null;
             } else {
-                valuesOut = null;  // moe_host_unpermute
-                valuesOutArgs = null;
-                valuesIn = code.kernel("moe_host_row_values_in");
-                valuesInArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
+                values = code.kernel("moe_host_row_values_in");
+                valuesArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
                 valuesSend = device.allocate(4L * capRows, arena);
                 valuesRecv = device.allocate(4L * query[Q_SEND_ROWS], arena);
             }
@@ -471,64 +466,66 @@ public final class MoeAllToAll implements AutoCloseable {
      * into {@code rowValues}, and pass them here.
      * <p>{@code rowValues}: f32 per row of the handle's layout (its {@code rows}' order), at least
      * capacity rows long, on this rank's device. Returns {@code [T][topK]} f32 in this instance's
-     * buffer, valid until the next call. A collective, host-initiated on both backends (GIN: two
-     * small kernels around one {@code ncclAlltoAll} of {@code [maxTokens][topK]} f32 per rank pair;
-     * HOST: the rows' way back with 4-byte rows): with several local ranks use the list form.
+     * buffer, valid until the next call. A collective: every rank calls it after the same dispatch.
+     * GIN: one kernel, GPU-initiated like the dispatch (the values go into the token ranks' windows).
+     * HOST: the rows' way back with 4-byte rows (with several local ranks, use the list form).
      */
     public DeviceBuffer returnRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
-        if (group.localCount() > 1) throw new IllegalStateException("returnRowValues with several local ranks must be issued for all of them together: use the list form");
-        return returnRowValues(List.of(handle), List.of(rowValues), List.of(stream)).getFirst();
+        if (cfg.backend() != Backend.GIN) {
+            if (group.localCount() > 1) throw new IllegalStateException("HOST returnRowValues with several local ranks must be issued for all of them together: use the list form");
+            return returnRowValues(List.of(handle), List.of(rowValues), List.of(stream)).getFirst();
+        }
+        RankState r = checkRowValues(handle, rowValues, stream);
+        r.valuesArgs.setPointer(0, rowValues).setInt(1, handle.numTokens()).setPointer(2, r.tokenValues).setPointer(3, peers.table(handle.localIndex()))
+                .setPointer(4, r.workspace).setPointer(5, r.errors.buffer()).setInt(6, r.comm.rank()).setInt(7, nRanks).setInt(8, cfg.experts())
+                .setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens()).setInt(12, channels);
+        r.values.launch(stream, LaunchConfig.of(channels, THREADS), r.valuesArgs);
+        return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
     }
 
-    /** {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once. */
+    private RankState checkRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
+        RankState r = ranks.get(handle.localIndex());
+        if (handle.sequence() != r.lastSequence) throw new IllegalStateException("returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException("rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
+        if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
+        if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
+        return r;
+    }
+
+    /** {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once (handles in local rank order). */
     public List<DeviceBuffer> returnRowValues(List<MoeDispatch> handles, List<DeviceBuffer> rowValues, List<Stream> streams) {
         int local = group.localCount();
         if (handles.size() != local || rowValues.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one handle, row values buffer and stream per local rank expected (" + local + ")");
-        long perRank = (long) cfg.maxTokens() * cfg.topK();
-        List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>(), out = new ArrayList<>();
+        for (int i = 0; i < local; i++)
+            if (handles.get(i).localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + handles.get(i).localIndex() + ": one per local rank, in order");
+        List<DeviceBuffer> out = new ArrayList<>();
+        if (cfg.backend() == Backend.GIN) {
+            for (int i = 0; i < local; i++) out.add(returnRowValues(handles.get(i), rowValues.get(i), streams.get(i)));
+            return out;
+        }
         long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
+        List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
         for (int i = 0; i < local; i++) {
-            MoeDispatch h = handles.get(i);
-            if (h.localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + h.localIndex() + ": one per local rank, in order");
-            RankState r = ranks.get(i);
-            DeviceBuffer v = rowValues.get(i);
-            Stream st = streams.get(i);
-            if (h.sequence() != r.lastSequence) throw new IllegalStateException("returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + h.sequence());
-            if (v.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException("rowValues has " + v.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
-            if (v.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + v.device());
-            if (st.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + st.device());
-            if (cfg.backend() == Backend.GIN) {
-                r.valuesOutArgs.setPointer(0, v).setPointer(1, r.workspace).setPointer(2, r.valuesSend).setPointer(3, r.errors.buffer())
-                        .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.maxTokens());
-                r.valuesOut.launch(st, LaunchConfig.of(warpGrid(nRanks * perRank / 32 + 1), 256), r.valuesOutArgs);
-            } else {
-                long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
-                // 4-byte rows: the unpermute moves "hidden = 2" bf16 elements, the f32's bits unchanged
-                r.unpermuteArgs.setPointer(0, v).setPointer(1, r.countMatrix).setPointer(2, r.valuesSend).setPointer(3, r.errors.buffer())
-                        .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, 2).setInt(8, cfg.maxTokens());
-                r.unpermute.launch(st, LaunchConfig.of(warpGrid(rows), 256), r.unpermuteArgs);
-                sc[i] = scale(r.recvRowsFrom, 4); so[i] = scale(r.recvRowOffset, 4);
-                rc[i] = scale(r.sendRowsTo, 4); ro[i] = scale(r.sendRowOffset, 4);
-            }
+            RankState r = checkRowValues(handles.get(i), rowValues.get(i), streams.get(i));
+            long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            // 4-byte rows: the unpermute moves "hidden = 2" bf16 elements, the f32's bits unchanged
+            r.unpermuteArgs.setPointer(0, rowValues.get(i)).setPointer(1, r.countMatrix).setPointer(2, r.valuesSend).setPointer(3, r.errors.buffer())
+                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, 2).setInt(8, cfg.maxTokens());
+            r.unpermute.launch(streams.get(i), LaunchConfig.of(warpGrid(rows), 256), r.unpermuteArgs);
+            sc[i] = scale(r.recvRowsFrom, 4); so[i] = scale(r.recvRowOffset, 4);
+            rc[i] = scale(r.sendRowsTo, 4); ro[i] = scale(r.sendRowOffset, 4);
             send.add(r.valuesSend);
             recv.add(r.valuesRecv);
         }
-        if (cfg.backend() == Backend.GIN) group.allToAll(send, recv, 4L * perRank, streams);
-        else group.allToAllV(send, sc, so, recv, rc, ro, streams);
+        group.allToAllV(send, sc, so, recv, rc, ro, streams);
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            MoeDispatch h = handles.get(i);
-            KernelArgs a = r.valuesInArgs;
-            if (cfg.backend() == Backend.GIN) {
-                a.setPointer(0, r.valuesRecv).setInt(1, h.numTokens()).setPointer(2, r.workspace).setPointer(3, r.tokenValues).setPointer(4, r.errors.buffer())
-                        .setInt(5, nRanks).setInt(6, cfg.experts()).setInt(7, cfg.topK()).setInt(8, cfg.maxTokens());
-            } else {
-                a.setPointer(0, r.valuesRecv).setPointer(1, r.lastTopkIdx).setInt(2, h.numTokens()).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
-                        .setPointer(5, r.errors.buffer()).setInt(6, nRanks).setInt(7, cfg.experts()).setInt(8, cfg.topK()).setInt(9, cfg.maxTokens());
-            }
-            r.valuesIn.launch(streams.get(i), LaunchConfig.of(warpGrid((long) h.numTokens() * cfg.topK() / 32 + 1), 256), a);
-            out.add(r.tokenValues.slice(0, 4L * h.numTokens() * cfg.topK()));
+            int tokens = handles.get(i).numTokens();
+            r.valuesArgs.setPointer(0, r.valuesRecv).setPointer(1, r.lastTopkIdx).setInt(2, tokens).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
+                    .setPointer(5, r.errors.buffer()).setInt(6, nRanks).setInt(7, cfg.experts()).setInt(8, cfg.topK()).setInt(9, cfg.maxTokens());
+            r.values.launch(streams.get(i), LaunchConfig.of(warpGrid((long) tokens * cfg.topK() / 32 + 1), 256), r.valuesArgs);
+            out.add(r.tokenValues.slice(0, 4L * tokens * cfg.topK()));
         }
         return out;
     }
