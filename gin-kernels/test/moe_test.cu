@@ -1679,6 +1679,38 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
           s.input = Setup::ROWS;
         }
       }
+      // moe_gin_row_values after the last dispatch (session 12): one f32 per received row back to
+      // its (token, k); the rows' weights stand in for the values.
+      std::vector<float*> rowOut(s.R);
+      for (int r = 0; r < s.R; ++r) {
+        CUDA_CHECK(cudaSetDevice(dev_of(r)));
+        rowOut[r] = dmalloc<float>((size_t)s.M * s.K * 4);
+      }
+      auto rowValuesCall = [&](int r) {
+        Rank& q = s.rk[r];
+        CUDA_CHECK(cudaSetDevice(q.dev));
+        moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(q.recvWeights, T, rowOut[r], (const uint64_t*)q.peerBases, q.ws, q.err,
+                                                                r, s.R, s.E, s.K, s.H, s.M, s.C);
+        CUDA_CHECK(cudaGetLastError());
+      };
+      std::vector<float> rvGated, rvBack;
+      for (int i = 0; i < warm + iters; ++i) {
+        const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int r = 0; r < s.R; ++r) rowValuesCall(r);
+        });
+        const float b = timed_all_ranks(s, g, ev0, ev1, [&] {
+          for (int j = 0; j < nb; ++j)
+            for (int r = 0; r < s.R; ++r) rowValuesCall(r);
+        });
+        if (i >= warm) {
+          rvGated.push_back(a);
+          rvBack.push_back(b / nb);
+        }
+      }
+      for (int r = 0; r < s.R; ++r) {
+        CUDA_CHECK(cudaSetDevice(dev_of(r)));
+        CUDA_CHECK(cudaFree(rowOut[r]));
+      }
       std::vector<uint32_t> err = read_errors(s, false);
       bool errOk = true;
       for (uint32_t e : err) errOk &= e == 0;
@@ -1726,6 +1758,8 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
       for (size_t v = 0; v < variants.size(); ++v)
         printf("%-14s %6s   %s: gated %.1f / %.1f us, 8 back to back %.1f / %.1f us per call (dispatch / combine)\n", "", "",
                variants[v].name().c_str(), median(vd[v]), median(vc[v]), median(vbd[v]), median(vbc[v]));
+      printf("%-14s %6s   moe_gin_row_values (one f32 per row back to its (token, k)): gated %.1f us, 8 back to back %.1f us per call\n",
+             "", "", median(rvGated), median(rvBack));
       record(errOk, std::string("bench ") + sh.name + " error flags", "errorFlags nonzero during timing");
       for (int r = 0; r < s.R; ++r) {
         CUDA_CHECK(cudaSetDevice(dev_of(r)));
