@@ -430,22 +430,14 @@ public final class MoeAllToAll implements AutoCloseable {
             for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i), weighted));
             return ys;
         }
-        long rowBytes = cfg.combineRowBytes();
-        long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
         List<DeviceBuffer> back = new ArrayList<>(), ret = new ArrayList<>();
         for (int i = 0; i < local; i++) {
             RankState r = checkHandle(handles.get(i), expertOut.get(i), streams.get(i));
-            long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
-            r.unpermuteArgs.setPointer(0, expertOut.get(i)).setPointer(1, r.countMatrix).setPointer(2, r.backBuf).setPointer(3, r.errors.buffer())
-                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.hidden()).setInt(8, cfg.maxTokens());
-            r.unpermute.launch(streams.get(i), LaunchConfig.of(warpGrid(rows), 256), r.unpermuteArgs);
-            // rows go back the way they came: what this rank received from s returns to s
-            sc[i] = scale(r.recvRowsFrom, rowBytes); so[i] = scale(r.recvRowOffset, rowBytes);
-            rc[i] = scale(r.sendRowsTo, rowBytes); ro[i] = scale(r.sendRowOffset, rowBytes);
             back.add(r.backBuf);
             ret.add(r.returned);
         }
-        group.allToAllV(back, sc, so, ret, rc, ro, streams);
+        hostSendBack(expertOut, cfg.hidden(), back, ret, streams);
+        long rowBytes = cfg.combineRowBytes();
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             MoeDispatch h = handles.get(i);
@@ -504,21 +496,13 @@ public final class MoeAllToAll implements AutoCloseable {
             for (int i = 0; i < local; i++) out.add(returnRowValues(handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
-        long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
         List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
         for (int i = 0; i < local; i++) {
             RankState r = checkRowValues(handles.get(i), rowValues.get(i), streams.get(i));
-            long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
-            // 4-byte rows: the unpermute moves "hidden = 2" bf16 elements, the f32's bits unchanged
-            r.unpermuteArgs.setPointer(0, rowValues.get(i)).setPointer(1, r.countMatrix).setPointer(2, r.valuesSend).setPointer(3, r.errors.buffer())
-                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, 2).setInt(8, cfg.maxTokens());
-            r.unpermute.launch(streams.get(i), LaunchConfig.of(warpGrid(rows), 256), r.unpermuteArgs);
-            sc[i] = scale(r.recvRowsFrom, 4); so[i] = scale(r.recvRowOffset, 4);
-            rc[i] = scale(r.sendRowsTo, 4); ro[i] = scale(r.sendRowOffset, 4);
             send.add(r.valuesSend);
             recv.add(r.valuesRecv);
         }
-        group.allToAllV(send, sc, so, recv, rc, ro, streams);
+        hostSendBack(rowValues, 2, send, recv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             int tokens = handles.get(i).numTokens();
@@ -528,6 +512,28 @@ public final class MoeAllToAll implements AutoCloseable {
             out.add(r.tokenValues.slice(0, 4L * tokens * cfg.topK()));
         }
         return out;
+    }
+
+    /**
+     * HOST, every local rank: expert-major rows of {@code hidden} bf16 elements ({@code rows}, the
+     * last dispatch's layout) back to the ranks they came from, the way they came: unpermuted into
+     * {@code staging} (source-major), then the exchange into {@code returned} (send-row order).
+     */
+    private void hostSendBack(List<DeviceBuffer> rows, int hidden, List<DeviceBuffer> staging, List<DeviceBuffer> returned, List<Stream> streams) {
+        int local = group.localCount();
+        long rowBytes = 2L * hidden;
+        long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            long n = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            r.unpermuteArgs.setPointer(0, rows.get(i)).setPointer(1, r.countMatrix).setPointer(2, staging.get(i)).setPointer(3, r.errors.buffer())
+                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, hidden).setInt(8, cfg.maxTokens());
+            r.unpermute.launch(streams.get(i), LaunchConfig.of(warpGrid(n), 256), r.unpermuteArgs);
+            // what this rank received from s returns to s
+            sc[i] = scale(r.recvRowsFrom, rowBytes); so[i] = scale(r.recvRowOffset, rowBytes);
+            rc[i] = scale(r.sendRowsTo, rowBytes); ro[i] = scale(r.sendRowOffset, rowBytes);
+        }
+        group.allToAllV(staging, sc, so, returned, rc, ro, streams);
     }
 
     /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. */
