@@ -18,7 +18,8 @@ import java.util.List;
 import java.util.Random;
 
 /**
- * One MoE layer's forward and backward passes: 128 tokens per GPU, hidden 256, 8 experts, top-2.
+ * One MoE layer's forward and backward passes: 128 tokens per GPU, hidden 256, 8 experts (or the
+ * next multiple of the GPU count), top-2.
  * Expert e is the linear map out = a[e] * x (a stand-in for the expert MLPs, computed on the host
  * here; yours run on the GPU), the loss is 0.5 * sum(y^2), so dy = y. The backward uses the
  * library's three exchanges: a dispatch of dy (each expert row receives dy of its token), a
@@ -27,18 +28,18 @@ import java.util.Random;
  * against a CPU reference of the same layer and exits non-zero if they differ.
  */
 public final class MoeTrainingSample {
-    static final int TOKENS = 128, HIDDEN = 256, EXPERTS = 8, TOP_K = 2;
+    static final int TOKENS = 128, HIDDEN = 256, TOP_K = 2;
 
     public static void main(String[] args) {
         List<Device> devices = GpuRuntime.get().devices();
-        int n = devices.size();
+        int n = devices.size(), experts = (8 + n - 1) / n * n;  // split evenly over the GPUs
         Random random = new Random(7);
-        float[] a = new float[EXPERTS];
-        for (int e = 0; e < EXPERTS; e++) a[e] = 1f + e / 8f;
+        float[] a = new float[experts];
+        for (int e = 0; e < experts; e++) a[e] = 1f + e / 8f;
         float[][] x = new float[n][], w = new float[n][];
         int[][] idx = new int[n][];
         try (CommGroup group = CommGroup.initAll(devices); Arena arena = Arena.ofShared();
-             MoeAllToAll moe = MoeAllToAll.create(group, MoeConfig.bf16(HIDDEN, EXPERTS, TOP_K, TOKENS, Backend.GIN))) {
+             MoeAllToAll moe = MoeAllToAll.create(group, MoeConfig.bf16(HIDDEN, experts, TOP_K, TOKENS, Backend.GIN))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
             List<Stream> streams = new ArrayList<>();
             for (int r = 0; r < n; r++) {
@@ -47,7 +48,7 @@ public final class MoeTrainingSample {
                 idx[r] = new int[TOKENS * TOP_K];
                 w[r] = new float[TOKENS * TOP_K];
                 for (int t = 0; t < TOKENS; t++) {
-                    int e0 = random.nextInt(EXPERTS), e1 = (e0 + 1 + random.nextInt(EXPERTS - 1)) % EXPERTS;
+                    int e0 = random.nextInt(experts), e1 = (e0 + 1 + random.nextInt(experts - 1)) % experts;
                     idx[r][t * TOP_K] = e0;
                     idx[r][t * TOP_K + 1] = e1;
                     w[r][t * TOP_K] = random.nextInt(16) / 16f;
