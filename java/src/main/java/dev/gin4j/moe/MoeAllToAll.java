@@ -425,6 +425,7 @@ public final class MoeAllToAll implements AutoCloseable {
         int local = group.localCount();
         if (handles.size() != local || expertOut.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one handle, expert output and stream per local rank expected (" + local + ")");
+        checkHandleOrder(handles);
         List<DeviceBuffer> ys = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i), weighted));
@@ -475,6 +476,12 @@ public final class MoeAllToAll implements AutoCloseable {
         return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
     }
 
+    /** The list forms take one handle per local rank, in local rank order (the HOST paths index buffers by position). */
+    private static void checkHandleOrder(List<MoeDispatch> handles) {
+        for (int i = 0; i < handles.size(); i++)
+            if (handles.get(i).localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + handles.get(i).localIndex() + ": one per local rank, in order");
+    }
+
     private RankState checkRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
         RankState r = ranks.get(handle.localIndex());
         if (handle.sequence() != r.lastSequence) throw new IllegalStateException("returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
@@ -489,8 +496,7 @@ public final class MoeAllToAll implements AutoCloseable {
         int local = group.localCount();
         if (handles.size() != local || rowValues.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one handle, row values buffer and stream per local rank expected (" + local + ")");
-        for (int i = 0; i < local; i++)
-            if (handles.get(i).localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + handles.get(i).localIndex() + ": one per local rank, in order");
+        checkHandleOrder(handles);
         List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) out.add(returnRowValues(handles.get(i), rowValues.get(i), streams.get(i)));
