@@ -422,10 +422,7 @@ public final class MoeAllToAll implements AutoCloseable {
     }
 
     private List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams, boolean weighted) {
-        int local = group.localCount();
-        if (handles.size() != local || expertOut.size() != local || streams.size() != local)
-            throw new IllegalArgumentException("one handle, expert output and stream per local rank expected (" + local + ")");
-        checkHandleOrder(handles);
+        int local = checkLists(handles, expertOut, streams, "expert output");
         List<DeviceBuffer> ys = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i), weighted));
@@ -476,10 +473,17 @@ public final class MoeAllToAll implements AutoCloseable {
         return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
     }
 
-    /** The list forms take one handle per local rank, in local rank order (the HOST paths index buffers by position). */
-    private static void checkHandleOrder(List<MoeDispatch> handles) {
-        for (int i = 0; i < handles.size(); i++)
+    /**
+     * The list forms after a dispatch take one handle, buffer and stream per local rank, handles in
+     * local rank order (the HOST paths index buffers by position). Returns the local rank count.
+     */
+    private int checkLists(List<MoeDispatch> handles, List<DeviceBuffer> buffers, List<Stream> streams, String what) {
+        int local = group.localCount();
+        if (handles.size() != local || buffers.size() != local || streams.size() != local)
+            throw new IllegalArgumentException("one handle, " + what + " and stream per local rank expected (" + local + ")");
+        for (int i = 0; i < local; i++)
             if (handles.get(i).localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + handles.get(i).localIndex() + ": one per local rank, in order");
+        return local;
     }
 
     private RankState checkRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
@@ -493,10 +497,7 @@ public final class MoeAllToAll implements AutoCloseable {
 
     /** {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once (handles in local rank order). */
     public List<DeviceBuffer> returnRowValues(List<MoeDispatch> handles, List<DeviceBuffer> rowValues, List<Stream> streams) {
-        int local = group.localCount();
-        if (handles.size() != local || rowValues.size() != local || streams.size() != local)
-            throw new IllegalArgumentException("one handle, row values buffer and stream per local rank expected (" + local + ")");
-        checkHandleOrder(handles);
+        int local = checkLists(handles, rowValues, streams, "row values buffer");
         List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) out.add(returnRowValues(handles.get(i), rowValues.get(i), streams.get(i)));
