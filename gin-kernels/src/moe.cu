@@ -47,8 +47,8 @@
 // in xq (receiver c's own items wait for it; the layout path's positions release covers them).
 #define MOE_STATE_QUANT_READY 768     // [MOE_MAX_CHANNELS]
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
-#define MOE_STATE_SEQ_ROW_VALUES 1021   // call counter of moe_gin_row_values (block 0 stores it)
-#define MOE_STATE_WORDS 1024
+#define MOE_STATE_SEQ_ROW_VALUES 1024  // [MOE_MAX_CHANNELS] per moe_gin_row_values block
+#define MOE_STATE_WORDS 1152
 
 // Optional phase timing (test builds only: moe_test.cu defines MOE_PROFILE before including this
 // file and points moe_profile_buf at a device buffer for one call; null = no stamps). Thread 0
@@ -195,10 +195,10 @@ struct MoeWindowLayout {
                           // words (call << 32 | payload): word 0 = T, then token t's ids at words
                           // 1 + t*ceil(K/2) + k/2 (16-bit half k % 2); zeroed with the flags
   uint64_t idsStride;
-  // moe_gin_row_values (session 12): f32 [2 call parities][R expert ranks][M slots][K], what expert
-  // rank r found for slot j of our tokens sent there; valReady uint64 [R][MOE_MAX_CHANNELS] (call
-  // n from r's block b); valConsumed uint64 [R] (token rank s done reading its call n's values).
-  uint64_t valRows, valReady, valConsumed;
+  // moe_gin_row_values: LL words (call << 32 | f32 bits) [2 call parities][R expert ranks][M slots]
+  // [K], what expert rank r found for slot j of our tokens sent there; valConsumed uint64 [R]
+  // (token rank s done reading its call n's values).
+  uint64_t valRows, valConsumed;
   uint64_t flagsBytes, totalBytes;
 };
 
@@ -236,12 +236,10 @@ __host__ __device__ inline MoeWindowLayout moe_window_layout(int R, int E, int K
   w.dispIds = o;
   o += 2ull * (uint64_t)R * w.idsStride;
   o = moe_align_up(o, 256);
-  w.valReady = o;
-  o += 8ull * (uint64_t)R * MOE_MAX_CHANNELS;
   w.valConsumed = o;
   o = moe_align_up(o + 8ull * (uint64_t)R, 256);
   w.valRows = o;
-  o = moe_align_up(o + 2ull * (uint64_t)R * (uint64_t)M * (uint64_t)K * 4ull, 256);
+  o = moe_align_up(o + 2ull * (uint64_t)R * (uint64_t)M * (uint64_t)K * 8ull, 256);
   w.flagsBytes = o - w.flagsOffset;
   w.totalBytes = o;
   return w;
@@ -3928,21 +3926,25 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
 // channels; all blocks of all ranks resident together, as the dispatch's). Call n, block b:
 //  expert side: for every rank s, slots [b*S/C, (b+1)*S/C) of the S = slotsFrom[s] slots s sent
 //    here: v[j][k] = rowValues[slotRows[s][j][k]], 0 where that slot's k made no row here, stored
-//    into s's window at valRows[n % 2][this rank][j][k]; a barrier, then valReady[this rank][b] = n
-//    released in s's window. Buffer n % 2 was last read by s in call n - 2: first wait for
-//    valConsumed[s] >= n - 2 in our window, which s stores at the start of its call n - 1 (its call
-//    n - 2 is complete then: a relaxed store, as the dispatch's dispConsumed).
-//  token side: tokens [b*T/C, (b+1)*T/C) once valReady[r][b'] >= n for every rank r and block b':
-//    g[t][k] = sum over the ranks r that token t went to (j = tokenPos[t][r] >= 0) of
-//    valRows[n % 2][r][j][k]; one of them made a row for slot k, the others stored 0.
+//    as the LL word (n << 32 | bits of v) into s's window at valRows[n % 2][this rank][j][k]: the
+//    word proves itself, so no fence, no ready flag, no barrier across blocks (session 13; session
+//    12 released a flag per block and every block waited for all R*C of them). Buffer n % 2 was
+//    last read by s in call n - 2: first wait for valConsumed[s] >= n - 2 in our window, which s
+//    stores at the start of its call n - 1 (its call n - 2 is complete then: a relaxed store, as
+//    the dispatch's dispConsumed).
+//  token side: tokens [b*T/C, (b+1)*T/C): g[t][k] = sum over the ranks r that token t went to
+//    (j = tokenPos[t][r] >= 0) of valRows[n % 2][r][j][k], each polled until it carries n; one of
+//    them made a row for slot k, the others stored 0.
 // moe_host_row_values_in (HOST, after moe_host_unpermute of 4-byte rows and the rows' way back):
 // g[t][k] = returned[expertOffset[e] + slotInExpert[t][k]].
 // ================================================================================================
+constexpr int kRowValuesBatch = 4;
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
     moe_gin_row_values(const float* rowValues, int32_t numTokens, float* g, const uint64_t* peerBases, uint8_t* workspace,
                        uint32_t* errorFlags, int32_t rank, int32_t nRanks, int32_t numExperts, int32_t topK,
                        int32_t hidden, int32_t maxTokens, int32_t numChannels) {
   __shared__ uint64_t sharedSeq;
+  __shared__ int sharedSlots[MOE_MAX_RANKS];
   const int tid = (int)threadIdx.x, B = (int)blockDim.x, C = numChannels, b = (int)blockIdx.x;
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);  // H: the window layout
   if (!launch_ok(d, 1, true, workspace, peerBases, errorFlags) || !peers_ok(peerBases, d.R, errorFlags)) return;
@@ -3957,63 +3959,94 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
   if (dispatchT != numTokens && b == 0 && tid == 0) gin_error_set(errorFlags, MOE_ERR_TOKENS);
   d.T = dispatchT < 0 ? 0 : (dispatchT > d.M ? d.M : dispatchT);
   const int gRows = numTokens < 0 ? 0 : numTokens;
-  if (tid == 0) sharedSeq = state[MOE_STATE_SEQ_ROW_VALUES] + 1;
-  __syncthreads();
-  const uint64_t seq = sharedSeq;
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
   uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
-  const uint64_t perRank = (uint64_t)d.M * (uint64_t)d.K, parity = seq & 1ull;
-  // Our call n - 1's values are all read (it is complete): tell every rank.
-  if (b == 0 && tid < d.R)
-    gin_st_relaxed_sys((uint64_t*)((uint8_t*)peerBases[tid] + wl.valConsumed) + d.rank, seq - 1);
-
-  // Expert side.
-  const int* slotRows = (const int*)(workspace + ws.slotRows);
   const int* slotsFrom = (const int*)(workspace + ws.slotsFrom);
-  const uint64_t capacity = moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
-  if (seq >= 2 && tid < d.R)
-    (void)gin_wait_geq((const uint64_t*)(ownWin + wl.valConsumed) + tid, seq - 2, errorFlags);
+  // Prologue, one round trip: thread s < R reads the call counter, how many slots s sent here, and
+  // waits until s's call n - 2 has read buffer n % 2; block 0 tells every rank that our call n - 1
+  // has read its values (it is complete).
+  if (tid < d.R) {
+    const uint64_t n = state[MOE_STATE_SEQ_ROW_VALUES + b] + 1;
+    if (tid == 0) sharedSeq = n;
+    const int S = slotsFrom[tid];
+    sharedSlots[tid] = S < 0 ? 0 : (S > d.M ? d.M : S);
+    if (b == 0) gin_st_relaxed_sys((uint64_t*)((uint8_t*)peerBases[tid] + wl.valConsumed) + d.rank, n - 1);
+    if (n >= 2) (void)gin_wait_geq((const uint64_t*)(ownWin + wl.valConsumed) + tid, n - 2, errorFlags);
+  }
   __syncthreads();
+  const uint64_t seq = sharedSeq, tag = seq << 32;
+  const uint64_t perRank = (uint64_t)d.M * (uint64_t)d.K, parity = seq & 1ull;
+
+  // Expert side. kRowValuesBatch items per thread in flight: each loop's loads all issued before
+  // its stores (the LL stores are asm volatile with a memory clobber, which the compiler does not
+  // move loads across: one item at a time was two dependent round trips per item).
+  const int* slotRows = (const int*)(workspace + ws.slotRows);
+  const uint64_t capacity = moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
   for (int s = 0; s < d.R; ++s) {
-    const int S = slotsFrom[s] < 0 ? 0 : (slotsFrom[s] > d.M ? d.M : slotsFrom[s]);
-    const uint64_t j0 = (uint64_t)((int64_t)b * S / C), j1 = (uint64_t)((int64_t)(b + 1) * S / C);
-    float* dst = (float*)((uint8_t*)peerBases[s] + wl.valRows) + (parity * (uint64_t)d.R + (uint64_t)d.rank) * perRank;
-    for (uint64_t i = j0 * (uint64_t)d.K + (uint64_t)tid; i < j1 * (uint64_t)d.K; i += (uint64_t)B) {
-      const int row = slotRows[(uint64_t)s * perRank + i];
-      float v = 0.f;
-      if (row >= 0 && (uint64_t)row < capacity) v = rowValues[row];
-      else if (row >= 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-      dst[i] = v;
+    const int S = sharedSlots[s];
+    const uint64_t end = (uint64_t)((int64_t)(b + 1) * S / C) * (uint64_t)d.K;
+    uint64_t* dst = (uint64_t*)((uint8_t*)peerBases[s] + wl.valRows) + (parity * (uint64_t)d.R + (uint64_t)d.rank) * perRank;
+    const int* rows = slotRows + (uint64_t)s * perRank;
+    for (uint64_t i0 = (uint64_t)((int64_t)b * S / C) * (uint64_t)d.K + (uint64_t)tid; i0 < end; i0 += kRowValuesBatch * (uint64_t)B) {
+      int row[kRowValuesBatch];
+      float v[kRowValuesBatch];
+#pragma unroll
+      for (int u = 0; u < kRowValuesBatch; ++u) {
+        const uint64_t i = i0 + (uint64_t)u * B;
+        row[u] = i < end ? rows[i] : -1;
+      }
+#pragma unroll
+      for (int u = 0; u < kRowValuesBatch; ++u) {
+        v[u] = 0.f;
+        if (row[u] >= 0 && (uint64_t)row[u] < capacity) v[u] = rowValues[row[u]];
+        else if (row[u] >= 0) gin_error_set(errorFlags, MOE_ERR_COUNTS);
+      }
+#pragma unroll
+      for (int u = 0; u < kRowValuesBatch; ++u) {
+        const uint64_t i = i0 + (uint64_t)u * B;
+        if (i < end) gin_st_relaxed_sys(dst + i, tag | (uint64_t)__float_as_uint(v[u]));
+      }
     }
   }
-#if GIN_HIP
-  __threadfence();  // every wave's stores before the releases below
-#endif
-  __syncthreads();  // every thread's stores before the releases (cumulative)
-  if (tid < d.R) gin_st_release_sys((uint64_t*)((uint8_t*)peerBases[tid] + wl.valReady) + (uint64_t)d.rank * MOE_MAX_CHANNELS + b, seq);
 
-  // Token side.
-  for (int i = tid; i < d.R * C; i += B)
-    (void)gin_wait_geq((const uint64_t*)(ownWin + wl.valReady) + (uint64_t)(i / C) * MOE_MAX_CHANNELS + (i % C), seq, errorFlags);
-  __syncthreads();  // every thread's acquires, then this barrier: every thread may read the values
+  // Token side: per item the R positions, then the R words, each group of loads in flight together;
+  // only a word that has not landed yet is polled.
   const int* tokenPos = (const int*)(workspace + ws.tokenPos);
-  const float* vals = (const float*)(ownWin + wl.valRows) + parity * (uint64_t)d.R * perRank;
+  const uint64_t* vals = (const uint64_t*)(ownWin + wl.valRows) + parity * (uint64_t)d.R * perRank;
   int t0, t1;
   token_range(d, b, t0, t1);
   if (t1 > gRows) t1 = gRows;
   for (uint64_t i = (uint64_t)t0 * d.K + tid; i < (uint64_t)(t1 > t0 ? t1 : t0) * d.K; i += (uint64_t)B) {
     const uint64_t t = i / (uint64_t)d.K, k = i - t * (uint64_t)d.K;
     float v = 0.f;
-    for (int r = 0; r < d.R; ++r) {
-      const int j = tokenPos[t * (uint64_t)d.R + (uint64_t)r];
-      if (j >= d.M) gin_error_set(errorFlags, MOE_ERR_COUNTS);
-      else if (j >= 0) v += __int_as_float(ld_fresh_i32((const int*)(vals + (uint64_t)r * perRank + (uint64_t)j * d.K + k)));
+    for (int r0 = 0; r0 < d.R; r0 += kRowValuesBatch) {
+      int j[kRowValuesBatch];
+      uint64_t w[kRowValuesBatch];
+#pragma unroll
+      for (int u = 0; u < kRowValuesBatch; ++u) {
+        j[u] = r0 + u < d.R ? tokenPos[t * (uint64_t)d.R + (uint64_t)(r0 + u)] : -1;
+        if (j[u] >= d.M) {
+          gin_error_set(errorFlags, MOE_ERR_COUNTS);
+          j[u] = -1;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kRowValuesBatch; ++u)
+        w[u] = j[u] >= 0 ? gin_ld_relaxed_sys(vals + (uint64_t)(r0 + u) * perRank + (uint64_t)j[u] * d.K + k) : 0;
+#pragma unroll
+      for (int u = 0; u < kRowValuesBatch; ++u) {
+        if (j[u] < 0) continue;
+        int bits = (int)(uint32_t)w[u];
+        if (ll_tag_ok(w[u], seq) ||
+            ll_table_get(vals + (uint64_t)(r0 + u) * perRank + (uint64_t)j[u] * d.K + k, seq, true, errorFlags, bits))
+          v += __int_as_float(bits);
+      }
     }
     g[i] = v;
   }
-  // Every block of this rank has read seq: block 0's wait above needed their valReady.
-  if (b == 0 && tid == 0) state[MOE_STATE_SEQ_ROW_VALUES] = seq;
+  // The prologue's barrier: every thread of this block has read the counter.
+  if (tid == 0) state[MOE_STATE_SEQ_ROW_VALUES + b] = seq;
 }
 
 GIN_KERNEL void moe_host_row_values_in(const float* returned, const int32_t* topkIdx, int32_t numTokens,

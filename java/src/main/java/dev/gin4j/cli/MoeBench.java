@@ -47,6 +47,7 @@ final class MoeBench {
     }
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
+               double valuesUs, double valuesPipeUs, double valuesThreadCpuUs,
                long crossingBytes, long dispatchCrossingBytes, String kernel) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
@@ -91,31 +92,35 @@ final class MoeBench {
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
                                 Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
                                 Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
-                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()), m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel());
+                                Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()),
+                                Bench.slowest(g, m.valuesUs()), Bench.slowest(g, m.valuesPipeUs()), Bench.slowest(g, m.valuesThreadCpuUs()),
+                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel());
                         rows.add(r);
-                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-15s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)  %s%n",
+                        if (Bench.reports(g)) out.printf(Locale.ROOT, "%-15s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)"
+                                + "  returnRowValues %.1f us (pipelined %.1f, thread CPU %.1f)  %s%n",
                                 shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
-                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.kernel());
+                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.kernel());
                     }
                 }
             }
             if (!Bench.reports(g)) return 0;
         }
         out.println();
-        out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call");
+        out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call | graph us | graph CPU us | row values GIN / HOST us | GIN / HOST pipelined us");
         for (int i = 0; i + 1 < rows.size(); i += 2) {
             Row gr = rows.get(i), hr = rows.get(i + 1);
-            out.printf(Locale.ROOT, "%-15s %6d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f | %16.1f | %.1f%n", gr.shape(), gr.tokens(),
+            out.printf(Locale.ROOT, "%-15s %6d | %11.1f %6.1f | %11.1f %6.1f | %12.1f | %12.1f | %13.2fx | %10.1f / %9.1f | %11.1f / %9.1f | %.1f / %.1f | %.1f / %.1f | %8.1f | %12.1f | %8.1f / %8.1f | %8.1f / %8.1f%n", gr.shape(), gr.tokens(),
                     gr.dispatchUs(), gr.dispatchCrossingBytes() / (gr.dispatchUs() * 1e3), gr.combineUs(), gr.crossingBytes() / (gr.combineUs() * 1e3),
                     hr.dispatchUs(), hr.combineUs(), (hr.dispatchUs() + hr.combineUs()) / (gr.dispatchUs() + gr.combineUs()),
                     gr.dispatchPipeUs(), gr.combinePipeUs(), hr.dispatchPipeUs(), hr.combinePipeUs(), gr.dispatchCpuUs(), gr.combineCpuUs(),
-                    gr.dispatchThreadCpuUs(), gr.combineThreadCpuUs(), gr.graphUs(), gr.graphThreadCpuUs());
+                    gr.dispatchThreadCpuUs(), gr.combineThreadCpuUs(), gr.graphUs(), gr.graphThreadCpuUs(), gr.valuesUs(), hr.valuesUs(), gr.valuesPipeUs(), hr.valuesPipeUs());
         }
         out.println("(GB/s: tokens x remote ranks they go to x row bytes (2H; the fp8 dispatch: H + 4 per 128 elements, padded to 16), per rank, over the call time; time = slowest rank, median of device events"
                 + " around each call, the launch included; pipelined = " + PIPELINED + " dispatches back to back after one untimed one, then " + PIPELINED
                 + " combines of the last one, device time / " + PIPELINED + ", median of " + BATCHES + " batches, the nccl-tests way; wall us/call = System.nanoTime around"
                 + " each call, median; thread CPU = the calling thread's CPU time over the pipelined launches / calls; graph = dispatch + combine captured"
-                + " in one CUDA graph per GPU, " + PIPELINED + " replays back to back, device time and thread CPU per replay, median of " + BATCHES + " batches)");
+                + " in one CUDA graph per GPU, " + PIPELINED + " replays back to back, device time and thread CPU per replay, median of " + BATCHES + " batches;"
+                + " row values = returnRowValues of one f32 per received row after the combine, per call and " + PIPELINED + " back to back after the last dispatch)");
         out.printf(Locale.ROOT, "launch floor, same thread and loop (%d launches back to back, median of %d batches, slowest rank): empty kernel %.2f us"
                 + " of thread CPU per launch on an idle GPU, %.2f us queued behind a busy one; making the device current %.2f us;"
                 + " replaying a captured graph of the empty kernel %.2f us%n",
@@ -126,8 +131,8 @@ final class MoeBench {
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\"}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"row_values_us\": %.2f, \"row_values_pipelined_us\": %.2f, \"row_values_thread_cpu_us\": %.2f, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\"}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
@@ -138,14 +143,14 @@ final class MoeBench {
         int n = g.worldSize(), local = g.localCount(), k = shape.topK(), h = shape.hidden();
         SplittableRandom random = new SplittableRandom(42);
         List<Stream> streams = new ArrayList<>();
-        List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>();
+        List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>(), e3 = new ArrayList<>();
         try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input()))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             long crossingTokens = 0;
             for (int i = 0; i < local; i++) {
                 Device d = g.rank(i).device();
                 streams.add(d.createStream());
-                e0.add(d.createEvent()); e1.add(d.createEvent()); e2.add(d.createEvent());
+                e0.add(d.createEvent()); e1.add(d.createEvent()); e2.add(d.createEvent()); e3.add(d.createEvent());
                 short[] x = new short[tokens * h];
                 for (int j = 0; j < x.length; j++) x[j] = (short) (0x3f00 | random.nextInt(0x80)); // bf16 in [0.5, 1)
                 int[] idx = new int[tokens * k];
@@ -170,7 +175,9 @@ final class MoeBench {
             }
             int[] tk = new int[local];
             Arrays.fill(tk, tokens);
-            double[] dUs = new double[iters], cUs = new double[iters], dCpu = new double[iters], cCpu = new double[iters];
+            double[] dUs = new double[iters], cUs = new double[iters], dCpu = new double[iters], cCpu = new double[iters], vUs = new double[iters];
+            // returnRowValues (the router weights' gradient in training) with the received weights as the row values
+            List<DeviceBuffer> rowValues = new ArrayList<>();
             // the JIT compiles the call path only after thousands of calls: warm GIN (cheap) long enough
             // that the CPU time per call measures compiled code, as in a training loop
             int warm = backend == Backend.GIN ? Math.max(warmup, 1500) : warmup;
@@ -194,14 +201,18 @@ final class MoeBench {
                 moe.combine(hs, outs, streams);
                 long t3 = System.nanoTime();
                 for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
-                double dw = 0, cw = 0;
+                if (rowValues.isEmpty()) hs.forEach(hd -> rowValues.add(hd.weights()));
+                moe.returnRowValues(hs, rowValues, streams);
+                for (int i = 0; i < local; i++) e3.get(i).record(streams.get(i));
+                double dw = 0, cw = 0, vw = 0;
                 for (int i = 0; i < local; i++) {
-                    e2.get(i).synchronize();
+                    e3.get(i).synchronize();
                     dw = Math.max(dw, e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3);
                     cw = Math.max(cw, e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3);
+                    vw = Math.max(vw, e3.get(i).elapsedMillisSince(e2.get(i)) * 1e3);
                 }
                 if (it >= 0) {
-                    dUs[it] = dw; cUs[it] = cw;
+                    dUs[it] = dw; cUs[it] = cw; vUs[it] = vw;
                     dCpu[it] = (t1 - t0) / 1e3 / local; cCpu[it] = (t3 - t2) / 1e3 / local;
                 }
             }
@@ -209,7 +220,7 @@ final class MoeBench {
             // so neither the launch cost nor the ranks' start skew is in the time.
             // The thread's CPU time over those launches is the host cost per call (no waiting in it for GIN).
             ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
-            double[] dp = new double[BATCHES], cp = new double[BATCHES], dc = new double[BATCHES], cc = new double[BATCHES];
+            double[] dp = new double[BATCHES], cp = new double[BATCHES], dc = new double[BATCHES], cc = new double[BATCHES], vp = new double[BATCHES], vc = new double[BATCHES];
             for (int batch = 0; batch < BATCHES; batch++) {
                 // one untimed dispatch first: every rank finishes it only when all have started, so the
                 // processes' different arrival times stay out of the batch
@@ -223,22 +234,28 @@ final class MoeBench {
                 for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
                 long c3 = cpu.getCurrentThreadCpuTime();
                 for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                long c4 = cpu.getCurrentThreadCpuTime();
+                for (int it = 0; it < PIPELINED; it++) moe.returnRowValues(last, rowValues, streams);
+                long c5 = cpu.getCurrentThreadCpuTime();
+                for (int i = 0; i < local; i++) e3.get(i).record(streams.get(i));
                 for (int i = 0; i < local; i++) {
-                    e2.get(i).synchronize();
+                    e3.get(i).synchronize();
                     dp[batch] = Math.max(dp[batch], e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
                     cp[batch] = Math.max(cp[batch], e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
+                    vp[batch] = Math.max(vp[batch], e3.get(i).elapsedMillisSince(e2.get(i)) * 1e3 / PIPELINED);
                 }
                 dc[batch] = (c1 - c0) / 1e3 / PIPELINED / local;
                 cc[batch] = (c3 - c2) / 1e3 / PIPELINED / local;
+                vc[batch] = (c5 - c4) / 1e3 / PIPELINED / local;
             }
             double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
-                    median(dc), median(cc), graph[0], graph[1], crossingTokens * moe.config().combineRowBytes() / local,
+                    median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
                     crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL");
         } finally {
             streams.forEach(Stream::close);
-            e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close);
+            e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close); e3.forEach(Event::close);
         }
     }
 
