@@ -21,9 +21,10 @@ import java.util.SplittableRandom;
 import java.util.concurrent.TimeUnit;
 
 /**
- * Whole-call time of one MoE dispatch + combine as a Java caller sees it (launches on every local
- * GPU, then wait for all), GIN and HOST in the same run, uniform random top-k routing, identity
- * experts (expertOut = the received rows; zeros for fp8 dispatch, whose rows are not bf16). For
+ * Whole-call time of one MoE dispatch + combine, and of all five exchanges of a training step, as
+ * a Java caller sees it (launches on every local GPU, then wait for all), GIN and HOST in the same
+ * run, uniform random top-k routing, identity experts (expertOut = the received rows; zeros for
+ * fp8 dispatch, whose rows are not bf16). For
  * per-call device times, pipelined times and GB/s use {@code gin4j bench moe}. fp8 dispatch:
  * {@code -p dtype=FP8_E4M3} (x quantized once on the GPU with {@link Fp8Rows}); add
  * {@code -p quantize=true} to hand the dispatch bf16 x and have it quantize every call
@@ -127,6 +128,22 @@ public class MoeBenchmark {
     @Benchmark public void dispatchCombine() {
         List<MoeDispatch> h = moe.dispatch(xs, ids, ws, tokenCounts, streams);
         moe.combine(h, outs, streams);
+        for (Stream s : streams) s.synchronize();
+    }
+
+    /**
+     * Every exchange of one MoE layer in a training step (README, "Training"): forward dispatch and
+     * combine, then backward: dispatch of dy (x stands in for it), combineUnweighted of the rows'
+     * gradients (dx) and returnRowValues of one f32 per row (the router weights' gradient; the
+     * received weights stand in for the dot products).
+     */
+    @Benchmark public void trainingStepExchanges() {
+        moe.combine(moe.dispatch(xs, ids, ws, tokenCounts, streams), outs, streams);
+        List<MoeDispatch> back = moe.dispatch(xs, ids, ws, tokenCounts, streams);
+        moe.combineUnweighted(back, outs, streams);
+        List<DeviceBuffer> dots = new ArrayList<>(back.size());
+        for (MoeDispatch d : back) dots.add(d.weights());
+        moe.returnRowValues(back, dots, streams);
         for (Stream s : streams) s.synchronize();
     }
 }

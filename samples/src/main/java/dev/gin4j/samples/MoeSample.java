@@ -19,20 +19,23 @@ import java.util.Random;
 /**
  * An MoE layer's exchange: 256 tokens per GPU, hidden 1024, 16 experts, top-2. Dispatch sends each
  * token to the GPUs of its experts; "experts" here return their input unchanged, so combine gives
- * back x * (w0 + w1) per token.
+ * back y = x * (w0 + w1) = 0.75 x per token, which the sample checks for every element on every GPU
+ * (fresh random x each run: 0.25 x + 0.5 x is exact in the combine's fp32, then one rounding to bf16).
  */
 public final class MoeSample {
     public static void main(String[] args) {
         List<Device> devices = GpuRuntime.get().devices();
         int n = devices.size(), tokens = 256, hidden = 1024, experts = 16, topK = 2;
-        Random random = new Random(1);
+        long seed = System.nanoTime();
+        Random random = new Random(seed);
         try (CommGroup group = CommGroup.initAll(devices); Arena arena = Arena.ofShared();
              MoeAllToAll moe = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, topK, tokens, Backend.GIN))) {
             List<DeviceBuffer> x = new ArrayList<>(), idx = new ArrayList<>(), w = new ArrayList<>();
             List<Stream> streams = new ArrayList<>();
-            for (Device d : devices) {
-                short[] rows = new short[tokens * hidden];
-                java.util.Arrays.fill(rows, (short) 0x3f80); // bf16 1.0
+            short[][] rows = new short[n][tokens * hidden];
+            for (int r = 0; r < n; r++) {
+                Device d = devices.get(r);
+                for (int i = 0; i < rows[r].length; i++) rows[r][i] = (short) (0x3f00 | random.nextInt(0x100)); // bf16 in [0.5, 2)
                 int[] ids = new int[tokens * topK];
                 float[] ws = new float[tokens * topK];
                 for (int t = 0; t < tokens; t++) {
@@ -41,7 +44,7 @@ public final class MoeSample {
                     ws[t * topK] = 0.25f;
                     ws[t * topK + 1] = 0.5f;
                 }
-                x.add(upload(d, arena, MemorySegment.ofArray(rows)));
+                x.add(upload(d, arena, MemorySegment.ofArray(rows[r])));
                 idx.add(upload(d, arena, MemorySegment.ofArray(ids)));
                 w.add(upload(d, arena, MemorySegment.ofArray(ws)));
                 streams.add(d.createStream());
@@ -52,13 +55,25 @@ public final class MoeSample {
             List<DeviceBuffer> expertOut = handles.stream().map(MoeDispatch::rows).toList(); // identity experts
             List<DeviceBuffer> y = moe.combine(handles, expertOut, streams);
             moe.checkErrors(streams);
-            byte[] first = y.getFirst().slice(0, 2).toByteArray();
-            int bits = ((first[1] & 0xff) << 8 | (first[0] & 0xff)) << 16;
-            float y00 = Float.intBitsToFloat(bits);
-            System.out.println("y[0][0] on rank 0 = " + y00 + " (expected 0.75)");
-            if (y00 != 0.75f) throw new IllegalStateException("combine returned " + y00 + ", expected 0.75");
+            for (int r = 0; r < n; r++) {
+                short[] got = new short[tokens * hidden];
+                y.get(r).slice(0, 2L * tokens * hidden).copyToHost(MemorySegment.ofArray(got));
+                for (int i = 0; i < got.length; i++) {
+                    short want = bf16(0.75f * Float.intBitsToFloat(rows[r][i] << 16));
+                    if (got[i] != want)
+                        throw new IllegalStateException("rank " + r + " y[" + i / hidden + "][" + i % hidden + "] = bf16 0x" + Integer.toHexString(got[i] & 0xffff)
+                                + ", expected 0x" + Integer.toHexString(want & 0xffff) + " (seed " + seed + ")");
+                }
+            }
+            System.out.println("y = 0.75 x for all " + tokens + " x " + hidden + " elements on each of " + n + " GPU(s)");
             streams.forEach(Stream::close);
         }
+    }
+
+    /** f32 -> bf16, round to nearest even (the combine's rounding; no NaN here). */
+    private static short bf16(float f) {
+        int b = Float.floatToRawIntBits(f);
+        return (short) ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16);
     }
 
     private static DeviceBuffer upload(Device d, Arena a, MemorySegment host) {
