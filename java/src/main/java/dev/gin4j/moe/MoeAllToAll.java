@@ -274,12 +274,14 @@ public final class MoeAllToAll implements AutoCloseable {
         int local = group.localCount();
         if (x.size() != local || topkIdx.size() != local || topkWeights.size() != local || tokens.length != local || streams.size() != local)
             throw new IllegalArgumentException("one x, topkIdx, topkWeights, token count and stream per local rank expected (" + local + ")");
+        // Every rank's inputs before any launch: a GIN kernel launched for rank 0 would otherwise wait
+        // for rank 1's until its time-out when rank 1's are refused.
+        for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
         List<MoeDispatch> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) out.add(dispatch(i, x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
             return out;
         }
-        for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
@@ -423,6 +425,7 @@ public final class MoeAllToAll implements AutoCloseable {
 
     private List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams, boolean weighted) {
         int local = checkLists(handles, expertOut, streams, "expert output");
+        for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), streams.get(i));  // all before any launch
         List<DeviceBuffer> ys = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i), weighted));
@@ -430,7 +433,7 @@ public final class MoeAllToAll implements AutoCloseable {
         }
         List<DeviceBuffer> back = new ArrayList<>(), ret = new ArrayList<>();
         for (int i = 0; i < local; i++) {
-            RankState r = checkHandle(handles.get(i), expertOut.get(i), streams.get(i));
+            RankState r = ranks.get(i);
             back.add(r.backBuf);
             ret.add(r.returned);
         }
@@ -498,6 +501,7 @@ public final class MoeAllToAll implements AutoCloseable {
     /** {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once (handles in local rank order). */
     public List<DeviceBuffer> returnRowValues(List<MoeDispatch> handles, List<DeviceBuffer> rowValues, List<Stream> streams) {
         int local = checkLists(handles, rowValues, streams, "row values buffer");
+        for (int i = 0; i < local; i++) checkRowValues(handles.get(i), rowValues.get(i), streams.get(i));  // all before any launch
         List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) out.add(returnRowValues(handles.get(i), rowValues.get(i), streams.get(i)));
@@ -505,7 +509,7 @@ public final class MoeAllToAll implements AutoCloseable {
         }
         List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
         for (int i = 0; i < local; i++) {
-            RankState r = checkRowValues(handles.get(i), rowValues.get(i), streams.get(i));
+            RankState r = ranks.get(i);
             send.add(r.valuesSend);
             recv.add(r.valuesRecv);
         }

@@ -393,7 +393,20 @@ class MoeGpuTest {
             List<MoeDispatch> second = gin.dispatch(xs, ids, ws, tokens(8, 8), streams);
             IllegalStateException stale = assertThrows(IllegalStateException.class, () -> gin.combine(first, outs, streams));
             assertTrue(stale.getMessage().contains("last dispatch"), stale.getMessage());
+            List<DeviceBuffer> values = second.stream().map(MoeDispatch::weights).toList();
+            IllegalStateException staleValues = assertThrows(IllegalStateException.class, () -> gin.returnRowValues(first, values, streams));
+            assertTrue(staleValues.getMessage().contains("last dispatch"), staleValues.getMessage());
+            // Refused on the last rank only: nothing may have been launched for the others (their
+            // collective kernels would wait for it until their time-out, which checkErrors reports).
+            List<DeviceBuffer> shortValues = new ArrayList<>(values), shortOuts = new ArrayList<>(outs);
+            shortValues.set(n - 1, devs.get(n - 1).allocate(16, a));
+            shortOuts.set(n - 1, devs.get(n - 1).allocate(16, a));
+            IllegalArgumentException small = assertThrows(IllegalArgumentException.class, () -> gin.returnRowValues(second, shortValues, streams));
+            assertTrue(small.getMessage().contains("capacity rows"), small.getMessage());
+            IllegalArgumentException smallOut = assertThrows(IllegalArgumentException.class, () -> gin.combine(second, shortOuts, streams));
+            assertTrue(smallOut.getMessage().contains("capacity rows"), smallOut.getMessage());
             gin.combine(second, outs, streams);
+            gin.returnRowValues(second, values, streams);
             gin.checkErrors(streams);
         }
     }
