@@ -1219,8 +1219,9 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
 
 // ------------------------------------------------------------------------------------------------
 // 200 back-to-back rounds without host synchronisation: per round a decoy dispatch (other routing),
-// the real dispatch, fake experts, combine, and a second combine; every result copied aside on the
-// device, all checked at the end.
+// the real dispatch, fake experts, combine, a second combine, and moe_gin_row_values of the
+// received weights (which must give back each token's weights, 0 where masked); every result
+// copied aside on the device, all checked at the end.
 // ------------------------------------------------------------------------------------------------
 // channels = 5: the token path (<= 32 tokens per channel, round 8); 2: the layout path (48).
 // pdl: every dispatch and combine launched with programmatic dependent launch.
@@ -1242,7 +1243,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
   struct Bufs {
     uint16_t *x, *y1, *y2;
     int *idx, *counts;
-    float* w;
+    float *w, *g;  // g: moe_gin_row_values of the received weights, which must give back w
   };
   std::vector<Bufs> b(s.R);
   for (int r = 0; r < s.R; ++r) {
@@ -1253,6 +1254,8 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
     b[r].idx = dmalloc<int>(rounds * kStride * 4);
     b[r].w = dmalloc<float>(rounds * kStride * 4);
     b[r].counts = dmalloc<int>((size_t)rounds * s.L * 4);
+    b[r].g = dmalloc<float>(rounds * kStride * 4);
+    CUDA_CHECK(cudaMemset(b[r].g, 0xFF, rounds * kStride * 4));  // NaN
     CUDA_CHECK(cudaMemset(b[r].y1, 0xFF, rounds * xStride * 2));
     CUDA_CHECK(cudaMemset(b[r].y2, 0xFF, rounds * xStride * 2));
     for (int i = 0; i < rounds; ++i) {
@@ -1280,6 +1283,14 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
     }
     for (int r = 0; r < s.R; ++r) gin_combine(s, r, in[i][r].T, b[r].y1 + i * xStride);
     for (int r = 0; r < s.R; ++r) gin_combine(s, r, in[i][r].T, b[r].y2 + i * xStride);
+    for (int r = 0; r < s.R; ++r) {
+      Rank& q = s.rk[r];
+      CUDA_CHECK(cudaSetDevice(q.dev));
+      moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(q.recvWeights, in[i][r].T, b[r].g + i * kStride,
+                                                              (const uint64_t*)q.peerBases, q.ws, q.err, r, s.R, s.E, s.K,
+                                                              s.H, s.M, s.C);
+      CUDA_CHECK(cudaGetLastError());
+    }
   }
   sync_all(s);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1308,6 +1319,12 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
       if (rel < 0 && why.empty()) why = "combine: " + d;
       maxRel = std::max(maxRel, rel);
       if (why.empty() && y1 != y2) why = "second combine differs from the first";
+      std::vector<float> g(std::max<size_t>(1, (size_t)T * s.K));
+      CUDA_CHECK(cudaMemcpy(g.data(), b[r].g + i * kStride, g.size() * 4, cudaMemcpyDeviceToHost));
+      for (size_t j = 0; j < (size_t)T * s.K && why.empty(); ++j) {
+        const float want = in[i][r].ev[j] >= 0 ? in[i][r].w[j] : 0.f;
+        if (g[j] != want) why = "row values: slot " + std::to_string(j) + " got " + std::to_string(g[j]) + " want " + std::to_string(want);
+      }
       if (!why.empty()) {
         ++badRounds;
         if (first.empty()) first = "round " + std::to_string(i) + " rank " + std::to_string(r) + ": " + why;
@@ -1320,7 +1337,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
   char ebuf[64];
   snprintf(ebuf, sizeof ebuf, "errorFlags rank0 0x%x", err[0]);
   record(errOk, "back-to-back error flags", ebuf);
-  printf("  %d rounds (2 dispatch + 2 combine each) in %.1f ms, combine max rel. error %.2e\n", rounds, secs * 1e3,
+  printf("  %d rounds (2 dispatch + 2 combine + row values each) in %.1f ms, combine max rel. error %.2e\n", rounds, secs * 1e3,
          maxRel);
   for (int r = 0; r < s.R; ++r) {
     CUDA_CHECK(cudaSetDevice(dev_of(r)));
@@ -1330,6 +1347,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
     CUDA_CHECK(cudaFree(b[r].idx));
     CUDA_CHECK(cudaFree(b[r].w));
     CUDA_CHECK(cudaFree(b[r].counts));
+    CUDA_CHECK(cudaFree(b[r].g));
   }
   free_setup(s);
 }
