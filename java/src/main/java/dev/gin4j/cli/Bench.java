@@ -18,12 +18,17 @@ final class Bench {
     private Bench() {}
 
     static int run(String[] args, PrintStream out, PrintStream err) throws IOException {
-        if (args.length == 0 || args[0].equals("--help")) {
+        if (args.length == 0 || java.util.Arrays.asList(args).contains("--help") || java.util.Arrays.asList(args).contains("-h")) {
             out.println("""
                     usage: gin4j bench a2a [--min 4K] [--max 1G] [--factor 4] [--iters 20] [--warmup 5]
                                            [--backends GIN,HOST] [--protocol auto|ll|ll128|direct|copy_engine] [--out a2a.json]
-                           gin4j bench moe [--tokens 128,4096] [--shapes deepseek-v3,qwen3-30b-a3b,mixtral] [--iters 20] [--out moe.json]
-                    One process drives every local GPU. Sizes are bytes each rank sends in total.""");
+                           gin4j bench moe [--tokens 128,4096] [--shapes deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q]
+                                           [--iters 20] [--warmup 10] [--out moe.json]
+                    One process drives every local GPU, or one process per GPU when started the torchrun way
+                    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the bundle's bin/launch N does that).
+                    a2a sizes are bytes each rank sends in total. moe shapes: deepseek-v3 (hidden 7168, 256 experts,
+                    top-8), qwen3-30b-a3b (2048, 128, top-8), mixtral (4096, 8, top-2); deepseek-v3-fp8 dispatches
+                    scaled fp8 rows, deepseek-v3-fp8q bf16 x quantized by the dispatch.""");
             return 0;
         }
         return switch (args[0]) {

@@ -43,6 +43,7 @@ public final class Fp8Rows implements AutoCloseable {
         }
     }
 
+    /** True if fp8 rows can hold {@code hidden} elements: a positive multiple of 16 (16-byte code chunks). */
     public static boolean hiddenOk(int hidden) { return hidden >= 16 && hidden % 16 == 0; }
 
     /** f32 scales per row: one per 128 elements. */
@@ -51,7 +52,7 @@ public final class Fp8Rows implements AutoCloseable {
     /** Bytes of one row: hidden codes, then the scales padded to a multiple of 4 (16 bytes). */
     public static long rowBytes(int hidden) { return hidden + 16L * ((scales(hidden) + 3) / 4); }
 
-    /** The largest code magnitude of this device's format: 448 (e4m3fn) or 240 (e4m3fnuz, gfx942). */
+    /** The largest code magnitude of this device's format: 448 (e4m3fn, NVIDIA) or 240 (e4m3fnuz: AMD, whose kernels are built for gfx942). */
     public static float maxValue(Device device) { return device.arch().startsWith("gfx") ? 240f : 448f; }
 
     /**
@@ -65,10 +66,11 @@ public final class Fp8Rows implements AutoCloseable {
         long needX = 2L * tokens * hidden, needOut = tokens * rowBytes(hidden);
         if (x.byteSize() < needX) throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; [" + tokens + "][" + hidden + "] bf16 needs " + needX);
         if (out.byteSize() < needOut) throw new IllegalArgumentException("out has " + out.byteSize() + " bytes; " + tokens + " fp8 rows of " + rowBytes(hidden) + " bytes need " + needOut);
-        if (x.device() != device || out.device() != device || stream.device() != device)
-            throw new IllegalArgumentException("x, out and the stream must be on " + device);
-        if (x.address() % 16 != 0 || out.address() % 8 != 0)
-            throw new IllegalArgumentException("x must be 16-byte and out 8-byte aligned");
+        if (x.device() != device) throw new IllegalArgumentException("x is on " + x.device() + ", this quantizer on " + device);
+        if (out.device() != device) throw new IllegalArgumentException("out is on " + out.device() + ", this quantizer on " + device);
+        if (stream.device() != device) throw new IllegalArgumentException("the stream is on " + stream.device() + ", this quantizer on " + device);
+        if (x.address() % 16 != 0) throw new IllegalArgumentException("x must be 16-byte aligned, its address is 0x" + Long.toHexString(x.address()));
+        if (out.address() % 8 != 0) throw new IllegalArgumentException("out must be 8-byte aligned, its address is 0x" + Long.toHexString(out.address()));
         args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
         kernel.launch(stream, launchConfig(device, tokens, hidden), args);
     }

@@ -33,6 +33,9 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * each token once to every rank holding one of its experts and lays the rows out expert-major
  * there; {@code combine(expertOut)} returns {@code y[t] = sum_k w[t][k] * out(t, expert_k)}
  * (fp32 accumulation) to the token's own rank, {@code combineUnweighted} the sum without the weights.
+ * <p>{@code topkIdx[t][k]}: an expert id in {@code [0, experts)}, or -1 for a masked slot (skipped,
+ * and 0 in what comes back for it). An id out of range or repeated within a token is masked too and
+ * reported by {@link #checkErrors}.
  * <p>Training: the same routing lays the rows out the same way every time, so the backward of
  * combine is a dispatch of dy (each expert row receives dy of its token; multiply by the handle's
  * weights for d out), the backward of dispatch is {@code combineUnweighted} of the rows'
@@ -161,7 +164,8 @@ public final class MoeAllToAll implements AutoCloseable {
         this.query = queryLayout(group.rank(0).device());
         if (query[Q_WINDOW_BYTES] == 0) {
             throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
-                    + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32)");
+                    + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
+                    + " maxTokens x ranks and the receive capacity in rows below 2^31)");
         }
         try {
             if (cfg.backend() == Backend.GIN) {
@@ -239,20 +243,24 @@ public final class MoeAllToAll implements AutoCloseable {
             throw new IllegalArgumentException("x must be 16-byte aligned for the quantizing fp8 dispatch, its address is 0x" + Long.toHexString(x.address()));
         if (idx.byteSize() < needK) throw new IllegalArgumentException("topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
         if (w.byteSize() < needK) throw new IllegalArgumentException("topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
-        for (DeviceBuffer b : List.of(x, idx, w)) if (b.device() != r.device) throw new IllegalArgumentException("an input of " + r.comm + " is on " + b.device());
+        if (x.device() != r.device) throw new IllegalArgumentException("x of " + r.comm + " is on " + x.device());
+        if (idx.device() != r.device) throw new IllegalArgumentException("topkIdx of " + r.comm + " is on " + idx.device());
+        if (w.device() != r.device) throw new IllegalArgumentException("topkWeights of " + r.comm + " is on " + w.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
     }
 
     /**
-     * GIN backend, one local rank: queues the dispatch on {@code stream} and returns where its
-     * results will be. Every rank must dispatch (a collective); T may differ per rank.
+     * One local rank ({@code localIndex} in {@code [0, localCount)}): queues the dispatch on
+     * {@code stream} and returns where its results will be. Every rank must dispatch (a
+     * collective); T may differ per rank. HOST with several local ranks takes the list form.
      */
     public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+        rank(localIndex);
         if (cfg.backend() != Backend.GIN) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST dispatch with several local ranks must be issued for all of them together: use the list form");
             return dispatch(List.of(x), List.of(topkIdx), List.of(topkWeights), new int[] {tokens}, List.of(stream)).getFirst();
         }
-        RankState r = ranks.get(localIndex);
+        RankState r = rank(localIndex);
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
@@ -273,7 +281,8 @@ public final class MoeAllToAll implements AutoCloseable {
     public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<Stream> streams) {
         int local = group.localCount();
         if (x.size() != local || topkIdx.size() != local || topkWeights.size() != local || tokens.length != local || streams.size() != local)
-            throw new IllegalArgumentException("one x, topkIdx, topkWeights, token count and stream per local rank expected (" + local + ")");
+            throw new IllegalArgumentException("one x, topkIdx, topkWeights, token count and stream per local rank expected (" + local + "), got " + x.size() + ", "
+                    + topkIdx.size() + ", " + topkWeights.size() + ", " + tokens.length + ", " + streams.size());
         // Every rank's inputs before any launch: a GIN kernel launched for rank 0 would otherwise wait
         // for rank 1's until its time-out when rank 1's are refused.
         for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
@@ -376,7 +385,7 @@ public final class MoeAllToAll implements AutoCloseable {
     }
 
     private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
-        RankState r = ranks.get(handle.localIndex());
+        RankState r = rank(handle.localIndex());
         if (handle.sequence() != r.lastSequence) throw new IllegalStateException("combine needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
         long need = capacityRows() * cfg.combineRowBytes();
         if (expertOut.byteSize() < need) throw new IllegalArgumentException("expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
@@ -385,7 +394,7 @@ public final class MoeAllToAll implements AutoCloseable {
         return r;
     }
 
-    /** GIN backend, one local rank: y[T][H] bf16 for the tokens of that rank's last dispatch (this instance's buffer). */
+    /** One local rank: y[T][H] bf16 for the tokens of that rank's last dispatch (this instance's buffer). HOST with several local ranks takes the list form. */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         return combine(handle, expertOut, stream, true);
     }
@@ -483,14 +492,15 @@ public final class MoeAllToAll implements AutoCloseable {
     private int checkLists(List<MoeDispatch> handles, List<DeviceBuffer> buffers, List<Stream> streams, String what) {
         int local = group.localCount();
         if (handles.size() != local || buffers.size() != local || streams.size() != local)
-            throw new IllegalArgumentException("one handle, " + what + " and stream per local rank expected (" + local + ")");
+            throw new IllegalArgumentException("one handle, " + what + " and stream per local rank expected (" + local + "), got " + handles.size() + ", "
+                    + buffers.size() + ", " + streams.size());
         for (int i = 0; i < local; i++)
             if (handles.get(i).localIndex() != i) throw new IllegalArgumentException("handle " + i + " of the list is of local rank " + handles.get(i).localIndex() + ": one per local rank, in order");
         return local;
     }
 
     private RankState checkRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
-        RankState r = ranks.get(handle.localIndex());
+        RankState r = rank(handle.localIndex());
         if (handle.sequence() != r.lastSequence) throw new IllegalStateException("returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
         if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException("rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
@@ -547,8 +557,14 @@ public final class MoeAllToAll implements AutoCloseable {
         group.allToAllV(staging, sc, so, returned, rc, ro, streams);
     }
 
-    /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. */
+    private RankState rank(int localIndex) {
+        if (localIndex < 0 || localIndex >= ranks.size()) throw new IllegalArgumentException("local rank index " + localIndex + " is outside [0, " + ranks.size() + ")");
+        return ranks.get(localIndex);
+    }
+
+    /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. One stream per local rank. */
     public void checkErrors(List<Stream> streams) {
+        if (streams.size() != ranks.size()) throw new IllegalArgumentException("one stream per local rank expected (" + ranks.size() + "), got " + streams.size());
         for (int i = 0; i < ranks.size(); i++) ranks.get(i).errors.check("MoE exchange", streams.get(i));
     }
 

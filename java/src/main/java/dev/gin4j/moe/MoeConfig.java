@@ -19,6 +19,8 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
         if (experts < 1 || experts > 2048) throw new IllegalArgumentException("experts must be in [1, 2048], got " + experts);
         if (topK < 1 || topK > 32 || topK > experts) throw new IllegalArgumentException("topK must be in [1, min(32, experts)], got " + topK);
         if (maxTokens < 1) throw new IllegalArgumentException("maxTokens must be >= 1, got " + maxTokens);
+        if (backend == null) throw new IllegalArgumentException("backend must be Backend.GIN or Backend.HOST, got null");
+        if (dtype == null || input == null) throw new IllegalArgumentException("dtype and input must be given (BF16 or FP8_E4M3), got " + dtype + " / " + input);
         if (dtype != DType.BF16 && dtype != DType.FP8_E4M3)
             throw new IllegalArgumentException("MoE rows are BF16 or FP8_E4M3 (scaled fp8 rows), got " + dtype);
         if (dtype == DType.FP8_E4M3 && !Fp8Rows.hiddenOk(hidden))

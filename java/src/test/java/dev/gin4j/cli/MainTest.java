@@ -1,0 +1,38 @@
+package dev.gin4j.cli;
+
+import org.junit.jupiter.api.Test;
+
+import java.io.ByteArrayOutputStream;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** The command line's help and argument errors, without a GPU (none of these may touch one). */
+class MainTest {
+    private record Result(int status, String out, String err) {}
+
+    private static Result run(String... args) {
+        ByteArrayOutputStream out = new ByteArrayOutputStream(), err = new ByteArrayOutputStream();
+        int status = Main.run(args, new PrintStream(out, true, StandardCharsets.UTF_8), new PrintStream(err, true, StandardCharsets.UTF_8));
+        return new Result(status, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
+    }
+
+    @Test void benchHelpAnywhereInTheArguments() {
+        for (String[] args : new String[][] {{"bench"}, {"bench", "--help"}, {"bench", "moe", "--help"}, {"bench", "a2a", "--min", "4K", "-h"}}) {
+            Result r = run(args);
+            assertEquals(0, r.status(), String.join(" ", args) + ": " + r.err());
+            assertTrue(r.out().contains("usage: gin4j bench a2a") && r.out().contains("deepseek-v3-fp8q"), r.out());
+        }
+    }
+
+    @Test void unknownCommandsAndBenchmarksSayWhatIsExpected() {
+        Result r = run("frobnicate");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("unknown command 'frobnicate'") && r.err().contains("usage: gin4j"), r.err());
+        r = run("bench", "nccl");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("expected a2a or moe"), r.err());
+        assertEquals(0, run("help").status());
+    }
+}

@@ -1,0 +1,37 @@
+package dev.gin4j.moe;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.DType;
+import org.junit.jupiter.api.Test;
+
+import static org.junit.jupiter.api.Assertions.*;
+
+/** MoeConfig's checks and row sizes, without a GPU. */
+class MoeConfigTest {
+    private static void refused(String expected, org.junit.jupiter.api.function.Executable e) {
+        IllegalArgumentException x = assertThrows(IllegalArgumentException.class, e);
+        assertTrue(x.getMessage().contains(expected), x.getMessage());
+    }
+
+    @Test void badShapesAreRefusedWithWhatWasExpected() {
+        refused("hidden must be >= 1", () -> MoeConfig.bf16(0, 8, 2, 16, Backend.GIN));
+        refused("topK must be in [1, min(32, experts)]", () -> MoeConfig.bf16(128, 8, 9, 16, Backend.GIN));
+        refused("maxTokens must be >= 1", () -> MoeConfig.bf16(128, 8, 2, 0, Backend.GIN));
+        refused("backend must be Backend.GIN or Backend.HOST", () -> MoeConfig.bf16(128, 8, 2, 16, null));
+        refused("dtype and input must be given", () -> new MoeConfig(128, 8, 2, 16, null, Backend.GIN));
+        refused("positive multiple of 16", () -> MoeConfig.fp8(120, 8, 2, 16, Backend.HOST));
+        refused("MoE rows are BF16 or FP8_E4M3", () -> new MoeConfig(128, 8, 2, 16, DType.FP32, Backend.GIN));
+        refused("dispatch input must be the row type", () -> new MoeConfig(128, 8, 2, 16, DType.BF16, Backend.GIN, DType.FP8_E4M3));
+    }
+
+    @Test void rowSizes() {
+        MoeConfig q = MoeConfig.fp8FromBf16(7168, 256, 8, 128, Backend.GIN);
+        assertTrue(q.quantizes());
+        assertEquals(2L * 7168, q.inputRowBytes());
+        assertEquals(7168 + 16L * 14, q.dispatchRowBytes(), "56 f32 scales in 14 groups of 16 bytes");
+        assertEquals(2L * 7168, q.combineRowBytes());
+        MoeConfig b = MoeConfig.bf16(7168, 256, 8, 128, Backend.HOST);
+        assertFalse(b.quantizes());
+        assertEquals(2L * 7168, b.dispatchRowBytes());
+    }
+}
