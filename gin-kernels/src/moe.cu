@@ -140,8 +140,17 @@ __host__ __device__ inline int moe_min_i(int a, int b) { return a < b ? a : b; }
 __host__ __device__ inline bool moe_token_path_sizes(int K, int M) {
   return (int64_t)M * (int64_t)K <= (int64_t)MOE_TOKEN_PATH_IDS;
 }
+// Not on AMD: the token path's LL128 lines trust all 128 bytes once the flag in the last 8 has
+// landed, which holds for one 128-byte warp store on NVIDIA; gfx9 GPUs only keep 64 bytes whole
+// (RCCL's LL128 lines are 64 bytes there), so a reader could take a line whose first half is
+// stale. The layout path's release/acquire progress words hold on both (session 13).
 __host__ __device__ inline bool moe_token_path(int K, int M, int C) {
+#if GIN_HIP
+  (void)K, (void)M, (void)C;
+  return false;
+#else
   return moe_token_path_sizes(K, M) && C >= 1 && (M + C - 1) / C <= 32;
+#endif
 }
 // Model shapes (ranks, experts, top-k, hidden) with token-path entry points of their own, compiled
 // with these sizes as constants (see "Entry points" below): DeepSeek-V3, Qwen3-30B-A3B and
