@@ -255,12 +255,11 @@ public final class MoeAllToAll implements AutoCloseable {
      * collective); T may differ per rank. HOST with several local ranks takes the list form.
      */
     public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
-        rank(localIndex);
+        RankState r = rank(localIndex);
         if (cfg.backend() != Backend.GIN) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST dispatch with several local ranks must be issued for all of them together: use the list form");
             return dispatch(List.of(x), List.of(topkIdx), List.of(topkWeights), new int[] {tokens}, List.of(stream)).getFirst();
         }
-        RankState r = rank(localIndex);
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
