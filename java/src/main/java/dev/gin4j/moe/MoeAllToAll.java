@@ -21,6 +21,7 @@ import dev.gin4j.gpu.Stream;
 import java.lang.foreign.Arena;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.function.Function;
 
 import static dev.gin4j.gpu.KernelArgs.Type.I32;
 import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
@@ -261,6 +262,11 @@ public final class MoeAllToAll implements AutoCloseable {
             return dispatch(List.of(x), List.of(topkIdx), List.of(topkWeights), new int[] {tokens}, List.of(stream)).getFirst();
         }
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
+        return ginDispatch(localIndex, r, x, topkIdx, topkWeights, tokens, stream);
+    }
+
+    /** GIN, inputs checked: the dispatch launch. */
+    private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
         // fp8 from bf16: the dispatch quantizes x into r.xq itself, one launch on both paths (1x H200,
@@ -287,7 +293,7 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
         List<MoeDispatch> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) out.add(dispatch(i, x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
+            for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
             return out;
         }
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
@@ -412,7 +418,11 @@ public final class MoeAllToAll implements AutoCloseable {
             if (group.localCount() > 1) throw new IllegalStateException("HOST combine with several local ranks must be issued for all of them together: use the list form");
             return combine(List.of(handle), List.of(expertOut), List.of(stream), weighted).getFirst();
         }
-        RankState r = checkHandle(handle, expertOut, stream);
+        return ginCombine(checkHandle(handle, expertOut, stream), handle, expertOut, stream, weighted);
+    }
+
+    /** GIN, inputs checked: the combine launch. */
+    private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
         KernelArgs a = r.combineArgs;
         a.setPointer(0, expertOut).setPointer(1, weighted ? r.recvWeights : r.unitWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
@@ -436,16 +446,10 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), streams.get(i));  // all before any launch
         List<DeviceBuffer> ys = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) ys.add(combine(handles.get(i), expertOut.get(i), streams.get(i), weighted));
+            for (int i = 0; i < local; i++) ys.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), streams.get(i), weighted));
             return ys;
         }
-        List<DeviceBuffer> back = new ArrayList<>(), ret = new ArrayList<>();
-        for (int i = 0; i < local; i++) {
-            RankState r = ranks.get(i);
-            back.add(r.backBuf);
-            ret.add(r.returned);
-        }
-        hostSendBack(expertOut, cfg.hidden(), back, ret, streams);
+        hostSendBack(expertOut, cfg.hidden(), r -> r.backBuf, r -> r.returned, streams);
         long rowBytes = cfg.combineRowBytes();
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
@@ -476,7 +480,11 @@ public final class MoeAllToAll implements AutoCloseable {
             if (group.localCount() > 1) throw new IllegalStateException("HOST returnRowValues with several local ranks must be issued for all of them together: use the list form");
             return returnRowValues(List.of(handle), List.of(rowValues), List.of(stream)).getFirst();
         }
-        RankState r = checkRowValues(handle, rowValues, stream);
+        return ginRowValues(checkRowValues(handle, rowValues, stream), handle, rowValues, stream);
+    }
+
+    /** GIN, inputs checked: the row values launch. */
+    private DeviceBuffer ginRowValues(RankState r, MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
         r.valuesArgs.setPointer(0, rowValues).setInt(1, handle.numTokens()).setPointer(2, r.tokenValues).setPointer(3, peers.table(handle.localIndex()))
                 .setPointer(4, r.workspace).setPointer(5, r.errors.buffer()).setInt(6, r.comm.rank()).setInt(7, nRanks).setInt(8, cfg.experts())
                 .setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens()).setInt(12, channels);
@@ -513,16 +521,10 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) checkRowValues(handles.get(i), rowValues.get(i), streams.get(i));  // all before any launch
         List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) out.add(returnRowValues(handles.get(i), rowValues.get(i), streams.get(i)));
+            for (int i = 0; i < local; i++) out.add(ginRowValues(ranks.get(i), handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
-        List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
-        for (int i = 0; i < local; i++) {
-            RankState r = ranks.get(i);
-            send.add(r.valuesSend);
-            recv.add(r.valuesRecv);
-        }
-        hostSendBack(rowValues, 2, send, recv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
+        hostSendBack(rowValues, 2, r -> r.valuesSend, r -> r.valuesRecv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             int tokens = handles.get(i).numTokens();
@@ -537,14 +539,19 @@ public final class MoeAllToAll implements AutoCloseable {
     /**
      * HOST, every local rank: expert-major rows of {@code hidden} bf16 elements ({@code rows}, the
      * last dispatch's layout) back to the ranks they came from, the way they came: unpermuted into
-     * {@code staging} (source-major), then the exchange into {@code returned} (send-row order).
+     * {@code staging} (source-major), then the exchange into {@code returned} (send-row order); both
+     * are each rank's own buffers for this use.
      */
-    private void hostSendBack(List<DeviceBuffer> rows, int hidden, List<DeviceBuffer> staging, List<DeviceBuffer> returned, List<Stream> streams) {
+    private void hostSendBack(List<DeviceBuffer> rows, int hidden, Function<RankState, DeviceBuffer> stagingOf, Function<RankState, DeviceBuffer> returnedOf,
+                              List<Stream> streams) {
         int local = group.localCount();
         long rowBytes = 2L * hidden;
         long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][];
+        List<DeviceBuffer> staging = new ArrayList<>(), returned = new ArrayList<>();
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
+            staging.add(stagingOf.apply(r));
+            returned.add(returnedOf.apply(r));
             long n = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
             r.unpermuteArgs.setPointer(0, rows.get(i)).setPointer(1, r.countMatrix).setPointer(2, staging.get(i)).setPointer(3, r.errors.buffer())
                     .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, hidden).setInt(8, cfg.maxTokens());
