@@ -624,6 +624,14 @@ static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   gin_launch(s, r, s.entry.combine, (const uint16_t*)q.expertOut, (const float*)q.recvWeights, T, y,
              (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
 }
+// moe_gin_row_values on rank r's stream: one f32 per received row (vals) back to g[T][K].
+static void gin_row_values(Setup& s, int r, const float* vals, int T, float* g) {
+  Rank& q = s.rk[r];
+  CUDA_CHECK(cudaSetDevice(q.dev));
+  moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(vals, T, g, (const uint64_t*)q.peerBases, q.ws, q.err, r, s.R, s.E, s.K,
+                                                          s.H, s.M, s.C);
+  CUDA_CHECK(cudaGetLastError());
+}
 static void fake_expert(Setup& s, int r, const uint16_t* in, uint16_t* out, const int* counts) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
@@ -937,13 +945,7 @@ static void check_row_values(Setup& s, const std::vector<RankInput>& in, const s
   }
   sync_all(s);
   for (int c = 0; c < kCalls; ++c)
-    for (int r = 0; r < s.R; ++r) {
-      Rank& q = s.rk[r];
-      CUDA_CHECK(cudaSetDevice(q.dev));
-      moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(vals[c][r], T[r], g[c][r], (const uint64_t*)q.peerBases, q.ws, q.err, r,
-                                                              s.R, s.E, s.K, s.H, s.M, s.C);
-      CUDA_CHECK(cudaGetLastError());
-    }
+    for (int r = 0; r < s.R; ++r) gin_row_values(s, r, vals[c][r], T[r], g[c][r]);
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
@@ -1283,14 +1285,7 @@ static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, boo
     }
     for (int r = 0; r < s.R; ++r) gin_combine(s, r, in[i][r].T, b[r].y1 + i * xStride);
     for (int r = 0; r < s.R; ++r) gin_combine(s, r, in[i][r].T, b[r].y2 + i * xStride);
-    for (int r = 0; r < s.R; ++r) {
-      Rank& q = s.rk[r];
-      CUDA_CHECK(cudaSetDevice(q.dev));
-      moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(q.recvWeights, in[i][r].T, b[r].g + i * kStride,
-                                                              (const uint64_t*)q.peerBases, q.ws, q.err, r, s.R, s.E, s.K,
-                                                              s.H, s.M, s.C);
-      CUDA_CHECK(cudaGetLastError());
-    }
+    for (int r = 0; r < s.R; ++r) gin_row_values(s, r, s.rk[r].recvWeights, in[i][r].T, b[r].g + i * kStride);
   }
   sync_all(s);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -1704,13 +1699,7 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
         CUDA_CHECK(cudaSetDevice(dev_of(r)));
         rowOut[r] = dmalloc<float>((size_t)s.M * s.K * 4);
       }
-      auto rowValuesCall = [&](int r) {
-        Rank& q = s.rk[r];
-        CUDA_CHECK(cudaSetDevice(q.dev));
-        moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(q.recvWeights, T, rowOut[r], (const uint64_t*)q.peerBases, q.ws, q.err,
-                                                                r, s.R, s.E, s.K, s.H, s.M, s.C);
-        CUDA_CHECK(cudaGetLastError());
-      };
+      auto rowValuesCall = [&](int r) { gin_row_values(s, r, s.rk[r].recvWeights, T, rowOut[r]); };
       std::vector<float> rvGated, rvBack;
       for (int i = 0; i < warm + iters; ++i) {
         const float a = timed_all_ranks(s, g, ev0, ev1, [&] {
