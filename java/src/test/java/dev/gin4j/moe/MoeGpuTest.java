@@ -1,6 +1,7 @@
 package dev.gin4j.moe;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.Bf16;
 import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
@@ -63,13 +64,9 @@ class MoeGpuTest {
         if (group != null) group.close();
     }
 
-    static short bf16(float f) {
-        int bits = Float.floatToRawIntBits(f);
-        bits += 0x7fff + ((bits >>> 16) & 1);
-        return (short) (bits >>> 16);
-    }
+    static short bf16(float f) { return Bf16.fromFloat(f); }
 
-    static float f32(short b) { return Float.intBitsToFloat((b & 0xffff) << 16); }
+    static float f32(short b) { return Bf16.toFloat(b); }
 
     /**
      * One rank's inputs: the dispatched rows as bytes (bf16, or scaled fp8 rows), the values they

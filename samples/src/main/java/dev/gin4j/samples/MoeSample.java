@@ -1,6 +1,7 @@
 package dev.gin4j.samples;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.Bf16;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -59,7 +60,7 @@ public final class MoeSample {
                 short[] got = new short[tokens * hidden];
                 y.get(r).slice(0, 2L * tokens * hidden).copyToHost(MemorySegment.ofArray(got));
                 for (int i = 0; i < got.length; i++) {
-                    short want = bf16(0.75f * Float.intBitsToFloat(rows[r][i] << 16));
+                    short want = Bf16.fromFloat(0.75f * Bf16.toFloat(rows[r][i]));
                     if (got[i] != want)
                         throw new IllegalStateException("rank " + r + " y[" + i / hidden + "][" + i % hidden + "] = bf16 0x" + Integer.toHexString(got[i] & 0xffff)
                                 + ", expected 0x" + Integer.toHexString(want & 0xffff) + " (seed " + seed + ")");
@@ -68,12 +69,6 @@ public final class MoeSample {
             System.out.println("y = 0.75 x for all " + tokens + " x " + hidden + " elements on each of " + n + " GPU(s)");
             streams.forEach(Stream::close);
         }
-    }
-
-    /** f32 -> bf16, round to nearest even (the combine's rounding; no NaN here). */
-    private static short bf16(float f) {
-        int b = Float.floatToRawIntBits(f);
-        return (short) ((b + 0x7fff + ((b >>> 16) & 1)) >>> 16);
     }
 
     private static DeviceBuffer upload(Device d, Arena a, MemorySegment host) {

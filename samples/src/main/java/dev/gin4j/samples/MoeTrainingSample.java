@@ -1,6 +1,7 @@
 package dev.gin4j.samples;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.Bf16;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -150,17 +151,14 @@ public final class MoeTrainingSample {
     /** v as bf16 (round to nearest even), zero-padded to {@code length} elements. */
     private static short[] bf16(float[] v, long length) {
         short[] o = new short[(int) length];
-        for (int i = 0; i < v.length; i++) {
-            int bits = Float.floatToRawIntBits(v[i]);
-            o[i] = (short) ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16);
-        }
+        for (int i = 0; i < v.length; i++) o[i] = Bf16.fromFloat(v[i]);
         return o;
     }
 
     private static float[] download(DeviceBuffer b, int elements) {
         byte[] raw = b.slice(0, 2L * elements).toByteArray();
         float[] o = new float[elements];
-        for (int i = 0; i < elements; i++) o[i] = Float.intBitsToFloat(((raw[2 * i + 1] & 0xff) << 8 | (raw[2 * i] & 0xff)) << 16);
+        for (int i = 0; i < elements; i++) o[i] = Bf16.toFloat((short) ((raw[2 * i + 1] & 0xff) << 8 | (raw[2 * i] & 0xff)));
         return o;
     }
 
