@@ -19,6 +19,15 @@
 // busy, 66 SMs) run at the 66-block rate: with 512 threads and 128 registers per SM the patterns
 // are bound by the loads one SM keeps in flight, not by HBM.
 //
+// Session 14 (one H200, checks passed): is the expand's 3.4 TB/s its concurrency or the memory?
+// The variants below (more vectors per lane, the next pass loaded ahead, 2-4 blocks or 1024
+// threads per SM, one idx load per pass shuffled, evict-first stores, four passes' loads before
+// their stores, bulk L2 prefetches ahead, sequential or expert-major target rows) all stay at
+// 3.20-3.49 TB/s (151-165 us), while the same scattered stores without the loads reach 3.86 TB/s
+// (121 us) and a linear write 4.10-4.15. The 58 MB of reads cost ~33 us among 470 MB of writes, where
+// alone they take ~14 us: the read/write mix, not the SMs, bounds the pattern. moe.cu's 4096-token
+// expansion is at that rate already (see KERNELS.md, "Session 14").
+//
 // Build: nvcc -arch=sm_90 -O3 -std=c++17 -o hbm_probe hbm_probe.cu
 // Exit status: 0 = checks passed, 1 = a mismatch, 2 = CUDA error.
 #include <cuda_runtime.h>
@@ -96,6 +105,107 @@ __global__ void __launch_bounds__(512, 1) expand_k(const V* in, V* out, const in
       for (int u = 0; u < kU; ++u) {
         const int v = p * 32 * kU + u * 32 + lane;
         if (v < rowVecs) out[o + v] = r[u];
+      }
+    }
+  }
+}
+// Session 14 variants of expand: U vectors per lane per pass; kAhead: the next pass's loads issued
+// before this pass's stores (two passes in flight per warp).
+template <int U, bool kAhead>
+__global__ void __launch_bounds__(1024, 1) expand_v(const V* in, V* out, const int* idx, int T, int K, int rowVecs) {
+  const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nw = (gridDim.x * blockDim.x) >> 5, passes = (rowVecs + 32 * U - 1) / (32 * U);
+  auto load = [&](int it, V* r) {
+    const int t = it / passes, p = it % passes;
+    for (int u = 0; u < U; ++u) {
+      const int v = p * 32 * U + u * 32 + lane;
+      r[u] = V{0, 0, 0, 0};
+      if (it < T * passes && v < rowVecs) r[u] = in[(size_t)t * rowVecs + v];
+    }
+  };
+  V r[U], nx[U];
+  load(warp, r);
+  for (int it = warp; it < T * passes; it += nw) {
+    if (kAhead) load(it + nw, nx);
+    const int t = it / passes, p = it % passes;
+    for (int k = 0; k < K; ++k) {
+      const size_t o = (size_t)idx[t * K + k] * rowVecs;
+      for (int u = 0; u < U; ++u) {
+        const int v = p * 32 * U + u * 32 + lane;
+        if (v < rowVecs) out[o + v] = r[u];
+      }
+    }
+    if (kAhead) for (int u = 0; u < U; ++u) r[u] = nx[u];
+    else load(it + nw, r);
+  }
+}
+// Lane k < K holds the pass's row k (one idx load per pass, shuffled to the warp, as moe.cu's expand
+// does); kMode 0: plain stores, 1: evict-first stores (st.global.cs), 2: no loads at all (the
+// values are made up, unchecked: the scattered stores alone).
+template <int kMode>
+__global__ void __launch_bounds__(512, 1) expand_w(const V* __restrict__ in, V* __restrict__ out, const int* __restrict__ idx,
+                                                   int T, int K, int rowVecs) {
+  constexpr int U = 4;
+  const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nw = (gridDim.x * blockDim.x) >> 5, passes = (rowVecs + 32 * U - 1) / (32 * U);
+  for (int it = warp; it < T * passes; it += nw) {
+    const int t = it / passes, p = it % passes;
+    const int myRow = lane < K ? idx[t * K + lane] : 0;
+    V r[U];
+    for (int u = 0; u < U; ++u) {
+      const int v = p * 32 * U + u * 32 + lane;
+      r[u] = V{(uint32_t)t, (uint32_t)p, (uint32_t)u, (uint32_t)lane};
+      if (kMode != 2 && v < rowVecs) r[u] = in[(size_t)t * rowVecs + v];
+    }
+    for (int k = 0; k < K; ++k) {
+      const size_t o = (size_t)__shfl_sync(0xffffffffu, myRow, k) * rowVecs;
+      for (int u = 0; u < U; ++u) {
+        const int v = p * 32 * U + u * 32 + lane;
+        if (v < rowVecs) {
+          if (kMode == 1) __stcs(reinterpret_cast<int4*>(out + o + v), *reinterpret_cast<const int4*>(&r[u]));
+          else out[o + v] = r[u];
+        }
+      }
+    }
+  }
+}
+// kItems passes per warp loaded before any of their stores (reads in bursts), or (kPrefetch) one
+// lane's bulk L2 prefetch of the pass kDist iterations ahead.
+template <int kItems, bool kPrefetch>
+__global__ void __launch_bounds__(512, 1) expand_b(const V* __restrict__ in, V* __restrict__ out, const int* __restrict__ idx,
+                                                   int T, int K, int rowVecs) {
+  constexpr int U = 4, kDist = 3;
+  const int lane = threadIdx.x & 31, warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int nw = (gridDim.x * blockDim.x) >> 5, passes = (rowVecs + 32 * U - 1) / (32 * U), n = T * passes;
+  for (int it0 = warp * kItems; it0 < n; it0 += nw * kItems) {
+    V r[kItems][U];
+    int myRow[kItems];
+    for (int j = 0; j < kItems; ++j) {
+      const int it = it0 + j, t = it / passes, p = it % passes;
+      myRow[j] = lane < K && it < n ? idx[t * K + lane] : 0;
+      for (int u = 0; u < U; ++u) {
+        const int v = p * 32 * U + u * 32 + lane;
+        r[j][u] = V{0, 0, 0, 0};
+        if (it < n && v < rowVecs) r[j][u] = in[(size_t)t * rowVecs + v];
+      }
+      if (kPrefetch && lane == 0) {
+        const int f = it + kDist * nw * kItems;
+        if (f < n) {
+          const int ft = f / passes, fp = f % passes;
+          const int v0 = fp * 32 * U, nv = min(32 * U, rowVecs - v0);
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(in + (size_t)ft * rowVecs + v0), "r"(nv * 16) : "memory");
+        }
+      }
+    }
+    for (int j = 0; j < kItems; ++j) {
+      const int it = it0 + j, p = it % passes;
+      if (it >= n) break;
+      for (int k = 0; k < K; ++k) {
+        const size_t o = (size_t)__shfl_sync(0xffffffffu, myRow[j], k) * rowVecs;
+        for (int u = 0; u < U; ++u) {
+          const int v = p * 32 * U + u * 32 + lane;
+          if (v < rowVecs) out[o + v] = r[j][u];
+        }
       }
     }
   }
@@ -198,6 +308,37 @@ int main() {
     snprintf(n, sizeof n, "reduce K=8 T=4096, %d blocks", blocks);
     timeit(n, rowB * (rows + T), [&] { reduce_k<<<blocks, 512>>>(in, out, idx, T, K, rowVecs); });
     expect(n, (size_t)T * rowVecs, sumWord);
+  }
+  // Session 14: what the expand pattern needs to reach the write stream's rate.
+  timeit("write 470 MB (132 blocks x 512)", big * 16.0, [&] { fill_k<<<132, 512>>>(out, big, 0u); });
+  auto variant = [&](const char* n, auto launch) {
+    fill_k<<<1056, 512>>>(out, big, 0xdeadbeefu);
+    timeit(n, rowB * (rows + T), launch);
+    expect(n, big, fillWord);
+  };
+  variant("expand U=4 132x512 (as above, random rows)", [&] { expand_v<4, false><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand U=8 132x512", [&] { expand_v<8, false><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand U=4 ahead 132x512", [&] { expand_v<4, true><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand U=4 264x512", [&] { expand_v<4, false><<<264, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand U=4 132x1024", [&] { expand_v<4, false><<<132, 1024>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand U=4 528x512", [&] { expand_v<4, false><<<528, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand idx shuffled, restrict 132x512", [&] { expand_w<0><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand idx shuffled, st.global.cs 132x512", [&] { expand_w<1><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  timeit("expand's stores alone (no loads, unchecked)", rowB * rows, [&] { expand_w<2><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  timeit("expand's stores alone 528x512 (unchecked)", rowB * rows, [&] { expand_w<2><<<528, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand 4 passes per warp loaded first 132x512", [&] { expand_b<4, false><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand 1 pass, L2 prefetch 3 ahead 132x512", [&] { expand_b<1, true><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  variant("expand 2 passes, L2 prefetch 3 ahead 132x512", [&] { expand_b<2, true><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+  {
+    std::vector<int> seq(rows);
+    for (int i = 0; i < rows; ++i) seq[i] = i;
+    CK(cudaMemcpy(idx, seq.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
+    variant("expand U=4 132x512, sequential rows", [&] { expand_v<4, false><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+    // expert-major like moe: row of (t, k) = k * T + t (each expert's rows contiguous by token)
+    for (int t = 0; t < T; ++t) for (int k = 0; k < K; ++k) seq[t * K + k] = k * T + t;
+    CK(cudaMemcpy(idx, seq.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
+    variant("expand U=4 132x512, expert-major rows", [&] { expand_v<4, false><<<132, 512>>>(in, out, idx, T, K, rowVecs); });
+    variant("expand U=4 528x512, expert-major rows", [&] { expand_v<4, false><<<528, 512>>>(in, out, idx, T, K, rowVecs); });
   }
   CK(cudaDeviceSynchronize());
   printf(failures ? "%d check(s) failed\n" : "checks passed\n", failures);
