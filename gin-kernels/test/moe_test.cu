@@ -29,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -130,7 +131,36 @@ __global__ void gate_kernel(const volatile uint32_t* flag, uint32_t expect) {
 // ------------------------------------------------------------------------------------------------
 // Problem description and inputs.
 // ------------------------------------------------------------------------------------------------
-enum Routing { UNIFORM, ONE_EXPERT, RANK0_ONLY, ALL_MASKED, INVALID_IDS };
+// ZIPF: skewed routing as real routers produce it: expert e's popularity 1 / (1 + its place)^gZipfS,
+// the places a fixed shuffle of the experts (the same on every rank, so every rank has the same hot
+// experts, spread over the ranks), K distinct experts per token drawn in proportion to it.
+enum Routing { UNIFORM, ZIPF, ONE_EXPERT, RANK0_ONLY, ALL_MASKED, INVALID_IDS };
+static double gZipfS = 1.0;  // --routing zipf[:S]
+static Routing gBenchRouting = UNIFORM;  // --routing: the bench's
+
+// K distinct experts of E by Zipf popularity (weighted sampling without replacement: the K largest
+// of u^(1/w), Efraimidis and Spirakis).
+static void zipf_experts(std::mt19937_64& rng, int E, int K, int* row) {
+  static thread_local std::vector<double> weight;
+  static thread_local int weightE = -1;
+  static thread_local double weightS = -1;
+  if (weightE != E || weightS != gZipfS) {
+    std::vector<int> place(E);
+    for (int e = 0; e < E; ++e) place[e] = e;
+    std::mt19937_64 fixed(0x5eed0000u + (uint64_t)E);  // not the test's seed: every rank alike
+    std::shuffle(place.begin(), place.end(), fixed);
+    weight.assign(E, 0.0);
+    for (int e = 0; e < E; ++e) weight[e] = 1.0 / pow(1.0 + place[e], gZipfS);
+    weightE = E;
+    weightS = gZipfS;
+  }
+  std::uniform_real_distribution<double> uni(1e-300, 1.0);
+  std::vector<std::pair<double, int>> key(E);
+  for (int e = 0; e < E; ++e) key[e] = {log(uni(rng)) / weight[e], e};
+  const int n = std::min(K, E);
+  std::partial_sort(key.begin(), key.begin() + n, key.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (int k = 0; k < n; ++k) row[k] = key[k].second;
+}
 
 struct Case {
   std::string name;
@@ -267,6 +297,11 @@ static RankInput make_input(std::mt19937_64& rng, const Case& cs, int R, int ran
     switch (cs.routing) {
       case ALL_MASKED: break;
       case ONE_EXPERT: row[0] = E - 1; break;
+      case ZIPF:
+        zipf_experts(rng, E, K, row);
+        for (int k = 0; k < K; ++k)
+          if (uni(rng) < cs.maskProb) row[k] = -1;
+        break;
       case RANK0_ONLY:
       case UNIFORM:
       case INVALID_IDS: {
@@ -1558,8 +1593,10 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
   CUDA_CHECK(cudaSetDevice(0));
   CUDA_CHECK(cudaHostAlloc((void**)&g.host, 64, cudaHostAllocMapped | cudaHostAllocPortable));
   *(volatile uint32_t*)g.host = 0;
-  printf("\nTiming: %d ranks on %d GPUs, C=%d channels (grid %d x %d threads), median of %d after %d warm-ups, uniform routing.\n",
-         gNumRanks, gNumGpus, channels, 2 * channels, MOE_THREADS, iters, warm);
+  char routing[64] = "uniform routing";
+  if (gBenchRouting == ZIPF) snprintf(routing, sizeof routing, "Zipf routing (s = %.2f)", gZipfS);
+  printf("\nTiming: %d ranks on %d GPUs, C=%d channels (grid %d x %d threads), median of %d after %d warm-ups, %s.\n",
+         gNumRanks, gNumGpus, channels, 2 * channels, MOE_THREADS, iters, warm, routing);
   printf("GIN columns: one launch each, all ranks released together by a gate kernel; time = slowest rank.\n");
   printf("GB/s = (token rows that cross NVLink from one rank, i.e. tokens x remote destination ranks, once per\n"
          "       rank however many experts it hits there) x row bytes (2H; fp8: H + 4 per 128, padded) / time.  HOST columns: local kernels only on\n"
@@ -1570,7 +1607,7 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
     if (only != nullptr && strcmp(only, sh.name) != 0) continue;
     for (int T : tokens) {
       if (sh.E % gNumRanks != 0) continue;
-      Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, UNIFORM, 0.0, sh.fp8};
+      Case cs{sh.name, sh.E, sh.K, sh.H, T, channels, {T}, gBenchRouting, 0.0, sh.fp8};
       Setup s = make_setup(sh.E, sh.K, sh.H, T, channels, true, sh.fp8);
       std::vector<RankInput> in(s.R);
       std::vector<int> Ts(s.R, T);
@@ -1597,6 +1634,19 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
         std::vector<int> cnt;
         reference_dispatch(in, s.R, s.E, s.K, 0, rr, cnt);
         recvRows = rr.size();
+        if (gBenchRouting != UNIFORM) {  // how skewed: the busiest expert and rank against the mean
+          std::vector<long> perExpert(s.E, 0), perRank(s.R, 0);
+          for (int dr = 0; dr < s.R; ++dr) {
+            reference_dispatch(in, s.R, s.E, s.K, dr, rr, cnt);
+            perRank[dr] = (long)rr.size();
+            for (int l = 0; l < s.L; ++l) perExpert[dr * s.L + l] = cnt[l];
+          }
+          const double meanE = (double)std::accumulate(perExpert.begin(), perExpert.end(), 0L) / s.E;
+          const double meanR = (double)std::accumulate(perRank.begin(), perRank.end(), 0L) / s.R;
+          printf("%-14s %6d   routing: busiest expert %ld rows (%.1fx the mean), busiest rank %ld rows (%.2fx)\n", sh.name, T,
+                 *std::max_element(perExpert.begin(), perExpert.end()), *std::max_element(perExpert.begin(), perExpert.end()) / meanE,
+                 *std::max_element(perRank.begin(), perRank.end()), *std::max_element(perRank.begin(), perRank.end()) / meanR);
+        }
       }
       const double crossBytes = (double)crossRows * s.dispRowBytes;
       // The entry the Java side takes, the same with programmatic dependent launch, and where the
@@ -1793,8 +1843,23 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--profile")) gProfile = true;
     else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) gNumRanks = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc) onlyShape = argv[++i];
+    else if (!strcmp(argv[i], "--routing") && i + 1 < argc) {
+      const char* r = argv[++i];
+      if (!strcmp(r, "uniform")) gBenchRouting = UNIFORM;
+      else if (!strncmp(r, "zipf", 4) && (r[4] == 0 || r[4] == ':')) {
+        gBenchRouting = ZIPF;
+        if (r[4] == ':') gZipfS = atof(r + 5);
+        if (!(gZipfS > 0 && gZipfS <= 4)) {
+          fprintf(stderr, "--routing %s: the Zipf exponent must be in (0, 4]\n", r);
+          return 2;
+        }
+      } else {
+        fprintf(stderr, "--routing %s: expected uniform or zipf[:S]\n", r);
+        return 2;
+      }
+    }
     else {
-      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R] [--shape NAME]\n", argv[0]);
+      fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R] [--shape NAME] [--routing uniform|zipf[:S]]\n", argv[0]);
       return 2;
     }
   }
@@ -1866,6 +1931,11 @@ int main(int argc, char** argv) {
         // T*K > 4096 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
         // one-level one (each block counts the lower tokens itself). Same positions either way.
         {"two-level layout T*K > 4096", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05},
+        // Session 14: skewed routing (Zipf popularity, hot experts shared by every rank) on the
+        // token path, the layout path and the two-level layout: crowded counters and histograms.
+        {"Zipf DeepSeek-like", 256, 8, 7168, 128, Cd, {128, 100}, ZIPF, 0.0},
+        {"Zipf layout path", 16 * R, 8, 256, 600, Cd, {600, 333}, ZIPF, 0.05},
+        {"Zipf two-level layout", 16 * R, 8, 64, 9000, Cd, {9000, 500}, ZIPF, 0.05},
         // Round 8: maxTokens*K = 4096 is the token path's limit (Qwen-like above sits on it); one
         // token more takes the layout path. And a token-path instance with <= 32 tokens per
         // channel at few channels (C = 4, M = 128).

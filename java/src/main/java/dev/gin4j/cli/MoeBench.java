@@ -34,7 +34,7 @@ import java.util.SplittableRandom;
 
 /**
  * {@code gin4j bench moe}: dispatch and combine, GIN and HOST in one process on the same inputs,
- * uniform random top-k routing, identity experts (expertOut = the received rows). Device events
+ * uniform random top-k routing (or Zipf-skewed, {@code --routing zipf[:S]}, see {@link Routing}), identity experts (expertOut = the received rows). Device events
  * around each call on every rank (slowest rank, median); CPU time of the Java call itself is
  * reported too. GB/s = (tokens x remote destination ranks they go to, each token counted once per
  * rank) x row bytes / time: the bytes that must cross NVLink (rows of 2H bytes; an fp8 dispatch's
@@ -48,7 +48,7 @@ final class MoeBench {
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
                double valuesUs, double valuesPipeUs, double valuesThreadCpuUs,
-               long crossingBytes, long dispatchCrossingBytes, String kernel) {}
+               long crossingBytes, long dispatchCrossingBytes, String kernel, double busiestExpert) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
             new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3),
@@ -75,6 +75,7 @@ final class MoeBench {
         int[] tokenCounts = Arrays.stream(Bench.option(args, "--tokens", "128,4096").split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
         List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q").split(","));
         Path json = Path.of(Bench.option(args, "--out", "moe.json"));
+        Routing routing = Routing.parse(Bench.option(args, "--routing", "uniform"));
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();
         double[] floor;
@@ -82,30 +83,32 @@ final class MoeBench {
             floor = launchFloor(g.rank(0).device());
             for (int i = 0; i < floor.length; i++) floor[i] = Bench.slowest(g, floor[i]);
             SHAPES.stream().filter(s -> names.contains(s.name())).findFirst().ifPresent(
-                    s -> measure(g, s, Arrays.stream(tokenCounts).min().getAsInt(), Backend.GIN, JIT_WARMUP_CALLS, 1));
+                    s -> measure(g, s, Arrays.stream(tokenCounts).min().getAsInt(), Backend.GIN, routing, JIT_WARMUP_CALLS, 1));
             for (Shape shape : SHAPES) {
                 if (!names.contains(shape.name())) continue;
                 for (int tokens : tokenCounts) {
                     for (Backend b : List.of(Backend.GIN, Backend.HOST)) {
-                        Row m = measure(g, shape, tokens, b, warmup, iters);
+                        Row m = measure(g, shape, tokens, b, routing, warmup, iters);
                         Row r = new Row(m.shape(), m.tokens(), m.backend(), Bench.slowest(g, m.dispatchUs()), Bench.slowest(g, m.combineUs()),
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
                                 Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
                                 Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
                                 Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()),
                                 Bench.slowest(g, m.valuesUs()), Bench.slowest(g, m.valuesPipeUs()), Bench.slowest(g, m.valuesThreadCpuUs()),
-                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel());
+                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel(), m.busiestExpert());
                         rows.add(r);
                         if (Bench.reports(g)) out.printf(Locale.ROOT, "%-15s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)"
-                                + "  returnRowValues %.1f us (pipelined %.1f, thread CPU %.1f)  %s%n",
+                                + "  returnRowValues %.1f us (pipelined %.1f, thread CPU %.1f)  busiest expert %.1fx the mean  %s%n",
                                 shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
-                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.kernel());
+                                r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.busiestExpert(), r.kernel());
                     }
                 }
             }
             if (!Bench.reports(g)) return 0;
         }
         out.println();
+        out.println("routing: " + routing + (routing.zipfS() == 0 ? "" : " (busiest expert's rows / the mean, this process's tokens: "
+                + rows.stream().filter(r -> r.backend() == Backend.GIN).map(r -> String.format(Locale.ROOT, "%s T=%d %.1fx", r.shape(), r.tokens(), r.busiestExpert())).toList() + ")"));
         out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call | graph us | graph CPU us | row values GIN / HOST us | GIN / HOST pipelined us");
         for (int i = 0; i + 1 < rows.size(); i += 2) {
             Row gr = rows.get(i), hr = rows.get(i + 1);
@@ -128,18 +131,19 @@ final class MoeBench {
         StringBuilder sb = new StringBuilder("{\n  \"benchmark\": \"moe\",\n  \"gpus\": " + rt.devices().size()
                 + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_busy_gpu_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f,\n  \"empty_graph_replay_thread_cpu_us\": %.3f",
                         floor[0], floor[1], floor[2], floor[3])
+                + ",\n  \"routing\": \"" + routing + "\""
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"row_values_us\": %.2f, \"row_values_pipelined_us\": %.2f, \"row_values_thread_cpu_us\": %.2f, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\"}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"row_values_us\": %.2f, \"row_values_pipelined_us\": %.2f, \"row_values_thread_cpu_us\": %.2f, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\", \"busiest_expert_vs_mean\": %.2f}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), r.busiestExpert(), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
         return 0;
     }
 
-    static Row measure(CommGroup g, Shape shape, int tokens, Backend backend, int warmup, int iters) {
+    static Row measure(CommGroup g, Shape shape, int tokens, Backend backend, Routing routing, int warmup, int iters) {
         int n = g.worldSize(), local = g.localCount(), k = shape.topK(), h = shape.hidden();
         SplittableRandom random = new SplittableRandom(42);
         List<Stream> streams = new ArrayList<>();
@@ -147,6 +151,9 @@ final class MoeBench {
         try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input()))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             long crossingTokens = 0;
+            double[] popularity = routing.popularity(shape.experts());
+            long[] perExpert = new long[shape.experts()];
+            int[] pool = new int[shape.experts()];
             for (int i = 0; i < local; i++) {
                 Device d = g.rank(i).device();
                 streams.add(d.createStream());
@@ -155,11 +162,10 @@ final class MoeBench {
                 for (int j = 0; j < x.length; j++) x[j] = (short) (0x3f00 | random.nextInt(0x80)); // bf16 in [0.5, 1)
                 int[] idx = new int[tokens * k];
                 float[] w = new float[tokens * k];
-                int[] pool = java.util.stream.IntStream.range(0, shape.experts()).toArray();
                 for (int t = 0; t < tokens; t++) {
-                    for (int s = 0; s < k; s++) { int j = s + random.nextInt(pool.length - s); int tmp = pool[s]; pool[s] = pool[j]; pool[j] = tmp; }
+                    Routing.pick(random, popularity, shape.experts(), k, idx, t * k, pool);
                     boolean[] to = new boolean[n];
-                    for (int s = 0; s < k; s++) { idx[t * k + s] = pool[s]; w[t * k + s] = random.nextFloat(); to[pool[s] / (shape.experts() / n)] = true; }
+                    for (int s = 0; s < k; s++) { int e = idx[t * k + s]; w[t * k + s] = random.nextFloat(); to[e / (shape.experts() / n)] = true; perExpert[e]++; }
                     for (int d2 = 0; d2 < n; d2++) if (to[d2] && d2 != g.rank(i).rank()) crossingTokens++;
                 }
                 DeviceBuffer xb = upload(d, a, MemorySegment.ofArray(x));
@@ -252,7 +258,8 @@ final class MoeBench {
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
                     median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
-                    crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL");
+                    crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL",
+                    Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()));
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close); e3.forEach(Event::close);

@@ -34,5 +34,8 @@ class MainTest {
         assertEquals(2, r.status());
         assertTrue(r.err().contains("expected a2a or moe"), r.err());
         assertEquals(0, run("help").status());
+        r = run("bench", "moe", "--routing", "zipf:0");  // refused before any GPU is looked for
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("--routing zipf:0") && r.err().contains("(0, 4]"), r.err());
     }
 }
