@@ -155,12 +155,11 @@ public final class MoeAllToAll implements AutoCloseable {
         this.group = group;
         this.cfg = cfg;
         this.nRanks = group.worldSize();
+        this.channels = agreeOnSetup(group, cfg);  // first: a rank with another configuration must not fail alone below
         if (cfg.experts() % nRanks != 0) {
             throw new IllegalArgumentException(cfg.experts() + " experts do not split evenly over " + nRanks + " ranks");
         }
         this.localExperts = cfg.experts() / nRanks;
-        int sms = group.rank(0).device().multiprocessors();
-        this.channels = Math.max(1, Math.min(128, sms / 2));
         this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
         this.query = queryLayout(group.rank(0).device());
         if (query[Q_WINDOW_BYTES] == 0) {
@@ -194,7 +193,56 @@ public final class MoeAllToAll implements AutoCloseable {
         }
     }
 
-    /** Collective: every rank creates it with the same configuration. */
+    /**
+     * Every rank must run the kernels with the same configuration and channel count C (KERNELS.md:
+     * the same C on every rank; the HOST exchange sizes its NCCL calls from the configuration). A
+     * mismatch would show only as a kernel time-out or an NCCL hang, so the ranks compare them here,
+     * and C comes from the GPU with the fewest SMs (C = SMs / 2, at most 128).
+     */
+    private static int agreeOnSetup(CommGroup group, MoeConfig cfg) {
+        int local = group.localCount();
+        long[] sms = new long[local], shape = new long[local], types = new long[local];
+        for (int i = 0; i < local; i++) {
+            sms[i] = group.rank(i).device().multiprocessors();
+            shape[i] = packShape(cfg);
+            types[i] = packTypes(cfg);
+        }
+        // every local rank receives the same world-wide view: row 0 serves
+        long[] allSms = group.allGatherLongs(sms)[0], allShape = group.allGatherLongs(shape)[0], allTypes = group.allGatherLongs(types)[0];
+        String mismatch = setupMismatch(allShape, allTypes);
+        if (mismatch != null) throw new IllegalArgumentException(mismatch);
+        return channelsFor(allSms);
+    }
+
+    static long packShape(MoeConfig c) { return (long) c.hidden() << 32 | c.maxTokens(); }
+
+    static long packTypes(MoeConfig c) {
+        return (long) c.experts() << 32 | (long) c.topK() << 16 | c.dtype().ordinal() << 8 | c.backend().ordinal() << 4 | c.input().ordinal();
+    }
+
+    private static String describe(long shape, long types) {
+        return "hidden " + (shape >>> 32) + ", maxTokens " + (int) shape + ", experts " + (types >>> 32) + ", topK " + ((types >>> 16) & 0xffff)
+                + ", rows " + DType.values()[(int) (types >>> 8) & 0xf] + ", backend " + Backend.values()[(int) (types >>> 4) & 0xf]
+                + ", input " + DType.values()[(int) types & 0xf];
+    }
+
+    /** Null if every rank's configuration (by rank) equals rank 0's, else what differs. */
+    static String setupMismatch(long[] shapeByRank, long[] typesByRank) {
+        for (int r = 1; r < shapeByRank.length; r++)
+            if (shapeByRank[r] != shapeByRank[0] || typesByRank[r] != typesByRank[0])
+                return "every rank must create MoeAllToAll with the same MoeConfig: rank " + r + " has (" + describe(shapeByRank[r], typesByRank[r])
+                        + "), rank 0 has (" + describe(shapeByRank[0], typesByRank[0]) + ")";
+        return null;
+    }
+
+    /** C for the GPUs of every rank: half the SMs of the smallest, 1 to 128. */
+    static int channelsFor(long[] smsByRank) {
+        long min = Long.MAX_VALUE;
+        for (long v : smsByRank) min = Math.min(min, v);
+        return (int) Math.max(1, Math.min(128, min / 2));
+    }
+
+    /** Collective: every rank creates it with the same configuration (checked: a difference is an error on every rank). */
     public static MoeAllToAll create(CommGroup group, MoeConfig config) { return new MoeAllToAll(group, config); }
 
     private long[] queryLayout(Device d) {
@@ -234,16 +282,16 @@ public final class MoeAllToAll implements AutoCloseable {
     public long capacityRows() { return query[Q_RECV_ROWS]; }
 
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
-        if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException("T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
+        if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException(r.comm + ": T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
         long needX = (long) tokens * cfg.inputRowBytes(), needK = 4L * tokens * cfg.topK();
         if (x.byteSize() < needX) {
             String rows = cfg.input() == DType.FP8_E4M3 ? tokens + " scaled fp8 rows of " + cfg.inputRowBytes() + " bytes (Fp8Rows)" : "[" + tokens + "][" + cfg.hidden() + "] bf16";
-            throw new IllegalArgumentException("x has " + x.byteSize() + " bytes; " + rows + " needs " + needX);
+            throw new IllegalArgumentException(r.comm + ": x has " + x.byteSize() + " bytes; " + rows + " needs " + needX);
         }
         if (cfg.quantizes() && x.address() % 16 != 0)
-            throw new IllegalArgumentException("x must be 16-byte aligned for the quantizing fp8 dispatch, its address is 0x" + Long.toHexString(x.address()));
-        if (idx.byteSize() < needK) throw new IllegalArgumentException("topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
-        if (w.byteSize() < needK) throw new IllegalArgumentException("topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
+            throw new IllegalArgumentException(r.comm + ": x must be 16-byte aligned for the quantizing fp8 dispatch, its address is 0x" + Long.toHexString(x.address()));
+        if (idx.byteSize() < needK) throw new IllegalArgumentException(r.comm + ": topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
+        if (w.byteSize() < needK) throw new IllegalArgumentException(r.comm + ": topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
         if (x.device() != r.device) throw new IllegalArgumentException("x of " + r.comm + " is on " + x.device());
         if (idx.device() != r.device) throw new IllegalArgumentException("topkIdx of " + r.comm + " is on " + idx.device());
         if (w.device() != r.device) throw new IllegalArgumentException("topkWeights of " + r.comm + " is on " + w.device());
@@ -391,9 +439,9 @@ public final class MoeAllToAll implements AutoCloseable {
 
     private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         RankState r = rank(handle.localIndex());
-        if (handle.sequence() != r.lastSequence) throw new IllegalStateException("combine needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": combine needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
         long need = capacityRows() * cfg.combineRowBytes();
-        if (expertOut.byteSize() < need) throw new IllegalArgumentException("expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
+        if (expertOut.byteSize() < need) throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
         return r;
@@ -508,8 +556,8 @@ public final class MoeAllToAll implements AutoCloseable {
 
     private RankState checkRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
         RankState r = rank(handle.localIndex());
-        if (handle.sequence() != r.lastSequence) throw new IllegalStateException("returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
-        if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException("rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
+        if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException(r.comm + ": rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
         return r;

@@ -131,5 +131,16 @@ public final class RankMain {
             if (!e.getMessage().contains("mismatch") || !e.getMessage().contains("rank")) throw new AssertionError("unclear message: " + e.getMessage());
             System.out.println("rank " + rank + " refused as expected: " + e.getMessage());
         }
+        // MoE: a rank given another configuration is named on every rank, before anything waits on it
+        for (dev.gin4j.a2a.Backend b : dev.gin4j.a2a.Backend.values()) {
+            try {
+                dev.gin4j.moe.MoeAllToAll.create(g, dev.gin4j.moe.MoeConfig.bf16(256, 8, 2, 64 * (rank + 1), b)).close();
+                throw new AssertionError(b + ": MoE configurations differ across ranks but create succeeded");
+            } catch (IllegalArgumentException e) {
+                if (!e.getMessage().contains("same MoeConfig") || !e.getMessage().contains("rank 1 has (hidden 256, maxTokens 128"))
+                    throw new AssertionError(b + ": unclear message: " + e.getMessage());
+                System.out.println("rank " + rank + " MoE " + b + " refused as expected: " + e.getMessage());
+            }
+        }
     }
 }

@@ -76,9 +76,9 @@ class TwoProcessGpuTest {
         runRanks(2, RankMain.class.getName(), "alltoall");
     }
 
-    @Test void mismatchedWindowSizesAreRefusedOnEveryRank() throws Exception {
+    @Test void mismatchedWindowsAndMoeConfigsAreRefusedOnEveryRank() throws Exception {
         requireTwoGpus();
         List<String> out = runRanks(2, RankMain.class.getName(), "mismatch");
-        for (String o : out) assertTrue(o.contains("refused as expected"), o);
+        for (String o : out) assertTrue(o.contains("refused as expected") && o.contains("MoE GIN refused") && o.contains("MoE HOST refused"), o);
     }
 }

@@ -24,6 +24,29 @@ class MoeConfigTest {
         refused("dispatch input must be the row type", () -> new MoeConfig(128, 8, 2, 16, DType.BF16, Backend.GIN, DType.FP8_E4M3));
     }
 
+    @Test void ranksWithAnotherConfigurationAreNamed() {
+        MoeConfig a = MoeConfig.bf16(7168, 256, 8, 4096, Backend.GIN), b = MoeConfig.fp8(7168, 256, 8, 4096, Backend.GIN),
+                c = MoeConfig.bf16(7168, 256, 8, 128, Backend.GIN);
+        long[] shapes = {MoeAllToAll.packShape(a), MoeAllToAll.packShape(a), MoeAllToAll.packShape(a)};
+        long[] types = {MoeAllToAll.packTypes(a), MoeAllToAll.packTypes(a), MoeAllToAll.packTypes(a)};
+        assertNull(MoeAllToAll.setupMismatch(shapes, types));
+        types[2] = MoeAllToAll.packTypes(b);
+        String m = MoeAllToAll.setupMismatch(shapes, types);
+        assertTrue(m != null && m.contains("rank 2 has (hidden 7168, maxTokens 4096, experts 256, topK 8, rows FP8_E4M3, backend GIN, input FP8_E4M3)")
+                && m.contains("rank 0 has (hidden 7168, maxTokens 4096, experts 256, topK 8, rows BF16, backend GIN, input BF16)"), m);
+        types[2] = MoeAllToAll.packTypes(a);
+        shapes[1] = MoeAllToAll.packShape(c);
+        m = MoeAllToAll.setupMismatch(shapes, types);
+        assertTrue(m != null && m.contains("rank 1 has (hidden 7168, maxTokens 128,"), m);
+    }
+
+    @Test void channelsFollowTheSmallestGpu() {
+        assertEquals(66, MoeAllToAll.channelsFor(new long[] {132, 132}));
+        assertEquals(57, MoeAllToAll.channelsFor(new long[] {132, 114, 132}), "an H100 PCIe (114 SMs) beside H200s");
+        assertEquals(128, MoeAllToAll.channelsFor(new long[] {300}));
+        assertEquals(1, MoeAllToAll.channelsFor(new long[] {1}));
+    }
+
     @Test void rowSizes() {
         MoeConfig q = MoeConfig.fp8FromBf16(7168, 256, 8, 128, Backend.GIN);
         assertTrue(q.quantizes());
