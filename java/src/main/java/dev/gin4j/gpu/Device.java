@@ -33,6 +33,8 @@ public final class Device {
 
     public long totalMemory() { return driver().totalMemory(ordinal); }
     public int multiprocessors() { return driver().multiprocessors(ordinal); }
+    /** Threads per warp (NVIDIA: 32) or wavefront (AMD CDNA: 64). */
+    public int warpSize() { return driver().warpSize(ordinal); }
     public String pciBusId() { return driver().pciBusId(ordinal); }
     /** {free, total} bytes. */
     public long[] memoryInfo() { return driver().memoryInfo(ordinal); }

@@ -49,6 +49,7 @@ class RuntimeGpuTest {
             assertTrue(d.arch().matches("sm_\\d+"), d.arch());
             assertTrue(d.totalMemory() > (1L << 30));
             assertTrue(d.multiprocessors() > 0);
+            assertEquals(32, d.warpSize(), "NVIDIA warps are 32 threads");
             assertFalse(d.name().isBlank());
         }
     }

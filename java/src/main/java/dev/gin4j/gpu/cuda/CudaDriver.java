@@ -119,6 +119,7 @@ public final class CudaDriver implements Driver {
     }
 
     @Override public int multiprocessors(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT()); }
+    @Override public int warpSize(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_WARP_SIZE()); }
 
     @Override public String pciBusId(int dev) {
         try (Arena a = Arena.ofConfined()) {

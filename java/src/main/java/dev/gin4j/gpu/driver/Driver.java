@@ -25,6 +25,8 @@ public interface Driver {
     String arch(int dev);
     long totalMemory(int dev);
     int multiprocessors(int dev);
+    /** Threads per warp (NVIDIA) or wavefront (AMD: 64 on CDNA such as gfx942). */
+    int warpSize(int dev);
     String pciBusId(int dev);
     boolean canAccessPeer(int dev, int peer);
     /** How two devices are linked, as far as the runtime tells ("NVLink", "XGMI", "PCIe", ...). */
