@@ -23,14 +23,15 @@ final class Bench {
                     usage: gin4j bench a2a [--min 4K] [--max 1G] [--factor 4] [--iters 20] [--warmup 5]
                                            [--backends GIN,HOST] [--protocol auto|ll|ll128|direct|copy_engine] [--out a2a.json]
                            gin4j bench moe [--tokens 128,4096] [--shapes deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q]
-                                           [--routing uniform|zipf[:S]] [--iters 20] [--warmup 10] [--out moe.json]
+                                           [--routing uniform|zipf[:S]] [--channels 0] [--iters 20] [--warmup 10] [--out moe.json]
                     One process drives every local GPU, or one process per GPU when started the torchrun way
                     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the bundle's bin/launch N does that).
                     a2a sizes are bytes each rank sends in total. moe shapes: deepseek-v3 (hidden 7168, 256 experts,
                     top-8), qwen3-30b-a3b (2048, 128, top-8), mixtral (4096, 8, top-2); deepseek-v3-fp8 dispatches
                     scaled fp8 rows, deepseek-v3-fp8q bf16 x quantized by the dispatch. --routing zipf[:S]: skewed
                     routing, expert e picked in proportion to 1 / (1 + its place)^S (S = 1), the same hot experts
-                    on every rank; uniform otherwise.""");
+                    on every rank; uniform otherwise. --channels C: the GIN kernels on 2C SMs (0: half the SMs, the
+                    whole GPU), as MoeConfig.withChannels.""");
             return 0;
         }
         return switch (args[0]) {

@@ -48,7 +48,7 @@ final class MoeBench {
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
                double valuesUs, double valuesPipeUs, double valuesThreadCpuUs,
-               long crossingBytes, long dispatchCrossingBytes, String kernel, double busiestExpert) {}
+               long crossingBytes, long dispatchCrossingBytes, String kernel, double busiestExpert, int channels) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
             new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3),
@@ -74,8 +74,13 @@ final class MoeBench {
         int warmup = Integer.parseInt(Bench.option(args, "--warmup", "10"));  // GIN runs at least 1500
         int[] tokenCounts = Arrays.stream(Bench.option(args, "--tokens", "128,4096").split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
         List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q").split(","));
+        for (String n : names)
+            if (SHAPES.stream().noneMatch(sh -> sh.name().equals(n)))
+                throw new IllegalArgumentException("--shapes: unknown shape '" + n + "', expected some of " + SHAPES.stream().map(Shape::name).toList());
         Path json = Path.of(Bench.option(args, "--out", "moe.json"));
         Routing routing = Routing.parse(Bench.option(args, "--routing", "uniform"));
+        int channels = Integer.parseInt(Bench.option(args, "--channels", "0"));  // 0: MoeConfig's default (the whole GPU)
+        if (channels < 0 || channels > 128) throw new IllegalArgumentException("--channels " + channels + ": expected 0 (half the SMs) or 1 to 128");
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();
         double[] floor;
@@ -83,19 +88,19 @@ final class MoeBench {
             floor = launchFloor(g.rank(0).device());
             for (int i = 0; i < floor.length; i++) floor[i] = Bench.slowest(g, floor[i]);
             SHAPES.stream().filter(s -> names.contains(s.name())).findFirst().ifPresent(
-                    s -> measure(g, s, Arrays.stream(tokenCounts).min().getAsInt(), Backend.GIN, routing, JIT_WARMUP_CALLS, 1));
+                    s -> measure(g, s, Arrays.stream(tokenCounts).min().getAsInt(), Backend.GIN, routing, channels, JIT_WARMUP_CALLS, 1));
             for (Shape shape : SHAPES) {
                 if (!names.contains(shape.name())) continue;
                 for (int tokens : tokenCounts) {
                     for (Backend b : List.of(Backend.GIN, Backend.HOST)) {
-                        Row m = measure(g, shape, tokens, b, routing, warmup, iters);
+                        Row m = measure(g, shape, tokens, b, routing, channels, warmup, iters);
                         Row r = new Row(m.shape(), m.tokens(), m.backend(), Bench.slowest(g, m.dispatchUs()), Bench.slowest(g, m.combineUs()),
                                 Bench.slowest(g, m.dispatchPipeUs()), Bench.slowest(g, m.combinePipeUs()),
                                 Bench.slowest(g, m.dispatchCpuUs()), Bench.slowest(g, m.combineCpuUs()),
                                 Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
                                 Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()),
                                 Bench.slowest(g, m.valuesUs()), Bench.slowest(g, m.valuesPipeUs()), Bench.slowest(g, m.valuesThreadCpuUs()),
-                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel(), m.busiestExpert());
+                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel(), m.busiestExpert(), m.channels());
                         rows.add(r);
                         if (Bench.reports(g)) out.printf(Locale.ROOT, "%-15s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)"
                                 + "  returnRowValues %.1f us (pipelined %.1f, thread CPU %.1f)  busiest expert %.1fx the mean  %s%n",
@@ -107,6 +112,8 @@ final class MoeBench {
             if (!Bench.reports(g)) return 0;
         }
         out.println();
+        out.println("GIN channels: " + rows.getFirst().channels() + " (grid " + 2 * rows.getFirst().channels() + " blocks of 512 threads, one per SM)"
+                + (channels == 0 ? ", from the GPUs" : ", --channels"));
         out.println("routing: " + routing + (routing.zipfS() == 0 ? "" : " (busiest expert's rows / the mean, this process's tokens: "
                 + rows.stream().filter(r -> r.backend() == Backend.GIN).map(r -> String.format(Locale.ROOT, "%s T=%d %.1fx", r.shape(), r.tokens(), r.busiestExpert())).toList() + ")"));
         out.println("shape           tokens | GIN disp us   GB/s | GIN comb us   GB/s | HOST disp us | HOST comb us | HOST/GIN (d+c) | GIN pipelined d / c us | HOST pipelined d / c us | GIN wall us/call | GIN thread CPU us/call | graph us | graph CPU us | row values GIN / HOST us | GIN / HOST pipelined us");
@@ -132,6 +139,7 @@ final class MoeBench {
                 + String.format(Locale.ROOT, ",\n  \"empty_launch_thread_cpu_us\": %.3f,\n  \"empty_launch_busy_gpu_thread_cpu_us\": %.3f,\n  \"make_current_thread_cpu_us\": %.3f,\n  \"empty_graph_replay_thread_cpu_us\": %.3f",
                         floor[0], floor[1], floor[2], floor[3])
                 + ",\n  \"routing\": \"" + routing + "\""
+                + ",\n  \"gin_channels\": " + (rows.isEmpty() ? 0 : rows.getFirst().channels())
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
@@ -143,12 +151,12 @@ final class MoeBench {
         return 0;
     }
 
-    static Row measure(CommGroup g, Shape shape, int tokens, Backend backend, Routing routing, int warmup, int iters) {
+    static Row measure(CommGroup g, Shape shape, int tokens, Backend backend, Routing routing, int channels, int warmup, int iters) {
         int n = g.worldSize(), local = g.localCount(), k = shape.topK(), h = shape.hidden();
         SplittableRandom random = new SplittableRandom(42);
         List<Stream> streams = new ArrayList<>();
         List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>(), e3 = new ArrayList<>();
-        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input()))) {
+        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input(), channels))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             long crossingTokens = 0;
             double[] popularity = routing.popularity(shape.experts());
@@ -259,7 +267,7 @@ final class MoeBench {
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
                     median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
                     crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL",
-                    Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()));
+                    Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()), moe.channels());
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close); e3.forEach(Event::close);

@@ -198,8 +198,8 @@ public final class MoeAllToAll implements AutoCloseable {
     /**
      * Every rank must run the kernels with the same configuration and channel count C (KERNELS.md:
      * the same C on every rank; the HOST exchange sizes its NCCL calls from the configuration). A
-     * mismatch would show only as a kernel time-out or an NCCL hang, so the ranks compare them here,
-     * and C comes from the GPU with the fewest SMs (C = SMs / 2, at most 128).
+     * mismatch would show only as a kernel time-out or an NCCL hang, so the ranks compare them here.
+     * C is the configuration's, or (0) comes from the GPU with the fewest SMs (SMs / 2, at most 128).
      */
     private static int agreeOnSetup(CommGroup group, MoeConfig cfg) {
         int local = group.localCount();
@@ -213,19 +213,20 @@ public final class MoeAllToAll implements AutoCloseable {
         long[] allSms = group.allGatherLongs(sms)[0], allShape = group.allGatherLongs(shape)[0], allTypes = group.allGatherLongs(types)[0];
         String mismatch = setupMismatch(allShape, allTypes);
         if (mismatch != null) throw new IllegalArgumentException(mismatch);
-        return channelsFor(allSms);
+        return cfg.channels() > 0 ? cfg.channels() : channelsFor(allSms);
     }
 
     static long packShape(MoeConfig c) { return (long) c.hidden() << 32 | c.maxTokens(); }
 
     static long packTypes(MoeConfig c) {
-        return (long) c.experts() << 32 | (long) c.topK() << 16 | c.dtype().ordinal() << 8 | c.backend().ordinal() << 4 | c.input().ordinal();
+        return (long) c.experts() << 32 | (long) c.channels() << 24 | (long) c.topK() << 16 | c.dtype().ordinal() << 8 | c.backend().ordinal() << 4 | c.input().ordinal();
     }
 
     private static String describe(long shape, long types) {
-        return "hidden " + (shape >>> 32) + ", maxTokens " + (int) shape + ", experts " + (types >>> 32) + ", topK " + ((types >>> 16) & 0xffff)
+        long channels = (types >>> 24) & 0xff;
+        return "hidden " + (shape >>> 32) + ", maxTokens " + (int) shape + ", experts " + (types >>> 32) + ", topK " + ((types >>> 16) & 0xff)
                 + ", rows " + DType.values()[(int) (types >>> 8) & 0xf] + ", backend " + Backend.values()[(int) (types >>> 4) & 0xf]
-                + ", input " + DType.values()[(int) types & 0xf];
+                + ", input " + DType.values()[(int) types & 0xf] + ", channels " + (channels == 0 ? "auto" : channels);
     }
 
     /** Null if every rank's configuration (by rank) equals rank 0's, else what differs. */
@@ -279,6 +280,8 @@ public final class MoeAllToAll implements AutoCloseable {
     public String dispatchKernelName() { return ranks.getFirst().dispatch.name(); }
 
     public MoeConfig config() { return cfg; }
+    /** C: the GIN kernels run 2C blocks (one per SM); {@link MoeConfig#channels()}, or half the SMs of the smallest GPU. */
+    public int channels() { return channels; }
     public int localExperts() { return localExperts; }
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
     public long capacityRows() { return query[Q_RECV_ROWS]; }

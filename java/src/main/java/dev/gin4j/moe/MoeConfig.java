@@ -12,8 +12,13 @@ import dev.gin4j.a2a.DType;
  * {@code hidden % 16 == 0}; {@code x} is either such rows ({@link #fp8}) or bf16 rows that the
  * dispatch quantizes itself ({@link #fp8FromBf16}). Expert outputs and the combine's result are
  * bf16 either way.
+ * <p>{@code channels}: how much of the GPU the GIN kernels take. A dispatch or combine runs 2 x
+ * channels blocks of 512 threads, one per SM. 0 (the default) = half the SMs of the smallest GPU,
+ * at most 128, i.e. the whole GPU: fastest alone. Fewer leave SMs to compute kernels that run beside
+ * the exchange on other streams, at the exchange's cost ({@link #withChannels}; the README has the
+ * measured trade). Every rank must use the same configuration, this included.
  */
-public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input) {
+public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input, int channels) {
     public MoeConfig {
         if (hidden < 1) throw new IllegalArgumentException("hidden must be >= 1, got " + hidden);
         if (experts < 1 || experts > 2048) throw new IllegalArgumentException("experts must be in [1, 2048], got " + experts);
@@ -27,11 +32,23 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
             throw new IllegalArgumentException("FP8_E4M3 rows need hidden to be a positive multiple of 16, got " + hidden);
         if (input != dtype && input != DType.BF16)
             throw new IllegalArgumentException("dispatch input must be the row type (" + dtype + ") or BF16 (quantized by the dispatch), got " + input);
+        if (channels < 0 || channels > 128)
+            throw new IllegalArgumentException("channels must be 0 (half the SMs, the whole GPU) or in [1, 128] (2 x channels SMs), got " + channels);
+    }
+
+    /** The channel count chosen from the GPUs (0). */
+    public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input) {
+        this(hidden, experts, topK, maxTokens, dtype, backend, input, 0);
     }
 
     /** The dispatch takes x of the row type itself. */
     public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend) {
-        this(hidden, experts, topK, maxTokens, dtype, backend, dtype);
+        this(hidden, experts, topK, maxTokens, dtype, backend, dtype, 0);
+    }
+
+    /** The same with the GIN kernels on 2 x {@code channels} SMs (1 to 128; 0 = half the SMs of the smallest GPU). */
+    public MoeConfig withChannels(int channels) {
+        return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels);
     }
 
     public static MoeConfig bf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {

@@ -37,5 +37,11 @@ class MainTest {
         r = run("bench", "moe", "--routing", "zipf:0");  // refused before any GPU is looked for
         assertEquals(2, r.status());
         assertTrue(r.err().contains("--routing zipf:0") && r.err().contains("(0, 4]"), r.err());
+        r = run("bench", "moe", "--channels", "200");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("--channels 200: expected 0 (half the SMs) or 1 to 128"), r.err());
+        r = run("bench", "moe", "--shapes", "deepseek-v3,gpt-oss");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("unknown shape 'gpt-oss'") && r.err().contains("qwen3-30b-a3b"), r.err());
     }
 }

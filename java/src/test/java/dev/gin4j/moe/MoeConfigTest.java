@@ -32,12 +32,25 @@ class MoeConfigTest {
         assertNull(MoeAllToAll.setupMismatch(shapes, types));
         types[2] = MoeAllToAll.packTypes(b);
         String m = MoeAllToAll.setupMismatch(shapes, types);
-        assertTrue(m != null && m.contains("rank 2 has (hidden 7168, maxTokens 4096, experts 256, topK 8, rows FP8_E4M3, backend GIN, input FP8_E4M3)")
-                && m.contains("rank 0 has (hidden 7168, maxTokens 4096, experts 256, topK 8, rows BF16, backend GIN, input BF16)"), m);
+        assertTrue(m != null && m.contains("rank 2 has (hidden 7168, maxTokens 4096, experts 256, topK 8, rows FP8_E4M3, backend GIN, input FP8_E4M3, channels auto)")
+                && m.contains("rank 0 has (hidden 7168, maxTokens 4096, experts 256, topK 8, rows BF16, backend GIN, input BF16, channels auto)"), m);
         types[2] = MoeAllToAll.packTypes(a);
         shapes[1] = MoeAllToAll.packShape(c);
         m = MoeAllToAll.setupMismatch(shapes, types);
         assertTrue(m != null && m.contains("rank 1 has (hidden 7168, maxTokens 128,"), m);
+        shapes[1] = MoeAllToAll.packShape(a);
+        types[1] = MoeAllToAll.packTypes(a.withChannels(128));
+        m = MoeAllToAll.setupMismatch(shapes, types);
+        assertTrue(m != null && m.contains("rank 1 has (") && m.contains("topK 8, rows BF16, backend GIN, input BF16, channels 128)"), m);
+    }
+
+    @Test void channelsAreZeroForAutoOrOneTo128() {
+        MoeConfig a = MoeConfig.bf16(7168, 256, 8, 128, Backend.GIN);
+        assertEquals(0, a.channels());
+        assertEquals(12, a.withChannels(12).channels());
+        assertEquals(a, a.withChannels(12).withChannels(0));
+        refused("channels must be 0 (half the SMs, the whole GPU) or in [1, 128]", () -> a.withChannels(129));
+        refused("channels must be 0", () -> a.withChannels(-1));
     }
 
     @Test void channelsFollowTheSmallestGpu() {

@@ -295,11 +295,17 @@ class MoeGpuTest {
     }
 
     private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing, Rows rows) {
+        both(hidden, experts, k, maxTokens, tokens, routing, rows, 0);
+    }
+
+    /** channels: MoeConfig's (0 = from the GPUs). */
+    private void both(int hidden, int experts, int k, int maxTokens, int[] tokens, Routing routing, Rows rows, int channels) {
         Input[] in = inputs(tokens, hidden, experts, k, routing, rows);
-        String shape = rows + " H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing;
+        String shape = rows + " H=" + hidden + " E=" + experts + " K=" + k + " T=" + Arrays.toString(tokens) + " " + routing + " channels " + channels;
         DType dtype = rows == Rows.BF16 ? DType.BF16 : DType.FP8_E4M3, input = rows == Rows.FP8 ? DType.FP8_E4M3 : DType.BF16;
-        try (MoeAllToAll gin = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.GIN, input));
-             MoeAllToAll host = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.HOST, input))) {
+        try (MoeAllToAll gin = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.GIN, input, channels));
+             MoeAllToAll host = MoeAllToAll.create(group, new MoeConfig(hidden, experts, k, maxTokens, dtype, Backend.HOST, input, channels))) {
+            if (channels > 0) assertEquals(channels, gin.channels());
             byte[][] g = roundTrip(gin, in, hidden, experts, k, "GIN " + shape, true);
             byte[][] h = roundTrip(host, in, hidden, experts, k, "HOST " + shape, true);
             for (int d = 0; d < n; d++) assertArrayEquals(h[d], g[d], "GIN and HOST layouts differ on rank " + d + ", " + shape);
@@ -317,6 +323,15 @@ class MoeGpuTest {
         try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, experts(256), 8, 128, Backend.GIN))) {
             String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_tp";
             assertEquals(want, gin.dispatchKernelName());
+        }
+    }
+    @Test void fewChannelsLeaveSmsToCompute() {
+        // 4 channels (8 SMs): 32 tokens per channel, still the token path; 2 channels: the layout path
+        both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, Rows.BF16, 4);
+        both(2048, experts(128), 8, 128, tokens(128, 128), Routing.SOME_MASKED, Rows.BF16, 2);
+        try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, experts(256), 8, 128, Backend.GIN).withChannels(2))) {
+            assertEquals(2, gin.channels());
+            assertEquals("moe_gin_dispatch", gin.dispatchKernelName(), "64 tokens per channel: the layout path");
         }
     }
     @Test void layoutPath() {

@@ -55,6 +55,10 @@ public class MoeBenchmark {
     @Param({"false"})
     public boolean quantize;
 
+    /** GIN kernels on 2 x channels SMs; 0 = half the SMs (the whole GPU), {@link MoeConfig#withChannels}. */
+    @Param({"0"})
+    public int channels;
+
     private CommGroup group;
     private MoeAllToAll moe;
     private Arena arena;
@@ -68,7 +72,7 @@ public class MoeBenchmark {
         List<Device> devs = GpuRuntime.get().devices();
         group = CommGroup.initAll(devs);
         arena = Arena.ofShared();
-        moe = MoeAllToAll.create(group, new MoeConfig(hidden, experts, topK, tokens, dtype, backend, quantize ? DType.BF16 : dtype));
+        moe = MoeAllToAll.create(group, new MoeConfig(hidden, experts, topK, tokens, dtype, backend, quantize ? DType.BF16 : dtype, channels));
         SplittableRandom random = new SplittableRandom(7);
         for (Device d : devs) {
             streams.add(d.createStream());
