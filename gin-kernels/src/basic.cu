@@ -1,11 +1,22 @@
 // basic.cu: the runtime layer's test kernels (launch cost, fills, copies, argument packing,
 // peer access). Signatures and the GinTestStruct layout are documented in KERNELS.md.
 // All loops are 1-D grid-stride loops: any grid and block size gives the same result.
-#include "gin_device.cuh"
+#include "gin_sync.cuh"  // gin_clock_ns; includes gin_device.cuh
 #include <stddef.h>
 
 // No arguments, no work: measures the bare launch path.
 GIN_KERNEL void gin_empty() {}
+
+// Holds its SM for ns nanoseconds of the device clock without touching memory: a stand-in for
+// compute that runs beside an exchange on other SMs (bench moe --channels). Launched with enough
+// dynamic shared memory that two blocks never share an SM.
+GIN_KERNEL void gin_spin_ns(uint64_t ns) {
+  extern __shared__ uint32_t spinSmem[];
+  const uint64_t t0 = gin_clock_ns();
+  while (gin_clock_ns() - t0 < ns) {
+  }
+  if (ns == 0 && threadIdx.x == 0) spinSmem[0] = 0;  // the shared memory is the point, not its use
+}
 
 // dst[i] = value for i < n.
 GIN_KERNEL void gin_fill_u32(uint32_t* dst, uint64_t n, uint32_t value) {

@@ -48,7 +48,8 @@ final class MoeBench {
     record Row(String shape, int tokens, Backend backend, double dispatchUs, double combineUs, double dispatchPipeUs, double combinePipeUs,
                double dispatchCpuUs, double combineCpuUs, double dispatchThreadCpuUs, double combineThreadCpuUs, double graphUs, double graphThreadCpuUs,
                double valuesUs, double valuesPipeUs, double valuesThreadCpuUs,
-               long crossingBytes, long dispatchCrossingBytes, String kernel, double busiestExpert, int channels) {}
+               long crossingBytes, long dispatchCrossingBytes, String kernel, double busiestExpert, int channels,
+               double dispatchBesideUs, double combineBesideUs) {}
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
             new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3),
@@ -100,10 +101,12 @@ final class MoeBench {
                                 Bench.slowest(g, m.dispatchThreadCpuUs()), Bench.slowest(g, m.combineThreadCpuUs()),
                                 Bench.slowest(g, m.graphUs()), Bench.slowest(g, m.graphThreadCpuUs()),
                                 Bench.slowest(g, m.valuesUs()), Bench.slowest(g, m.valuesPipeUs()), Bench.slowest(g, m.valuesThreadCpuUs()),
-                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel(), m.busiestExpert(), m.channels());
+                                m.crossingBytes(), m.dispatchCrossingBytes(), m.kernel(), m.busiestExpert(), m.channels(),
+                                Bench.slowest(g, m.dispatchBesideUs()), Bench.slowest(g, m.combineBesideUs()));
                         rows.add(r);
                         if (Bench.reports(g)) out.printf(Locale.ROOT, "%-15s T=%5d %-4s dispatch %9.1f us  combine %9.1f us  pipelined %9.1f / %9.1f us  (per call: wall %.1f / %.1f us, thread CPU %.1f / %.1f us)"
-                                + "  returnRowValues %.1f us (pipelined %.1f, thread CPU %.1f)  busiest expert %.1fx the mean  %s%n",
+                                + "  returnRowValues %.1f us (pipelined %.1f, thread CPU %.1f)  busiest expert %.1fx the mean  %s"
+                                + (Double.isNaN(r.dispatchBesideUs()) ? "" : String.format(Locale.ROOT, "  beside compute on the other SMs: pipelined %.1f / %.1f us", r.dispatchBesideUs(), r.combineBesideUs())) + "%n",
                                 shape.name(), tokens, b, r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(),
                                 r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.busiestExpert(), r.kernel());
                     }
@@ -143,8 +146,8 @@ final class MoeBench {
                 + ",\n  \"rows\": [\n");
         for (int i = 0; i < rows.size(); i++) {
             Row r = rows.get(i);
-            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"row_values_us\": %.2f, \"row_values_pipelined_us\": %.2f, \"row_values_thread_cpu_us\": %.2f, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\", \"busiest_expert_vs_mean\": %.2f}%s%n",
-                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), r.busiestExpert(), i + 1 < rows.size() ? "," : ""));
+            sb.append(String.format(Locale.ROOT, "    {\"shape\": \"%s\", \"tokens\": %d, \"backend\": \"%s\", \"dispatch_us\": %.2f, \"combine_us\": %.2f, \"dispatch_pipelined_us\": %.2f, \"combine_pipelined_us\": %.2f, \"dispatch_cpu_us\": %.2f, \"combine_cpu_us\": %.2f, \"dispatch_thread_cpu_us\": %.2f, \"combine_thread_cpu_us\": %.2f, \"graph_us\": %s, \"graph_thread_cpu_us\": %s, \"row_values_us\": %.2f, \"row_values_pipelined_us\": %.2f, \"row_values_thread_cpu_us\": %.2f, \"crossing_bytes\": %d, \"dispatch_crossing_bytes\": %d, \"kernel\": \"%s\", \"busiest_expert_vs_mean\": %.2f, \"dispatch_beside_compute_us\": %s, \"combine_beside_compute_us\": %s}%s%n",
+                    r.shape(), r.tokens(), r.backend(), r.dispatchUs(), r.combineUs(), r.dispatchPipeUs(), r.combinePipeUs(), r.dispatchCpuUs(), r.combineCpuUs(), r.dispatchThreadCpuUs(), r.combineThreadCpuUs(), jsonNumber(r.graphUs()), jsonNumber(r.graphThreadCpuUs()), r.valuesUs(), r.valuesPipeUs(), r.valuesThreadCpuUs(), r.crossingBytes(), r.dispatchCrossingBytes(), r.kernel(), r.busiestExpert(), jsonNumber(r.dispatchBesideUs()), jsonNumber(r.combineBesideUs()), i + 1 < rows.size() ? "," : ""));
         }
         Files.writeString(json, sb.append("  ]\n}\n").toString());
         out.println("wrote " + json);
@@ -263,14 +266,70 @@ final class MoeBench {
                 vc[batch] = (c5 - c4) / 1e3 / PIPELINED / local;
             }
             double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
+            double[] beside = backend == Backend.GIN && channels > 0 ? besideCompute(moe, xs, ids, ws, tk, outs, streams, e0, e1, e2, median(dp) + median(cp))
+                    : new double[] {Double.NaN, Double.NaN};
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
                     median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
                     crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL",
-                    Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()), moe.channels());
+                    Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()), moe.channels(), beside[0], beside[1]);
         } finally {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close); e3.forEach(Event::close);
+        }
+    }
+
+    /**
+     * The pipelined dispatch and combine again while a spinning block (no memory traffic) holds every
+     * SM the exchange was not given (SMs - 2C), as compute kernels on another stream would: times
+     * equal to the pipelined ones say the exchange needs no more than its 2C SMs. Returns the
+     * dispatch and combine us per call (median of the batches), NaN when no SM is left over.
+     */
+    static double[] besideCompute(MoeAllToAll moe, List<DeviceBuffer> xs, List<DeviceBuffer> ids, List<DeviceBuffer> ws, int[] tk, List<DeviceBuffer> outs,
+                                  List<Stream> streams, List<Event> e0, List<Event> e1, List<Event> e2, double aloneUs) {
+        int local = streams.size();
+        List<CodeObject> codes = new ArrayList<>();
+        List<Stream> side = new ArrayList<>();
+        try (Arena a = Arena.ofConfined()) {
+            List<Kernel> spin = new ArrayList<>();
+            List<LaunchConfig> grids = new ArrayList<>();
+            // long enough to cover a batch: 3x its time alone, + 1 ms
+            KernelArgs args = KernelArgs.of(a, KernelArgs.Type.I64).setLong(0, (long) ((3 * aloneUs * PIPELINED + 1000) * 1e3));
+            for (int i = 0; i < local; i++) {
+                Device d = streams.get(i).device();
+                int free = d.multiprocessors() - 2 * moe.channels();
+                if (free < 1) return new double[] {Double.NaN, Double.NaN};
+                // enough shared memory that two spinning blocks never share an SM (228 KB per SM on the
+                // H200, 64 KB per CU on gfx942); the exchange's 512 x ~128-register blocks cannot join one either
+                int smem = d.arch().startsWith("gfx") ? 40 << 10 : 120 << 10;
+                CodeObject code = d.loadKernels("basic");
+                codes.add(code);
+                Kernel k = code.kernel("gin_spin_ns");
+                k.setMaxDynamicSharedBytes(smem);
+                spin.add(k);
+                grids.add(LaunchConfig.of(free, 1024).withSharedBytes(smem));
+                side.add(d.createStream());
+            }
+            double[] dp = new double[BATCHES], cp = new double[BATCHES];
+            for (int batch = 0; batch < BATCHES; batch++) {
+                for (int i = 0; i < local; i++) spin.get(i).launch(side.get(i), grids.get(i), args);
+                List<MoeDispatch> last = moe.dispatch(xs, ids, ws, tk, streams);  // untimed: the spinning blocks are in place by its end
+                for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
+                for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
+                for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
+                for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
+                for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                for (int i = 0; i < local; i++) {
+                    e2.get(i).synchronize();
+                    dp[batch] = Math.max(dp[batch], e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
+                    cp[batch] = Math.max(cp[batch], e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
+                }
+                side.forEach(Stream::synchronize);
+            }
+            return new double[] {median(dp), median(cp)};
+        } finally {
+            side.forEach(Stream::close);
+            codes.forEach(CodeObject::close);
         }
     }
 
