@@ -7,15 +7,25 @@
 // No arguments, no work: measures the bare launch path.
 GIN_KERNEL void gin_empty() {}
 
-// Holds its SM for ns nanoseconds of the device clock without touching memory: a stand-in for
-// compute that runs beside an exchange on other SMs (bench moe --channels). Launched with enough
-// dynamic shared memory that two blocks never share an SM.
-GIN_KERNEL void gin_spin_ns(uint64_t ns) {
-  extern __shared__ uint32_t spinSmem[];
+// Each block holds its SM for ns nanoseconds of the device clock: a stand-in for compute that
+// runs beside an exchange on other SMs (bench moe --channels). marks (host-mapped, 2 x grid words):
+// marks[block] = 1 when the block starts, so the host can wait until every block is resident, and
+// marks[grid + block] = 1 when it ends, so the host can tell whether the hold outlasted what it
+// timed. In between no memory is touched (session 14: thread 0 polling a host-mapped word instead
+// slowed the exchange on the other SMs ~40x). Launched with the most dynamic shared memory a block
+// may have, so no other block that uses shared memory can join its SM.
+GIN_KERNEL void gin_hold_sms(uint32_t* marks, uint64_t ns) {
+  extern __shared__ uint32_t holdSmem[];
+  if (threadIdx.x == 0) {
+    *(volatile uint32_t*)(marks + blockIdx.x) = 1u;
+    __threadfence_system();
+  }
   const uint64_t t0 = gin_clock_ns();
   while (gin_clock_ns() - t0 < ns) {
   }
-  if (ns == 0 && threadIdx.x == 0) spinSmem[0] = 0;  // the shared memory is the point, not its use
+  if (ns == 0) holdSmem[threadIdx.x & 31] = 0u;  // the shared memory is the point, not its use
+  __syncthreads();
+  if (threadIdx.x == 0) *(volatile uint32_t*)(marks + gridDim.x + blockIdx.x) = 1u;
 }
 
 // dst[i] = value for i < n.

@@ -30,8 +30,8 @@ final class Bench {
                     top-8), qwen3-30b-a3b (2048, 128, top-8), mixtral (4096, 8, top-2); deepseek-v3-fp8 dispatches
                     scaled fp8 rows, deepseek-v3-fp8q bf16 x quantized by the dispatch. --routing zipf[:S]: skewed
                     routing, expert e picked in proportion to 1 / (1 + its place)^S (S = 1), the same hot experts
-                    on every rank; uniform otherwise. --channels C: the GIN kernels on 2C SMs (0: half the SMs, the
-                    whole GPU), as MoeConfig.withChannels.""");
+                    on every rank; uniform otherwise. --channels C: the GIN kernels on 2C SMs (0: half the SMs, at most
+                    128), as MoeConfig.withChannels, also timed beside blocks that hold every other SM.""");
             return 0;
         }
         return switch (args[0]) {

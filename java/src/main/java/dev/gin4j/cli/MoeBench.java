@@ -17,11 +17,14 @@ import dev.gin4j.moe.MoeConfig;
 import dev.gin4j.moe.MoeDispatch;
 import dev.gin4j.moe.Fp8Rows;
 import dev.gin4j.gpu.Stream;
+import dev.gin4j.gpu.PinnedBuffer;
 
 import java.io.IOException;
 import java.io.PrintStream;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.lang.invoke.VarHandle;
 import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.nio.file.Files;
@@ -266,7 +269,7 @@ final class MoeBench {
                 vc[batch] = (c5 - c4) / 1e3 / PIPELINED / local;
             }
             double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
-            double[] beside = backend == Backend.GIN && channels > 0 ? besideCompute(moe, xs, ids, ws, tk, outs, streams, e0, e1, e2, median(dp) + median(cp))
+            double[] beside = backend == Backend.GIN && channels > 0 ? besideCompute(g, moe, xs, ids, ws, tk, outs, streams, e0, e1, e2, median(dp) + median(cp))
                     : new double[] {Double.NaN, Double.NaN};
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
@@ -280,57 +283,91 @@ final class MoeBench {
     }
 
     /**
-     * The pipelined dispatch and combine again while a spinning block (no memory traffic) holds every
-     * SM the exchange was not given (SMs - 2C), as compute kernels on another stream would: times
-     * equal to the pipelined ones say the exchange needs no more than its 2C SMs. Returns the
-     * dispatch and combine us per call (median of the batches), NaN when no SM is left over.
+     * The pipelined dispatch and combine again while {@code gin_hold_sms} holds every SM the exchange
+     * was not given (SMs - 2C blocks with the most shared memory a block may have, so nothing else
+     * with shared memory shares their SMs), as compute kernels on another stream would: times equal
+     * to the pipelined ones say the exchange needs no more than its 2C SMs. The holding blocks are
+     * all resident before the first dispatch, and a batch counts only if none had ended by the time
+     * it was done (else it runs again with a hold twice as long). Returns the dispatch and combine us
+     * per call (median of the batches), NaN on every rank when some GPU has no SM left over.
      */
-    static double[] besideCompute(MoeAllToAll moe, List<DeviceBuffer> xs, List<DeviceBuffer> ids, List<DeviceBuffer> ws, int[] tk, List<DeviceBuffer> outs,
-                                  List<Stream> streams, List<Event> e0, List<Event> e1, List<Event> e2, double aloneUs) {
+    static double[] besideCompute(CommGroup g, MoeAllToAll moe, List<DeviceBuffer> xs, List<DeviceBuffer> ids, List<DeviceBuffer> ws, int[] tk,
+                                  List<DeviceBuffer> outs, List<Stream> streams, List<Event> e0, List<Event> e1, List<Event> e2, double aloneUs) {
         int local = streams.size();
+        long fewestFree = Long.MAX_VALUE;
+        for (Stream st : streams) fewestFree = Math.min(fewestFree, st.device().multiprocessors() - 2L * moe.channels());
+        if (-Bench.slowest(g, -fewestFree) < 1) return new double[] {Double.NaN, Double.NaN};  // decided alike on every rank
         List<CodeObject> codes = new ArrayList<>();
         List<Stream> side = new ArrayList<>();
         try (Arena a = Arena.ofConfined()) {
-            List<Kernel> spin = new ArrayList<>();
+            List<Kernel> hold = new ArrayList<>();
             List<LaunchConfig> grids = new ArrayList<>();
-            // long enough to cover a batch: 3x its time alone, + 1 ms
-            KernelArgs args = KernelArgs.of(a, KernelArgs.Type.I64).setLong(0, (long) ((3 * aloneUs * PIPELINED + 1000) * 1e3));
+            List<PinnedBuffer> marks = new ArrayList<>();  // [block]: started, [grid + block]: ended
+            List<KernelArgs> args = new ArrayList<>();
             for (int i = 0; i < local; i++) {
                 Device d = streams.get(i).device();
-                int free = d.multiprocessors() - 2 * moe.channels();
-                if (free < 1) return new double[] {Double.NaN, Double.NaN};
-                // enough shared memory that two spinning blocks never share an SM (228 KB per SM on the
-                // H200, 64 KB per CU on gfx942); the exchange's 512 x ~128-register blocks cannot join one either
-                int smem = d.arch().startsWith("gfx") ? 40 << 10 : 120 << 10;
+                int free = d.multiprocessors() - 2 * moe.channels(), smem = d.maxSharedBytesPerBlock();
                 CodeObject code = d.loadKernels("basic");
                 codes.add(code);
-                Kernel k = code.kernel("gin_spin_ns");
+                Kernel k = code.kernel("gin_hold_sms");
                 k.setMaxDynamicSharedBytes(smem);
-                spin.add(k);
+                hold.add(k);
                 grids.add(LaunchConfig.of(free, 1024).withSharedBytes(smem));
+                PinnedBuffer m = d.allocatePinned(8L * free, a);
+                marks.add(m);
+                args.add(KernelArgs.of(a, KernelArgs.Type.POINTER, KernelArgs.Type.I64).setPointer(0, m.deviceAddress()));
                 side.add(d.createStream());
             }
+            double holdUs = 3 * aloneUs * PIPELINED + 2000;
             double[] dp = new double[BATCHES], cp = new double[BATCHES];
-            for (int batch = 0; batch < BATCHES; batch++) {
-                for (int i = 0; i < local; i++) spin.get(i).launch(side.get(i), grids.get(i), args);
-                List<MoeDispatch> last = moe.dispatch(xs, ids, ws, tk, streams);  // untimed: the spinning blocks are in place by its end
-                for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
-                for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
-                for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
-                for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
-                for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+            for (int batch = 0; batch < BATCHES; ) {
                 for (int i = 0; i < local; i++) {
-                    e2.get(i).synchronize();
-                    dp[batch] = Math.max(dp[batch], e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
-                    cp[batch] = Math.max(cp[batch], e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
+                    marks.get(i).host().fill((byte) 0);
+                    args.get(i).setLong(1, (long) (holdUs * 1e3));
+                    hold.get(i).launch(side.get(i), grids.get(i), args.get(i));
                 }
-                side.forEach(Stream::synchronize);
+                boolean held = true;
+                try {
+                    for (int i = 0; i < local; i++)
+                        if (!awaitMarks(marks.get(i), 0, grids.get(i).gridX()))
+                            throw new IllegalStateException("gin_hold_sms: not all " + grids.get(i).gridX() + " holding blocks started within 5 s on " + streams.get(i).device());
+                    List<MoeDispatch> last = moe.dispatch(xs, ids, ws, tk, streams);  // untimed, as in the batches alone
+                    for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
+                    for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
+                    for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
+                    for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
+                    for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                    double d = 0, c = 0;
+                    for (int i = 0; i < local; i++) {
+                        e2.get(i).synchronize();
+                        int grid = grids.get(i).gridX();
+                        for (int b = 0; b < grid; b++) held &= (int) INT.getVolatile(marks.get(i).host(), 4L * (grid + b)) == 0;
+                        d = Math.max(d, e1.get(i).elapsedMillisSince(e0.get(i)) * 1e3 / PIPELINED);
+                        c = Math.max(c, e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
+                    }
+                    // every rank must agree whether the batch counts (a rank whose hold ended early retries them all)
+                    if (Bench.slowest(g, held ? 0 : 1) == 0) { dp[batch] = d; cp[batch] = c; batch++; }
+                    else if ((holdUs *= 2) > 60e6) throw new IllegalStateException("gin_hold_sms: the holding blocks keep ending before the batch does");
+                } finally {
+                    side.forEach(Stream::synchronize);
+                }
             }
             return new double[] {median(dp), median(cp)};
         } finally {
             side.forEach(Stream::close);
             codes.forEach(CodeObject::close);
         }
+    }
+
+    private static final VarHandle INT = ValueLayout.JAVA_INT.varHandle();
+
+    /** Waits (at most 5 s) until words [from, from + n) of the marks are all set; false if they were not. */
+    private static boolean awaitMarks(PinnedBuffer marks, int from, int n) {
+        long deadline = System.nanoTime() + 5_000_000_000L;
+        for (int b = from; b < from + n; b++)
+            while ((int) INT.getVolatile(marks.host(), 4L * b) == 0)
+                if (System.nanoTime() > deadline) return false;
+        return true;
     }
 
     /**

@@ -35,6 +35,8 @@ public final class Device {
     public int multiprocessors() { return driver().multiprocessors(ordinal); }
     /** Threads per warp (NVIDIA: 32) or wavefront (AMD CDNA: 64). */
     public int warpSize() { return driver().warpSize(ordinal); }
+    /** The most shared memory one block may use (with {@link Kernel#setMaxDynamicSharedBytes} above 48 KiB on NVIDIA). */
+    public int maxSharedBytesPerBlock() { return driver().maxSharedBytesPerBlock(ordinal); }
     public String pciBusId() { return driver().pciBusId(ordinal); }
     /** {free, total} bytes. */
     public long[] memoryInfo() { return driver().memoryInfo(ordinal); }

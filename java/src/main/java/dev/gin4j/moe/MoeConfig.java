@@ -14,7 +14,7 @@ import dev.gin4j.a2a.DType;
  * bf16 either way.
  * <p>{@code channels}: how much of the GPU the GIN kernels take. A dispatch or combine runs 2 x
  * channels blocks of 512 threads, one per SM. 0 (the default) = half the SMs of the smallest GPU,
- * at most 128, i.e. the whole GPU: fastest alone. Fewer leave SMs to compute kernels that run beside
+ * at most 128 (on an H200 every SM): fastest alone. Fewer leave SMs to compute kernels that run beside
  * the exchange on other streams, at the exchange's cost ({@link #withChannels}; the README has the
  * measured trade). Every rank must use the same configuration, this included.
  */

@@ -50,6 +50,7 @@ class RuntimeGpuTest {
             assertTrue(d.totalMemory() > (1L << 30));
             assertTrue(d.multiprocessors() > 0);
             assertEquals(32, d.warpSize(), "NVIDIA warps are 32 threads");
+            assertTrue(d.maxSharedBytesPerBlock() >= 48 << 10, "opt-in shared memory per block: " + d.maxSharedBytesPerBlock());
             assertFalse(d.name().isBlank());
         }
     }

@@ -120,6 +120,7 @@ public final class CudaDriver implements Driver {
 
     @Override public int multiprocessors(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT()); }
     @Override public int warpSize(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_WARP_SIZE()); }
+    @Override public int maxSharedBytesPerBlock(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN()); }
 
     @Override public String pciBusId(int dev) {
         try (Arena a = Arena.ofConfined()) {

@@ -27,6 +27,8 @@ public interface Driver {
     int multiprocessors(int dev);
     /** Threads per warp (NVIDIA) or wavefront (AMD: 64 on CDNA such as gfx942). */
     int warpSize(int dev);
+    /** The most shared memory one block may ask for (opt-in above the default 48 KiB on NVIDIA). */
+    int maxSharedBytesPerBlock(int dev);
     String pciBusId(int dev);
     boolean canAccessPeer(int dev, int peer);
     /** How two devices are linked, as far as the runtime tells ("NVLink", "XGMI", "PCIe", ...). */

@@ -105,6 +105,7 @@ public final class HipDriver implements Driver {
 
     @Override public int multiprocessors(int dev) { return attribute(dev, hipDeviceAttributeMultiprocessorCount()); }
     @Override public int warpSize(int dev) { return attribute(dev, hipDeviceAttributeWarpSize()); }
+    @Override public int maxSharedBytesPerBlock(int dev) { return attribute(dev, hipDeviceAttributeSharedMemPerBlockOptin()); }
 
     @Override public String pciBusId(int dev) {
         try (Arena a = Arena.ofConfined()) {
