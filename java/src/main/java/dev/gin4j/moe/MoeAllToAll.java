@@ -47,6 +47,9 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * rows are stored into the peers' symmetric windows, no host synchronization, capturable in a
  * graph. {@link Backend#HOST}: the TorchTitan-style baseline (count all-to-all, counts to the host,
  * grouped ncclSend/ncclRecv of one row per (token, expert), permute), with identical layouts.
+ * The GIN kernels run on 2 x {@link #channels()} SMs ({@link MoeConfig#withChannels}: fewer leave
+ * SMs to compute on other streams). {@link #create} compares every rank's {@link MoeConfig} and
+ * refuses, naming the rank, where one differs.
  * Kernels and layouts: gin-kernels/src/moe.cu and gin-kernels/KERNELS.md.
  */
 public final class MoeAllToAll implements AutoCloseable {
