@@ -13,9 +13,9 @@ GIN_KERNEL void gin_empty() {}
 // marks[grid + block] = 1 when it ends, so the host can tell whether the hold outlasted what it
 // timed. In between no memory is touched (session 14: thread 0 polling a host-mapped word instead
 // slowed the exchange on the other SMs ~40x). Launched with the most dynamic shared memory a block
-// may have, so no other block that uses shared memory can join its SM.
+// may have (the launch reserves it whether or not the kernel names it), so no other block that
+// uses shared memory can join its SM.
 GIN_KERNEL void gin_hold_sms(uint32_t* marks, uint64_t ns) {
-  extern __shared__ uint32_t holdSmem[];
   if (threadIdx.x == 0) {
     *(volatile uint32_t*)(marks + blockIdx.x) = 1u;
     __threadfence_system();
@@ -23,7 +23,6 @@ GIN_KERNEL void gin_hold_sms(uint32_t* marks, uint64_t ns) {
   const uint64_t t0 = gin_clock_ns();
   while (gin_clock_ns() - t0 < ns) {
   }
-  if (ns == 0) holdSmem[threadIdx.x & 31] = 0u;  // the shared memory is the point, not its use
   __syncthreads();
   if (threadIdx.x == 0) *(volatile uint32_t*)(marks + gridDim.x + blockIdx.x) = 1u;
 }

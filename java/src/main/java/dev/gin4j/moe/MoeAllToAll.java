@@ -73,7 +73,7 @@ public final class MoeAllToAll implements AutoCloseable {
     private final class RankState {
         final Communicator comm;
         final Device device;
-        final int warpSize;
+        final int warpSize;  // 32 on NVIDIA, 64 on AMD CDNA: the HOST kernels' grids count warps of it
         final CodeObject code;
         final DeviceBuffer workspace, recvX, recvWeights, recvCounts, y;
         // 1.0f per received row (GIN) or per (token, k) (HOST): the weights of combineUnweighted
@@ -94,6 +94,12 @@ public final class MoeAllToAll implements AutoCloseable {
         long lastTopkIdx, lastTopkWeights;  // HOST: the combine re-reads the routing of the last dispatch
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
+
+        /** The HOST kernels' launch: one warp (NVIDIA) or wavefront (AMD) per item, 256-thread blocks, at most 4096 of them. */
+        LaunchConfig warpLaunch(long warps) {
+            int perBlock = 256 / warpSize;
+            return LaunchConfig.of((int) Math.max(1, Math.min(4096, (warps + perBlock - 1) / perBlock)), 256);
+        }
 
         RankState(Communicator comm, Stream setup) {
             this.comm = comm;
@@ -368,12 +374,6 @@ public final class MoeAllToAll implements AutoCloseable {
         r.quantize.launch(stream, Fp8Rows.launchConfig(r.device, tokens, cfg.hidden()), r.quantizeArgs);
     }
 
-    /** The HOST kernels' launch: one warp (NVIDIA) or wavefront (AMD) per item, 256-thread blocks, at most 4096 of them. */
-    private static LaunchConfig warpLaunch(RankState r, long warps) {
-        int perBlock = 256 / r.warpSize;  // 8 on NVIDIA, 4 with AMD's 64-lane wavefronts
-        return LaunchConfig.of((int) Math.max(1, Math.min(4096, (warps + perBlock - 1) / perBlock)), 256);
-    }
-
     private void hostDispatch(List<DeviceBuffer> x, List<DeviceBuffer> idx, List<DeviceBuffer> w, int[] tokens, List<Stream> streams) {
         int local = group.localCount(), L = localExperts;
         long rowBytes = cfg.dispatchRowBytes();
@@ -391,7 +391,7 @@ public final class MoeAllToAll implements AutoCloseable {
             r.packArgs.setPointer(0, rows).setPointer(1, idx.get(i)).setPointer(2, w.get(i)).setInt(3, tokens[i]).setPointer(4, r.workspace)
                     .setPointer(5, r.sendRows).setPointer(6, r.sendWeights).setPointer(7, r.errors.buffer())
                     .setInt(8, nRanks).setInt(9, cfg.experts()).setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens());
-            r.pack.launch(streams.get(i), warpLaunch(r, tokens[i]), r.packArgs);
+            r.pack.launch(streams.get(i), r.warpLaunch(tokens[i]), r.packArgs);
             r.lastTopkIdx = idx.get(i).address();
             r.lastTopkWeights = w.get(i).address();
         }
@@ -439,7 +439,7 @@ public final class MoeAllToAll implements AutoCloseable {
             r.permuteArgs.setPointer(0, r.recvBuf).setPointer(1, r.recvBufWeights).setPointer(2, r.countMatrix).setPointer(3, r.recvX)
                     .setPointer(4, r.recvWeights).setPointer(5, r.recvCounts).setPointer(6, r.errors.buffer())
                     .setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
-            r.permute.launch(streams.get(i), warpLaunch(r, rows), r.permuteArgs);
+            r.permute.launch(streams.get(i), r.warpLaunch(rows), r.permuteArgs);
         }
     }
 
@@ -517,7 +517,7 @@ public final class MoeAllToAll implements AutoCloseable {
             r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.lastTopkIdx).setPointer(2, weighted ? r.lastTopkWeights : r.unitWeights.address()).setInt(3, h.numTokens()).setPointer(4, r.workspace)
                     .setPointer(5, r.y).setPointer(6, r.errors.buffer()).setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK())
                     .setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
-            r.hostCombine.launch(streams.get(i), warpLaunch(r, h.numTokens()), r.hostCombineArgs);
+            r.hostCombine.launch(streams.get(i), r.warpLaunch(h.numTokens()), r.hostCombineArgs);
             ys.add(r.y.slice(0, (long) h.numTokens() * rowBytes));
         }
         return ys;
@@ -590,7 +590,7 @@ public final class MoeAllToAll implements AutoCloseable {
             int tokens = handles.get(i).numTokens();
             r.valuesArgs.setPointer(0, r.valuesRecv).setPointer(1, r.lastTopkIdx).setInt(2, tokens).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
                     .setPointer(5, r.errors.buffer()).setInt(6, nRanks).setInt(7, cfg.experts()).setInt(8, cfg.topK()).setInt(9, cfg.maxTokens());
-            r.values.launch(streams.get(i), warpLaunch(r, (long) tokens * cfg.topK() / r.warpSize + 1), r.valuesArgs);  // a thread per (token, k)
+            r.values.launch(streams.get(i), r.warpLaunch((long) tokens * cfg.topK() / r.warpSize + 1), r.valuesArgs);  // a thread per (token, k)
             out.add(r.tokenValues.slice(0, 4L * tokens * cfg.topK()));
         }
         return out;
@@ -615,7 +615,7 @@ public final class MoeAllToAll implements AutoCloseable {
             long n = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
             r.unpermuteArgs.setPointer(0, rows.get(i)).setPointer(1, r.countMatrix).setPointer(2, staging.get(i)).setPointer(3, r.errors.buffer())
                     .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, hidden).setInt(8, cfg.maxTokens());
-            r.unpermute.launch(streams.get(i), warpLaunch(r, n), r.unpermuteArgs);
+            r.unpermute.launch(streams.get(i), r.warpLaunch(n), r.unpermuteArgs);
             // what this rank received from s returns to s
             sc[i] = scale(r.recvRowsFrom, rowBytes); so[i] = scale(r.recvRowOffset, rowBytes);
             rc[i] = scale(r.sendRowsTo, rowBytes); ro[i] = scale(r.sendRowOffset, rowBytes);
