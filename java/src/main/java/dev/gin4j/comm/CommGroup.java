@@ -224,24 +224,37 @@ public final class CommGroup extends NativeResource {
      * parameters agree before registering windows.
      */
     public long[][] allGatherLongs(long[] valuePerLocalRank) {
-        if (valuePerLocalRank.length != ranks.size()) throw new IllegalArgumentException("one value per local rank expected");
+        long[][] one = new long[valuePerLocalRank.length][];
+        for (int i = 0; i < one.length; i++) one[i] = new long[] {valuePerLocalRank[i]};
+        return allGatherLongs(one);
+    }
+
+    /**
+     * Gathers n longs from every local rank across all ranks in one all-gather:
+     * result[localIndex][rank * n + j] is value j of that rank. Every rank gives the same n.
+     */
+    public long[][] allGatherLongs(long[][] valuesPerLocalRank) {
+        if (valuesPerLocalRank.length != ranks.size())
+            throw new IllegalArgumentException("one array of values per local rank expected: got " + valuesPerLocalRank.length + " for " + ranks.size() + " local rank(s)");
+        int n = valuesPerLocalRank[0].length;
+        for (long[] v : valuesPerLocalRank)
+            if (v.length != n || n == 0) throw new IllegalArgumentException("every local rank must give the same number (> 0) of longs: got " + v.length + " and " + n);
+        long bytes = 8L * n;
         try (Arena a = Arena.ofConfined()) {
             List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
             List<Stream> streams = new ArrayList<>();
             try {
                 for (int i = 0; i < ranks.size(); i++) {
                     Device d = ranks.get(i).device();
-                    DeviceBuffer s = d.allocate(8, a), r = d.allocate(8L * worldSize, a);
-                    MemorySegment v = a.allocate(8);
-                    v.set(ValueLayout.JAVA_LONG, 0, valuePerLocalRank[i]);
-                    s.copyFromHost(v);
+                    DeviceBuffer s = d.allocate(bytes, a), r = d.allocate(bytes * worldSize, a);
+                    s.copyFromHost(MemorySegment.ofArray(valuesPerLocalRank[i]));
                     send.add(s); recv.add(r); streams.add(d.createStream());
                 }
-                allGather(send, recv, 8, streams);
+                allGather(send, recv, bytes, streams);
                 long[][] out = new long[ranks.size()][];
                 for (int i = 0; i < ranks.size(); i++) {
                     streams.get(i).synchronize();
-                    out[i] = recv.get(i).readLongs(worldSize);
+                    out[i] = recv.get(i).readLongs(n * worldSize);
                 }
                 return out;
             } finally {

@@ -211,15 +211,13 @@ public final class MoeAllToAll implements AutoCloseable {
      * C is the configuration's, or (0) comes from the GPU with the fewest SMs (SMs / 2, at most 128).
      */
     private static int agreeOnSetup(CommGroup group, MoeConfig cfg) {
-        int local = group.localCount();
-        long[] sms = new long[local], shape = new long[local], types = new long[local];
-        for (int i = 0; i < local; i++) {
-            sms[i] = group.rank(i).device().multiprocessors();
-            shape[i] = packShape(cfg);
-            types[i] = packTypes(cfg);
-        }
+        long[][] mine = new long[group.localCount()][];
+        for (int i = 0; i < mine.length; i++) mine[i] = new long[] {group.rank(i).device().multiprocessors(), packShape(cfg), packTypes(cfg)};
         // every local rank receives the same world-wide view: row 0 serves
-        long[] allSms = group.allGatherLongs(sms)[0], allShape = group.allGatherLongs(shape)[0], allTypes = group.allGatherLongs(types)[0];
+        long[] all = group.allGatherLongs(mine)[0];
+        int world = all.length / 3;
+        long[] allSms = new long[world], allShape = new long[world], allTypes = new long[world];
+        for (int r = 0; r < world; r++) { allSms[r] = all[3 * r]; allShape[r] = all[3 * r + 1]; allTypes[r] = all[3 * r + 2]; }
         String mismatch = setupMismatch(allShape, allTypes);
         if (mismatch != null) throw new IllegalArgumentException(mismatch);
         return cfg.channels() > 0 ? cfg.channels() : channelsFor(allSms);

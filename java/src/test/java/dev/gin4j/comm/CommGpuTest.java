@@ -98,6 +98,30 @@ class CommGpuTest {
         assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
     }
 
+    /** One GPU is enough: the all-gather then runs over a world of one (every local GPU where there are more). */
+    @Test void allGatherLongsGivesEveryRanksValuesInRankOrder() {
+        GpuRuntime rt = Gpus.runtimeWithDevices(1);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        try (CommGroup g = CommGroup.initAll(rt.devices())) {
+            int local = g.localCount(), n = 3;
+            long[][] mine = new long[local][n];
+            for (long[] v : mine) for (int j = 0; j < n; j++) v[j] = random.nextLong();
+            long[][] got = g.allGatherLongs(mine);
+            assertEquals(local, got.length);
+            for (int i = 0; i < local; i++) {
+                assertEquals(n * g.worldSize(), got[i].length);
+                for (int r = 0; r < g.worldSize(); r++) // one process holds every rank: rank r is local index r
+                    for (int j = 0; j < n; j++) assertEquals(mine[r][j], got[i][r * n + j], "local " + i + " rank " + r + " value " + j);
+            }
+            long[] single = random.longs(local).toArray();
+            long[][] one = g.allGatherLongs(single);
+            for (int i = 0; i < local; i++) assertArrayEquals(single, one[i], "one long per rank, local " + i);
+            IllegalArgumentException uneven = assertThrows(IllegalArgumentException.class, () -> g.allGatherLongs(new long[local][0]));
+            assertTrue(uneven.getMessage().contains("same number"), uneven.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> g.allGatherLongs(new long[local + 1][1]));
+        }
+    }
+
     @Test void ginRequestedWhereAbsentIsAnError() {
         GpuRuntime rt = twoGpusAndNccl();
         Gpus.skipUnless(Capabilities.rdmaDevices().isEmpty(), "this host has RDMA devices; GIN may be present");
