@@ -242,18 +242,8 @@ final class MoeBench {
             ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
             double[] dp = new double[BATCHES], cp = new double[BATCHES], dc = new double[BATCHES], cc = new double[BATCHES], vp = new double[BATCHES], vc = new double[BATCHES];
             for (int batch = 0; batch < BATCHES; batch++) {
-                // one untimed dispatch first: every rank finishes it only when all have started, so the
-                // processes' different arrival times stay out of the batch
-                List<MoeDispatch> last = moe.dispatch(xs, ids, ws, tk, streams);
-                for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
-                long c0 = cpu.getCurrentThreadCpuTime();
-                for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
-                long c1 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
-                long c2 = cpu.getCurrentThreadCpuTime();
-                for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
-                long c3 = cpu.getCurrentThreadCpuTime();
-                for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                long[] cpuNs = new long[2];
+                List<MoeDispatch> last = pipelinedBatch(moe, xs, ids, ws, tk, outs, streams, e0, e1, e2, cpuNs);
                 long c4 = cpu.getCurrentThreadCpuTime();
                 for (int it = 0; it < PIPELINED; it++) moe.returnRowValues(last, rowValues, streams);
                 long c5 = cpu.getCurrentThreadCpuTime();
@@ -264,8 +254,8 @@ final class MoeBench {
                     cp[batch] = Math.max(cp[batch], e2.get(i).elapsedMillisSince(e1.get(i)) * 1e3 / PIPELINED);
                     vp[batch] = Math.max(vp[batch], e3.get(i).elapsedMillisSince(e2.get(i)) * 1e3 / PIPELINED);
                 }
-                dc[batch] = (c1 - c0) / 1e3 / PIPELINED / local;
-                cc[batch] = (c3 - c2) / 1e3 / PIPELINED / local;
+                dc[batch] = cpuNs[0] / 1e3 / PIPELINED / local;
+                cc[batch] = cpuNs[1] / 1e3 / PIPELINED / local;
                 vc[batch] = (c5 - c4) / 1e3 / PIPELINED / local;
             }
             double[] graph = backend == Backend.GIN ? graphReplays(moe, xs, ids, ws, tk, outs, streams, e0, e1) : new double[] {Double.NaN, Double.NaN};
@@ -280,6 +270,30 @@ final class MoeBench {
             streams.forEach(Stream::close);
             e0.forEach(Event::close); e1.forEach(Event::close); e2.forEach(Event::close); e3.forEach(Event::close);
         }
+    }
+
+    /**
+     * One pipelined batch: an untimed dispatch (every rank finishes it only when all have started, so
+     * the processes' different arrival times stay out of the batch), then PIPELINED dispatches between
+     * events e0 and e1 and PIPELINED combines of the last one between e1 and e2. cpuNs[0] / cpuNs[1]:
+     * this thread's CPU time over the dispatch / combine launches. Returns the last dispatch's handles.
+     */
+    static List<MoeDispatch> pipelinedBatch(MoeAllToAll moe, List<DeviceBuffer> xs, List<DeviceBuffer> ids, List<DeviceBuffer> ws, int[] tk,
+                                            List<DeviceBuffer> outs, List<Stream> streams, List<Event> e0, List<Event> e1, List<Event> e2, long[] cpuNs) {
+        ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
+        List<MoeDispatch> last = moe.dispatch(xs, ids, ws, tk, streams);
+        for (int i = 0; i < streams.size(); i++) e0.get(i).record(streams.get(i));
+        long c0 = cpu.getCurrentThreadCpuTime();
+        for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
+        long c1 = cpu.getCurrentThreadCpuTime();
+        for (int i = 0; i < streams.size(); i++) e1.get(i).record(streams.get(i));
+        long c2 = cpu.getCurrentThreadCpuTime();
+        for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
+        long c3 = cpu.getCurrentThreadCpuTime();
+        for (int i = 0; i < streams.size(); i++) e2.get(i).record(streams.get(i));
+        cpuNs[0] = c1 - c0;
+        cpuNs[1] = c3 - c2;
+        return last;
     }
 
     /**
@@ -331,12 +345,7 @@ final class MoeBench {
                     for (int i = 0; i < local; i++)
                         if (!awaitMarks(marks.get(i), 0, grids.get(i).gridX()))
                             throw new IllegalStateException("gin_hold_sms: not all " + grids.get(i).gridX() + " holding blocks started within 5 s on " + streams.get(i).device());
-                    List<MoeDispatch> last = moe.dispatch(xs, ids, ws, tk, streams);  // untimed, as in the batches alone
-                    for (int i = 0; i < local; i++) e0.get(i).record(streams.get(i));
-                    for (int it = 0; it < PIPELINED; it++) last = moe.dispatch(xs, ids, ws, tk, streams);
-                    for (int i = 0; i < local; i++) e1.get(i).record(streams.get(i));
-                    for (int it = 0; it < PIPELINED; it++) moe.combine(last, outs, streams);
-                    for (int i = 0; i < local; i++) e2.get(i).record(streams.get(i));
+                    pipelinedBatch(moe, xs, ids, ws, tk, outs, streams, e0, e1, e2, new long[2]);
                     double d = 0, c = 0;
                     for (int i = 0; i < local; i++) {
                         e2.get(i).synchronize();
