@@ -5,6 +5,7 @@ import dev.gin4j.comm.Communicator;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -21,7 +22,7 @@ import java.util.List;
  * windows; the output is a region of this object's symmetric window, valid until the next call.
  * HOST: {@code ncclAlltoAll} into a plain device buffer.
  */
-public final class AllToAll implements AutoCloseable {
+public final class AllToAll extends NativeResource {
     private final CommGroup group;
     private final Backend backend;
     private final long maxBytesPerPeer;
@@ -32,23 +33,41 @@ public final class AllToAll implements AutoCloseable {
     private final long[] lastBytesPerPeer;
 
     private AllToAll(CommGroup group, Backend backend, long maxBytesPerPeer) {
-        if (maxBytesPerPeer < 1) throw new IllegalArgumentException("maxBytesPerPeer must be >= 1, got " + maxBytesPerPeer);
         this.group = group;
         this.backend = backend;
         this.maxBytesPerPeer = maxBytesPerPeer;
         this.lastBytesPerPeer = new long[group.localCount()];
-        if (backend == Backend.GIN) {
-            this.gin = new GinState(group, maxBytesPerPeer);
-            this.arena = null;
-        } else {
-            this.gin = null;
-            this.arena = Arena.ofShared();
-            for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(Math.multiplyExact(maxBytesPerPeer, (long) group.worldSize()), arena));
+        this.arena = backend == Backend.HOST ? Arena.ofShared() : null;
+        try {
+            this.gin = backend == Backend.GIN ? new GinState(group, maxBytesPerPeer) : null;
+            if (backend == Backend.HOST)
+                for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(outputBytes(maxBytesPerPeer, group.worldSize()), arena));
+        } catch (RuntimeException e) {
+            close();
+            throw e;
+        }
+    }
+
+    /** The arguments of create, checked before anything is registered or allocated. */
+    static void checkCreate(CommGroup group, long bytesPerPeer, Backend backend, String what) {
+        if (group == null || backend == null) throw new IllegalArgumentException("a communicator group and a backend must be given, got " + group + " / " + backend);
+        group.ensureOpen();
+        if (bytesPerPeer < 1) throw new IllegalArgumentException(what + " must be >= 1, got " + bytesPerPeer);
+        outputBytes(bytesPerPeer, group.worldSize());
+    }
+
+    /** A receive area of {@code ranks} slots, or an error naming the sizes where it would not fit a long. */
+    static long outputBytes(long bytesPerPeer, int ranks) {
+        try {
+            return Math.multiplyExact(bytesPerPeer, (long) ranks);
+        } catch (ArithmeticException e) {
+            throw new IllegalArgumentException(bytesPerPeer + " bytes per peer for " + ranks + " ranks do not fit a 64-bit size");
         }
     }
 
     /** Collective: every rank must create it with the same size and backend. */
     public static AllToAll create(CommGroup group, long maxBytesPerPeer, Backend backend) {
+        checkCreate(group, maxBytesPerPeer, backend, "maxBytesPerPeer");
         return new AllToAll(group, backend, maxBytesPerPeer);
     }
 
@@ -61,6 +80,7 @@ public final class AllToAll implements AutoCloseable {
      * deliver into the same place.
      */
     public AllToAll protocol(Protocol p) {
+        if (p == null) throw new IllegalArgumentException("protocol must not be null (Protocol.AUTO picks by size)");
         this.protocol = p;
         return this;
     }
@@ -84,6 +104,7 @@ public final class AllToAll implements AutoCloseable {
 
     /** Exchanges {@code bytesPerPeer} bytes per peer on every local rank; inputs hold {@code worldSize * bytesPerPeer} bytes. */
     public void run(List<DeviceBuffer> inputs, long bytesPerPeer, List<Stream> streams) {
+        ensureOpen();
         int local = group.localCount();
         if (inputs.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one input and one stream per local rank expected (" + local + "), got " + inputs.size() + " and " + streams.size());
@@ -102,6 +123,7 @@ public final class AllToAll implements AutoCloseable {
      * local ranks must be grouped: use the list form).
      */
     public void run(int localIndex, DeviceBuffer input, long bytesPerPeer, Stream stream) {
+        ensureOpen();
         check(localIndex, input, bytesPerPeer, stream);
         if (backend == Backend.HOST) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST all-to-all with " + group.localCount() + " local ranks must be issued for all of them together: use run(List, long, List)");
@@ -194,6 +216,8 @@ public final class AllToAll implements AutoCloseable {
 
     /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments). */
     public void checkErrors(List<Stream> streams) {
+        ensureOpen();
+        checkStreams(group, streams);
         if (backend != Backend.GIN) {
             streams.forEach(Stream::synchronize);
             return;
@@ -201,8 +225,18 @@ public final class AllToAll implements AutoCloseable {
         for (int i = 0; i < gin.ranks.size(); i++) gin.ranks.get(i).errors.check("GIN all-to-all", streams.get(i));
     }
 
-    @Override public void close() {
-        if (gin != null) gin.close();
-        if (arena != null) arena.close();
+    /** One stream per local rank, each on its rank's device: the streams checkErrors synchronizes. */
+    static void checkStreams(CommGroup group, List<Stream> streams) {
+        if (streams.size() != group.localCount())
+            throw new IllegalArgumentException("one stream per local rank expected (" + group.localCount() + "), got " + streams.size());
+        for (int i = 0; i < streams.size(); i++)
+            if (streams.get(i).device() != group.rank(i).device())
+                throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", local rank " + i + " on " + group.rank(i).device());
     }
+
+    @Override protected void release() {
+        releaseAll(() -> { if (gin != null) gin.close(); }, () -> { if (arena != null) arena.close(); });
+    }
+
+    @Override public String describe() { return "AllToAll (" + backend + ", " + maxBytesPerPeer + " bytes per peer)"; }
 }

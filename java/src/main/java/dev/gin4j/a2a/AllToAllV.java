@@ -5,9 +5,11 @@ import dev.gin4j.comm.Communicator;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -19,33 +21,45 @@ import java.util.List;
  * <p>GIN: counts never visit the host, so a call can run inside a captured graph. A count above
  * the capacity is clamped and reported by {@link #checkErrors}. HOST: the counts are copied to
  * the host, exchanged with an all-to-all, and the data moves with grouped ncclSend/ncclRecv, as
- * PyTorch's all_to_all_single does.
+ * PyTorch's all_to_all_single does. Both backends treat a count or offset that does not fit the
+ * same way: a count above the capacity, or a range past the end of the input, is clamped (an offset
+ * past the end sends nothing), the exchange goes on with the clamped counts on every rank, and
+ * {@link #checkErrors} reports it. (Refusing on the one rank that saw it would leave the others
+ * waiting in the exchange.)
  */
-public final class AllToAllV implements AutoCloseable {
+public final class AllToAllV extends NativeResource {
     private final CommGroup group;
     private final Backend backend;
     private final long capacityPerPeer;
     private final GinState gin;
     private final Arena arena = Arena.ofShared();
-    private final List<DeviceBuffer> hostOutputs = new ArrayList<>(), hostCounts = new ArrayList<>();
+    private final List<DeviceBuffer> hostOutputs = new ArrayList<>(), hostCounts = new ArrayList<>(), hostSendCounts = new ArrayList<>();
+    private final String[] hostClamped;  // HOST: what the last calls clamped, per local rank, until checkErrors reports it
     private Protocol protocol = Protocol.AUTO;
 
     private AllToAllV(CommGroup group, Backend backend, long capacityPerPeer) {
-        if (capacityPerPeer < 1) throw new IllegalArgumentException("capacityPerPeer must be >= 1, got " + capacityPerPeer);
         this.group = group;
         this.backend = backend;
         this.capacityPerPeer = capacityPerPeer;
-        this.gin = backend == Backend.GIN ? new GinState(group, capacityPerPeer) : null;
-        if (backend == Backend.HOST) {
-            for (Communicator c : group.ranks()) {
-                hostOutputs.add(c.device().allocate(Math.multiplyExact(capacityPerPeer, (long) group.worldSize()), arena));
-                hostCounts.add(c.device().allocate(8L * group.worldSize(), arena));
+        this.hostClamped = new String[group.localCount()];
+        try {
+            this.gin = backend == Backend.GIN ? new GinState(group, capacityPerPeer) : null;
+            if (backend == Backend.HOST) {
+                for (Communicator c : group.ranks()) {
+                    hostOutputs.add(c.device().allocate(AllToAll.outputBytes(capacityPerPeer, group.worldSize()), arena));
+                    hostCounts.add(c.device().allocate(8L * group.worldSize(), arena));
+                    hostSendCounts.add(c.device().allocate(8L * group.worldSize(), arena));
+                }
             }
+        } catch (RuntimeException e) {
+            close();
+            throw e;
         }
     }
 
     /** Collective: every rank must create it with the same capacity and backend. */
     public static AllToAllV create(CommGroup group, long capacityPerPeer, Backend backend) {
+        AllToAll.checkCreate(group, capacityPerPeer, backend, "capacityPerPeer");
         return new AllToAllV(group, backend, capacityPerPeer);
     }
 
@@ -53,6 +67,7 @@ public final class AllToAllV implements AutoCloseable {
     public long capacityPerPeer() { return capacityPerPeer; }
 
     public AllToAllV protocol(Protocol p) {
+        if (p == null) throw new IllegalArgumentException("protocol must not be null (Protocol.AUTO picks by size)");
         this.protocol = p;
         return this;
     }
@@ -68,9 +83,11 @@ public final class AllToAllV implements AutoCloseable {
     }
 
     public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
+        ensureOpen();
         int local = group.localCount(), n = group.worldSize();
         if (inputs.size() != local || sendCounts.size() != local || sendOffsets.size() != local || streams.size() != local)
-            throw new IllegalArgumentException("one input, count array, offset array and stream per local rank expected (" + local + ")");
+            throw new IllegalArgumentException("one input, count array, offset array and stream per local rank expected (" + local + "), got "
+                    + inputs.size() + ", " + sendCounts.size() + ", " + sendOffsets.size() + ", " + streams.size());
         for (int i = 0; i < local; i++) {
             Communicator c = group.rank(i);
             for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
@@ -126,13 +143,12 @@ public final class AllToAllV implements AutoCloseable {
             sc[i] = sendCounts.get(i).readLongs(n);
             so[i] = sendOffsets.get(i).readLongs(n);
             for (int p = 0; p < n; p++) {
-                if (sc[i][p] > capacityPerPeer)
-                    throw new IllegalArgumentException(group.rank(i) + " sends " + sc[i][p] + " bytes to rank " + p + ", above the capacity of " + capacityPerPeer + " bytes per peer");
-                if (so[i][p] + sc[i][p] > inputs.get(i).byteSize())
-                    throw new IllegalArgumentException(group.rank(i) + ": send range for rank " + p + " ends at " + (so[i][p] + sc[i][p]) + ", past the input's " + inputs.get(i).byteSize() + " bytes");
+                String clamped = clamp(sc[i], so[i], p, inputs.get(i).byteSize(), capacityPerPeer);
+                if (clamped != null && hostClamped[i] == null) hostClamped[i] = group.rank(i) + ", to rank " + p + ": " + clamped;
                 ro[i][p] = p * capacityPerPeer;
             }
-            countSend.add(sendCounts.get(i));
+            hostSendCounts.get(i).copyFromHost(MemorySegment.ofArray(sc[i]));  // what is sent, clamped
+            countSend.add(hostSendCounts.get(i));
         }
         group.allToAll(countSend, hostCounts, 8, streams);   // who sends me how much
         for (int i = 0; i < local; i++) {
@@ -142,17 +158,53 @@ public final class AllToAllV implements AutoCloseable {
         group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
     }
 
-    /** Synchronizes and throws if a kernel reported an error (clamped counts, time-out, bad arguments). */
+    /**
+     * The GIN kernel's rule (a2a.cu, resolve_count), with counts and offsets as the kernel reads them
+     * (unsigned 64-bit): an offset past the end sends nothing, a range past the end is cut there, a
+     * count above the capacity is cut to it. Clamps counts[p] / offsets[p] in place; returns what was
+     * wrong, or null.
+     */
+    static String clamp(long[] counts, long[] offsets, int p, long sendBytes, long capacity) {
+        long count = counts[p], offset = offsets[p];
+        String wrong = null;
+        if (Long.compareUnsigned(offset, sendBytes) > 0) {
+            wrong = "offset " + Long.toUnsignedString(offset) + " is past the input's " + sendBytes + " bytes; nothing was sent";
+            offset = 0;
+            count = 0;
+        } else if (Long.compareUnsigned(count, sendBytes - offset) > 0) {
+            wrong = "the range [" + offset + ", " + offset + " + " + Long.toUnsignedString(count) + ") goes past the input's " + sendBytes + " bytes; clamped to " + (sendBytes - offset);
+            count = sendBytes - offset;
+        }
+        if (Long.compareUnsigned(count, capacity) > 0) {
+            wrong = (wrong == null ? "" : wrong + "; ") + Long.toUnsignedString(count) + " bytes are above the capacity of " + capacity + " bytes per peer; clamped to it";
+            count = capacity;
+        }
+        counts[p] = count;
+        offsets[p] = offset;
+        return wrong;
+    }
+
+    /** Synchronizes and throws if a call clamped a count or range (both backends) or a kernel reported an error (time-out, bad arguments). */
     public void checkErrors(List<Stream> streams) {
+        ensureOpen();
+        AllToAll.checkStreams(group, streams);
         if (backend != Backend.GIN) {
             streams.forEach(Stream::synchronize);
+            for (int i = 0; i < hostClamped.length; i++) {
+                String clamped = hostClamped[i];
+                if (clamped != null) {
+                    java.util.Arrays.fill(hostClamped, null);  // reported once, as the kernels' error word is cleared
+                    throw new dev.gin4j.comm.CommException("HOST all-to-all-v on " + clamped);
+                }
+            }
             return;
         }
         for (int i = 0; i < gin.ranks.size(); i++) gin.ranks.get(i).errors.check("GIN all-to-all-v", streams.get(i));
     }
 
-    @Override public void close() {
-        if (gin != null) gin.close();
-        arena.close();
+    @Override protected void release() {
+        releaseAll(() -> { if (gin != null) gin.close(); }, arena::close);
     }
+
+    @Override public String describe() { return "AllToAllV (" + backend + ", capacity " + capacityPerPeer + " bytes per peer)"; }
 }

@@ -15,6 +15,7 @@ import dev.gin4j.gpu.Event;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -44,6 +45,7 @@ final class GinState implements AutoCloseable {
     final DeviceComm ginComm;    // hybrid only
     final Arena arena = Arena.ofShared();
     final List<Rank> ranks = new ArrayList<>();
+    private boolean closed;
 
     /** Per local rank: kernels and argument lists reused by every call. */
     static final class Rank {
@@ -52,8 +54,8 @@ final class GinState implements AutoCloseable {
         final Kernel direct, ll, directV, llV, ll128, ll128V, ceReady, ceDone, ceSelf;
         final KernelArgs directArgs, llArgs, directVArgs, llVArgs, ll128Args, ll128VArgs, ceSignalArgs, ceSelfArgs;
         // copy-engine variant: the self slot runs on a second stream, forked from and joined to the caller's
-        final Stream ceSide;
-        final Event ceFork, ceJoin;
+        Stream ceSide;
+        Event ceFork, ceJoin;
         DeviceBuffer[] peerRecv;  // each peer's "recv" region as mapped in this process (null for self), LSA only
         final DeviceBuffer seq, llSeq, ll128Seq;
         final KernelErrors errors;
@@ -83,45 +85,57 @@ final class GinState implements AutoCloseable {
             }
         }
 
+        /** Takes {@code code}: closed here if the rank cannot be set up (its buffers belong to {@code arena}). */
         Rank(Communicator comm, CodeObject code, Arena arena, Stream setup) {
             this.comm = comm;
             this.code = code;
             Device d = comm.device();
-            direct = code.kernel("gin_a2a");
-            ll = code.kernel("gin_a2a_ll");
-            directV = code.kernel("gin_a2av");
-            llV = code.kernel("gin_a2av_ll");
-            ll128 = code.kernel("gin_a2a_ll128");
-            ll128V = code.kernel("gin_a2av_ll128");
-            // gin_a2a(send, bytesPerPeer, peerBases, recvOffset, slotBytes, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
-            directArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-            // gin_a2a_ll(send, bytesPerPeer, peerBases, recvOffset, slotBytes, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
-            llArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-            // gin_a2av(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
-            directVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-            // gin_a2av_ll(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
-            llVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-            // gin_a2a_ll128 / gin_a2av_ll128: the LL signatures, with the LL128 staging, capacity and counters
-            ll128Args = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-            ll128VArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-            ceReady = code.kernel("gin_a2a_ce_ready");
-            ceDone = code.kernel("gin_a2a_ce_done");
-            ceSelf = code.kernel("gin_a2a_ce_self");
-            // gin_a2a_ce_ready / gin_a2a_ce_done(peerBases, signalOffset, seqState, rank, nranks, maxChunks, errorFlags)
-            ceSignalArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I32, I32, I32, POINTER);
-            // gin_a2a_ce_self(send, bytesPerPeer, peerBases, recvOffset, slotBytes, rank)
-            ceSelfArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I32);
-            ceSide = d.createStream();
-            ceFork = d.createEvent(false);
-            ceJoin = d.createEvent(false);
-            long seqBytes = 8L * comm.size() * Plan.MAX_CHUNKS_PER_PEER;
-            seq = d.allocate(seqBytes, arena);
-            llSeq = d.allocate(seqBytes, arena);
-            ll128Seq = d.allocate(seqBytes, arena);
-            seq.fill((byte) 0, setup);
-            llSeq.fill((byte) 0, setup);
-            ll128Seq.fill((byte) 0, setup);
-            errors = new KernelErrors(d, arena, setup);
+            try {
+                direct = code.kernel("gin_a2a");
+                ll = code.kernel("gin_a2a_ll");
+                directV = code.kernel("gin_a2av");
+                llV = code.kernel("gin_a2av_ll");
+                ll128 = code.kernel("gin_a2a_ll128");
+                ll128V = code.kernel("gin_a2av_ll128");
+                // gin_a2a(send, bytesPerPeer, peerBases, recvOffset, slotBytes, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
+                directArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                // gin_a2a_ll(send, bytesPerPeer, peerBases, recvOffset, slotBytes, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
+                llArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                // gin_a2av(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
+                directVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                // gin_a2av_ll(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
+                llVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                // gin_a2a_ll128 / gin_a2av_ll128: the LL signatures, with the LL128 staging, capacity and counters
+                ll128Args = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                ll128VArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                ceReady = code.kernel("gin_a2a_ce_ready");
+                ceDone = code.kernel("gin_a2a_ce_done");
+                ceSelf = code.kernel("gin_a2a_ce_self");
+                // gin_a2a_ce_ready / gin_a2a_ce_done(peerBases, signalOffset, seqState, rank, nranks, maxChunks, errorFlags)
+                ceSignalArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I32, I32, I32, POINTER);
+                // gin_a2a_ce_self(send, bytesPerPeer, peerBases, recvOffset, slotBytes, rank)
+                ceSelfArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I32);
+                ceSide = d.createStream();
+                ceFork = d.createEvent(false);
+                ceJoin = d.createEvent(false);
+                long seqBytes = 8L * comm.size() * Plan.MAX_CHUNKS_PER_PEER;
+                seq = d.allocate(seqBytes, arena);
+                llSeq = d.allocate(seqBytes, arena);
+                ll128Seq = d.allocate(seqBytes, arena);
+                seq.fill((byte) 0, setup);
+                llSeq.fill((byte) 0, setup);
+                ll128Seq.fill((byte) 0, setup);
+                errors = new KernelErrors(d, arena, setup);
+            } catch (RuntimeException e) {
+                close();
+                throw e;
+            }
+        }
+
+        /** The rank's streams, events and code objects; each released even if one before it fails. */
+        void close() {
+            NativeResource.releaseAll(() -> { if (ceSide != null) ceSide.close(); }, () -> { if (ceFork != null) ceFork.close(); },
+                    () -> { if (ceJoin != null) ceJoin.close(); }, code::close, () -> { if (hybridCode != null) hybridCode.close(); });
         }
     }
 
@@ -246,16 +260,15 @@ final class GinState implements AutoCloseable {
         return chunks == plan.chunksPerPeer() ? plan : new Plan(plan.protocol(), chunks, plan.threads());
     }
 
+    /** Idempotent; every part is released even if one before it fails. */
     @Override public void close() {
-        for (Rank r : ranks) {
-            r.ceSide.close();
-            r.ceFork.close();
-            r.ceJoin.close();
-            r.code.close();
-            if (r.hybridCode != null) r.hybridCode.close();
-        }
-        if (ginComm != null) ginComm.close();
-        window.close();
-        arena.close();
+        if (closed) return;
+        closed = true;
+        List<Runnable> steps = new ArrayList<>();
+        for (Rank r : ranks) steps.add(r::close);
+        steps.add(() -> { if (ginComm != null) ginComm.close(); });
+        steps.add(window::close);
+        steps.add(arena::close);
+        NativeResource.releaseAll(steps.toArray(Runnable[]::new));
     }
 }

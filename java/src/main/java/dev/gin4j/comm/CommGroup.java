@@ -185,8 +185,8 @@ public final class CommGroup extends NativeResource {
             throw new IllegalArgumentException(what + " counts/offsets for " + c + " need " + worldSize + " entries, got " + counts.length + "/" + offsets.length);
         for (int p = 0; p < worldSize; p++) {
             if (counts[p] < 0 || offsets[p] < 0) throw new IllegalArgumentException(what + " count/offset for peer " + p + " on " + c + " is negative: " + counts[p] + "/" + offsets[p]);
-            if (offsets[p] + counts[p] > size)
-                throw new IllegalArgumentException(what + " range for peer " + p + " on " + c + " is [" + offsets[p] + ", " + (offsets[p] + counts[p]) + ") but the buffer has " + size + " bytes");
+            if (counts[p] > size || offsets[p] > size - counts[p])  // not offset + count: that may overflow
+                throw new IllegalArgumentException(what + " range for peer " + p + " on " + c + " is " + counts[p] + " bytes at offset " + offsets[p] + " but the buffer has " + size + " bytes");
         }
     }
 

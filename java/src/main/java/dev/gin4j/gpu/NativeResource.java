@@ -38,6 +38,24 @@ public abstract class NativeResource implements AutoCloseable {
         }
     }
 
+    /**
+     * Runs every step, even when one before it throws, then throws the first failure with the later
+     * ones attached as suppressed: for releasing several things, so that one failing release (after
+     * a sticky GPU fault, say) does not leak the rest.
+     */
+    public static void releaseAll(Runnable... steps) {
+        RuntimeException first = null;
+        for (Runnable step : steps) {
+            try {
+                step.run();
+            } catch (RuntimeException e) {
+                if (first == null) first = e;
+                else first.addSuppressed(e);
+            }
+        }
+        if (first != null) throw first;
+    }
+
     /** Number of native objects (streams, events, code objects, graphs, ...) not yet closed. */
     public static int liveCount() { return LIVE.size(); }
 

@@ -7,6 +7,7 @@ import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -23,7 +24,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * byte offset {@code hidden} of each row. {@link #quantize} makes such rows from bf16 rows on the
  * device (moe.cu, {@code moe_fp8_quantize}).
  */
-public final class Fp8Rows implements AutoCloseable {
+public final class Fp8Rows extends NativeResource {
     private final Device device;
     private final Arena arena = Arena.ofShared();
     private final CodeObject code;
@@ -35,11 +36,14 @@ public final class Fp8Rows implements AutoCloseable {
     public Fp8Rows(Device device) {
         this.device = device;
         this.code = device.loadKernels("moe");
-        this.kernel = code.kernel("moe_fp8_quantize");
-        this.args = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
         try (Stream s = device.createStream()) {
+            this.kernel = code.kernel("moe_fp8_quantize");
+            this.args = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
             this.errors = new KernelErrors(device, arena, s);
             s.synchronize();
+        } catch (RuntimeException e) {
+            close();
+            throw e;
         }
     }
 
@@ -61,6 +65,7 @@ public final class Fp8Rows implements AutoCloseable {
      * rounded to nearest even and saturated. x must be 16-byte aligned, out 8-byte aligned.
      */
     public void quantize(DeviceBuffer x, int tokens, int hidden, DeviceBuffer out, Stream stream) {
+        ensureOpen();
         if (!hiddenOk(hidden)) throw new IllegalArgumentException("hidden must be a positive multiple of 16 for fp8 rows, got " + hidden);
         if (tokens < 0) throw new IllegalArgumentException("tokens must be >= 0, got " + tokens);
         long needX = 2L * tokens * hidden, needOut = tokens * rowBytes(hidden);
@@ -91,10 +96,12 @@ public final class Fp8Rows implements AutoCloseable {
     }
 
     /** Synchronizes {@code stream} and throws if the kernel refused its arguments. */
-    public void checkErrors(Stream stream) { errors.check("fp8 quantize", stream); }
-
-    @Override public void close() {
-        code.close();
-        arena.close();
+    public void checkErrors(Stream stream) {
+        ensureOpen();
+        errors.check("fp8 quantize", stream);
     }
+
+    @Override protected void release() { releaseAll(code::close, arena::close); }
+
+    @Override public String describe() { return "fp8 row quantizer on " + device; }
 }

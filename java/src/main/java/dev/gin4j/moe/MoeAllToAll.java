@@ -16,6 +16,7 @@ import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.KernelLibrary;
 import dev.gin4j.gpu.LaunchConfig;
+import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -43,6 +44,11 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * gradients (dx), and {@code returnRowValues} brings each row's {@code <dy, out>} back as the
  * router weights' gradient. The rows of a dispatch live until the next one: keep a copy of what
  * the expert backward needs.
+ * <p>The dispatch reads x, topkIdx and topkWeights in stream order and keeps what the combine and
+ * {@code returnRowValues} need (HOST copies the routing): once it is queued, the caller may
+ * overwrite them on the same stream, with the next layer's routing say. A handle works only with
+ * the instance that made it, until that rank's next dispatch. Buffers must be aligned to their
+ * element (2 bytes for rows, 4 for ids, weights and row values).
  * <p>{@link Backend#GIN}: one kernel each way; counts are computed and exchanged on the device,
  * rows are stored into the peers' symmetric windows, no host synchronization, capturable in a
  * graph. {@link Backend#HOST}: the TorchTitan-style baseline (count all-to-all, counts to the host,
@@ -52,7 +58,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * refuses, naming the rank, where one differs.
  * Kernels and layouts: gin-kernels/src/moe.cu and gin-kernels/KERNELS.md.
  */
-public final class MoeAllToAll implements AutoCloseable {
+public final class MoeAllToAll extends NativeResource {
     private static final int Q_WINDOW_BYTES = 0, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
             Q_WS_EXPERT_COUNT = 7, Q_WS_EXPERT_OFFSET = 8, Q_WS_ROWS_TO = 9, Q_VERSION = 14, Q_TOKEN_PATH = 15;
     private static final int THREADS = 512;
@@ -91,7 +97,9 @@ public final class MoeAllToAll implements AutoCloseable {
         final DeviceBuffer xq;
         // HOST backend buffers
         DeviceBuffer sendRows, sendWeights, recvBuf, recvBufWeights, countMatrix, backBuf, returned;
-        long lastTopkIdx, lastTopkWeights;  // HOST: the combine re-reads the routing of the last dispatch
+        // HOST: the routing of the last dispatch, which the combine and returnRowValues read again;
+        // copied, so that the caller may reuse its topkIdx / topkWeights buffers after the dispatch as on GIN
+        DeviceBuffer routingIdx, routingWeights;
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
 
@@ -106,58 +114,65 @@ public final class MoeAllToAll implements AutoCloseable {
             this.device = comm.device();
             this.warpSize = device.warpSize();
             this.code = device.loadKernels("moe");
-            long capRows = query[Q_RECV_ROWS], dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
-            workspace = device.allocate(query[Q_WORKSPACE_BYTES], arena);
-            workspace.fill((byte) 0, setup);
-            recvX = device.allocate(capRows * dispatchRow, arena);
-            recvWeights = device.allocate(capRows * 4, arena);
-            recvCounts = device.allocate(4L * localExperts, arena);
-            y = device.allocate((long) cfg.maxTokens() * combineRow, arena);
-            unitWeights = device.allocate(4L * Math.max(capRows, (long) cfg.maxTokens() * cfg.topK()), arena);
-            unitWeights.fill32(Float.floatToRawIntBits(1f), setup);
-            errors = new KernelErrors(device, arena, setup);
-            boolean isFp8 = cfg.dtype() == DType.FP8_E4M3;
-            String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
-            dispatch = code.kernel(entryPoint("moe_gin_dispatch" + fp8, device));
-            combine = code.kernel(entryPoint("moe_gin_combine", device));
-            layout = code.kernel("moe_host_layout");
-            pack = code.kernel("moe_host_pack" + fp8);
-            permute = code.kernel("moe_host_permute" + fp8);
-            unpermute = code.kernel("moe_host_unpermute");
-            hostCombine = code.kernel("moe_host_combine");
-            quantize = cfg.quantizes() ? code.kernel("moe_fp8_quantize") : null;
-            quantizeArgs = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
-            xq = cfg.quantizes() ? device.allocate((long) cfg.maxTokens() * dispatchRow, arena) : null;
-            dispatchArgs = isFp8  // the fp8 entries take one more argument: xq (null: x holds fp8 rows)
-                    ? KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32, POINTER)
-                    : KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
-            combineArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
-            layoutArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, I32, I32, I32, I32, I32);
-            packArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-            permuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-            unpermuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-            hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-            tokenValues = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
-            if (cfg.backend() == Backend.GIN) {
-                values = code.kernel("moe_gin_row_values");
-                valuesArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
-                valuesSend = null;
-                valuesRecv = null;
-            } else {
-                values = code.kernel("moe_host_row_values_in");
-                valuesArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
-                valuesSend = device.allocate(4L * capRows, arena);
-                valuesRecv = device.allocate(4L * query[Q_SEND_ROWS], arena);
-            }
-            if (cfg.backend() == Backend.HOST) {
-                long sendRowsCap = query[Q_SEND_ROWS];
-                sendRows = device.allocate(sendRowsCap * dispatchRow, arena);
-                sendWeights = device.allocate(sendRowsCap * 4, arena);
-                recvBuf = device.allocate(capRows * dispatchRow, arena);
-                recvBufWeights = device.allocate(capRows * 4, arena);
-                countMatrix = device.allocate(4L * nRanks * localExperts, arena);
-                backBuf = device.allocate(capRows * combineRow, arena);
-                returned = device.allocate(sendRowsCap * combineRow, arena);
+            try {
+                long capRows = query[Q_RECV_ROWS], dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
+                workspace = device.allocate(query[Q_WORKSPACE_BYTES], arena);
+                workspace.fill((byte) 0, setup);
+                recvX = device.allocate(capRows * dispatchRow, arena);
+                recvWeights = device.allocate(capRows * 4, arena);
+                recvCounts = device.allocate(4L * localExperts, arena);
+                y = device.allocate((long) cfg.maxTokens() * combineRow, arena);
+                unitWeights = device.allocate(4L * Math.max(capRows, (long) cfg.maxTokens() * cfg.topK()), arena);
+                unitWeights.fill32(Float.floatToRawIntBits(1f), setup);
+                errors = new KernelErrors(device, arena, setup);
+                boolean isFp8 = cfg.dtype() == DType.FP8_E4M3;
+                String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
+                dispatch = code.kernel(entryPoint("moe_gin_dispatch" + fp8, device));
+                combine = code.kernel(entryPoint("moe_gin_combine", device));
+                layout = code.kernel("moe_host_layout");
+                pack = code.kernel("moe_host_pack" + fp8);
+                permute = code.kernel("moe_host_permute" + fp8);
+                unpermute = code.kernel("moe_host_unpermute");
+                hostCombine = code.kernel("moe_host_combine");
+                quantize = cfg.quantizes() ? code.kernel("moe_fp8_quantize") : null;
+                quantizeArgs = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
+                xq = cfg.quantizes() ? device.allocate((long) cfg.maxTokens() * dispatchRow, arena) : null;
+                dispatchArgs = isFp8  // the fp8 entries take one more argument: xq (null: x holds fp8 rows)
+                        ? KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32, POINTER)
+                        : KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+                combineArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+                layoutArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, I32, I32, I32, I32, I32);
+                packArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+                permuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+                unpermuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+                hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+                tokenValues = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
+                if (cfg.backend() == Backend.GIN) {
+                    values = code.kernel("moe_gin_row_values");
+                    valuesArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+                    valuesSend = null;
+                    valuesRecv = null;
+                } else {
+                    values = code.kernel("moe_host_row_values_in");
+                    valuesArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
+                    valuesSend = device.allocate(4L * capRows, arena);
+                    valuesRecv = device.allocate(4L * query[Q_SEND_ROWS], arena);
+                }
+                if (cfg.backend() == Backend.HOST) {
+                    long sendRowsCap = query[Q_SEND_ROWS];
+                    sendRows = device.allocate(sendRowsCap * dispatchRow, arena);
+                    sendWeights = device.allocate(sendRowsCap * 4, arena);
+                    recvBuf = device.allocate(capRows * dispatchRow, arena);
+                    recvBufWeights = device.allocate(capRows * 4, arena);
+                    countMatrix = device.allocate(4L * nRanks * localExperts, arena);
+                    backBuf = device.allocate(capRows * combineRow, arena);
+                    returned = device.allocate(sendRowsCap * combineRow, arena);
+                    routingIdx = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
+                    routingWeights = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
+                }
+            } catch (RuntimeException e) {
+                code.close();  // the buffers go with the instance's arena; this state never joins ranks
+                throw e;
             }
         }
     }
@@ -165,20 +180,20 @@ public final class MoeAllToAll implements AutoCloseable {
     private MoeAllToAll(CommGroup group, MoeConfig cfg) {
         this.group = group;
         this.cfg = cfg;
-        this.nRanks = group.worldSize();
-        this.channels = agreeOnSetup(group, cfg);  // first: a rank with another configuration must not fail alone below
-        if (cfg.experts() % nRanks != 0) {
-            throw new IllegalArgumentException(cfg.experts() + " experts do not split evenly over " + nRanks + " ranks");
-        }
-        this.localExperts = cfg.experts() / nRanks;
-        this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
-        this.query = queryLayout(group.rank(0).device());
-        if (query[Q_WINDOW_BYTES] == 0) {
-            throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
-                    + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
-                    + " maxTokens x ranks and the receive capacity in rows below 2^31)");
-        }
         try {
+            this.nRanks = group.worldSize();
+            this.channels = agreeOnSetup(group, cfg);  // first: a rank with another configuration must not fail alone below
+            if (cfg.experts() % nRanks != 0) {
+                throw new IllegalArgumentException(cfg.experts() + " experts do not split evenly over " + nRanks + " ranks");
+            }
+            this.localExperts = cfg.experts() / nRanks;
+            this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
+            this.query = queryLayout(group.rank(0).device());
+            if (query[Q_WINDOW_BYTES] == 0) {
+                throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
+                        + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
+                        + " maxTokens x ranks and the receive capacity in rows below 2^31)");
+            }
             if (cfg.backend() == Backend.GIN) {
                 this.window = SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build());
                 this.peers = PeerTable.resolve(window, arena);
@@ -253,7 +268,11 @@ public final class MoeAllToAll implements AutoCloseable {
     }
 
     /** Collective: every rank creates it with the same configuration (checked: a difference is an error on every rank). */
-    public static MoeAllToAll create(CommGroup group, MoeConfig config) { return new MoeAllToAll(group, config); }
+    public static MoeAllToAll create(CommGroup group, MoeConfig config) {
+        if (group == null || config == null) throw new IllegalArgumentException("a communicator group and a MoeConfig must be given, got " + group + " / " + config);
+        group.ensureOpen();
+        return new MoeAllToAll(group, config);
+    }
 
     private long[] queryLayout(Device d) {
         try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("moe")) {
@@ -293,7 +312,13 @@ public final class MoeAllToAll implements AutoCloseable {
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
     public long capacityRows() { return query[Q_RECV_ROWS]; }
 
+    private static void requireAligned(RankState r, DeviceBuffer b, int bytes, String what) {
+        if (b.address() % bytes != 0)
+            throw new IllegalArgumentException(r.comm + ": " + what + " must be " + bytes + "-byte aligned, its address is 0x" + Long.toHexString(b.address()));
+    }
+
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
+        ensureOpen();
         if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException(r.comm + ": T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
         long needX = (long) tokens * cfg.inputRowBytes(), needK = 4L * tokens * cfg.topK();
         if (x.byteSize() < needX) {
@@ -302,6 +327,9 @@ public final class MoeAllToAll implements AutoCloseable {
         }
         if (cfg.quantizes() && x.address() % 16 != 0)
             throw new IllegalArgumentException(r.comm + ": x must be 16-byte aligned for the quantizing fp8 dispatch, its address is 0x" + Long.toHexString(x.address()));
+        requireAligned(r, x, 2, "x");  // the row movers copy 2-byte units at the least
+        requireAligned(r, idx, 4, "topkIdx (int32)");
+        requireAligned(r, w, 4, "topkWeights (f32)");
         if (idx.byteSize() < needK) throw new IllegalArgumentException(r.comm + ": topkIdx has " + idx.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] int32 needs " + needK);
         if (w.byteSize() < needK) throw new IllegalArgumentException(r.comm + ": topkWeights has " + w.byteSize() + " bytes; [" + tokens + "][" + cfg.topK() + "] f32 needs " + needK);
         if (x.device() != r.device) throw new IllegalArgumentException("x of " + r.comm + " is on " + x.device());
@@ -339,7 +367,7 @@ public final class MoeAllToAll implements AutoCloseable {
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
         r.dispatch.launch(stream, ginLaunch, a);
         r.lastSequence = seq;
-        return new MoeDispatch(localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
+        return new MoeDispatch(this, localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
 
     /** Every local rank at once (the only form for HOST with several local ranks). */
@@ -361,7 +389,7 @@ public final class MoeAllToAll implements AutoCloseable {
             RankState r = ranks.get(i);
             long seq = r.lastSequence + 1;
             r.lastSequence = seq;
-            out.add(new MoeDispatch(i, tokens[i], seq, r.recvX, r.recvCounts, r.recvWeights));
+            out.add(new MoeDispatch(this, i, tokens[i], seq, r.recvX, r.recvCounts, r.recvWeights));
         }
         return out;
     }
@@ -390,8 +418,9 @@ public final class MoeAllToAll implements AutoCloseable {
                     .setPointer(5, r.sendRows).setPointer(6, r.sendWeights).setPointer(7, r.errors.buffer())
                     .setInt(8, nRanks).setInt(9, cfg.experts()).setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens());
             r.pack.launch(streams.get(i), r.warpLaunch(tokens[i]), r.packArgs);
-            r.lastTopkIdx = idx.get(i).address();
-            r.lastTopkWeights = w.get(i).address();
+            long routingBytes = 4L * tokens[i] * cfg.topK();
+            r.routingIdx.slice(0, routingBytes).copyFrom(idx.get(i).slice(0, routingBytes), streams.get(i));
+            r.routingWeights.slice(0, routingBytes).copyFrom(w.get(i).slice(0, routingBytes), streams.get(i));
         }
         // 2. counts per (destination, local expert): all-to-all, then to the host
         List<DeviceBuffer> countSend = new ArrayList<>(), countRecv = new ArrayList<>();
@@ -447,9 +476,18 @@ public final class MoeAllToAll implements AutoCloseable {
         return o;
     }
 
-    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+    /** The handle's rank, if the handle is of this instance's last dispatch there. */
+    private RankState handleRank(MoeDispatch handle, String operation) {
+        ensureOpen();
+        if (handle.owner() != this) throw new IllegalArgumentException(operation + " needs a handle of this instance's dispatch; " + handle + " comes from " + handle.owner().describe());
         RankState r = rank(handle.localIndex());
-        if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": combine needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": " + operation + " needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        return r;
+    }
+
+    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        RankState r = handleRank(handle, "combine");
+        requireAligned(r, expertOut, 2, "expertOut (bf16)");
         long need = capacityRows() * cfg.combineRowBytes();
         if (expertOut.byteSize() < need) throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
@@ -512,7 +550,7 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             MoeDispatch h = handles.get(i);
-            r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.lastTopkIdx).setPointer(2, weighted ? r.lastTopkWeights : r.unitWeights.address()).setInt(3, h.numTokens()).setPointer(4, r.workspace)
+            r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.routingIdx).setPointer(2, weighted ? r.routingWeights : r.unitWeights).setInt(3, h.numTokens()).setPointer(4, r.workspace)
                     .setPointer(5, r.y).setPointer(6, r.errors.buffer()).setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK())
                     .setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
             r.hostCombine.launch(streams.get(i), r.warpLaunch(h.numTokens()), r.hostCombineArgs);
@@ -565,8 +603,8 @@ public final class MoeAllToAll implements AutoCloseable {
     }
 
     private RankState checkRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
-        RankState r = rank(handle.localIndex());
-        if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": returnRowValues needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
+        RankState r = handleRank(handle, "returnRowValues");
+        requireAligned(r, rowValues, 4, "rowValues (f32)");
         if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException(r.comm + ": rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
@@ -586,7 +624,7 @@ public final class MoeAllToAll implements AutoCloseable {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             int tokens = handles.get(i).numTokens();
-            r.valuesArgs.setPointer(0, r.valuesRecv).setPointer(1, r.lastTopkIdx).setInt(2, tokens).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
+            r.valuesArgs.setPointer(0, r.valuesRecv).setPointer(1, r.routingIdx).setInt(2, tokens).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
                     .setPointer(5, r.errors.buffer()).setInt(6, nRanks).setInt(7, cfg.experts()).setInt(8, cfg.topK()).setInt(9, cfg.maxTokens());
             r.values.launch(streams.get(i), r.warpLaunch((long) tokens * cfg.topK() / r.warpSize + 1), r.valuesArgs);  // a thread per (token, k)
             out.add(r.tokenValues.slice(0, 4L * tokens * cfg.topK()));
@@ -628,13 +666,22 @@ public final class MoeAllToAll implements AutoCloseable {
 
     /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. One stream per local rank. */
     public void checkErrors(List<Stream> streams) {
+        ensureOpen();
         if (streams.size() != ranks.size()) throw new IllegalArgumentException("one stream per local rank expected (" + ranks.size() + "), got " + streams.size());
         for (int i = 0; i < ranks.size(); i++) ranks.get(i).errors.check("MoE exchange", streams.get(i));
     }
 
-    @Override public void close() {
-        for (RankState r : ranks) r.code.close();
-        if (window != null) window.close();
-        arena.close();
+    /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */
+    @Override protected void release() {
+        List<Runnable> steps = new ArrayList<>();
+        for (RankState r : ranks) steps.add(r.code::close);
+        steps.add(() -> { if (window != null) window.close(); });
+        steps.add(arena::close);
+        releaseAll(steps.toArray(Runnable[]::new));
+    }
+
+    @Override public String describe() {
+        return "MoeAllToAll (" + (cfg == null ? "being created" : cfg.backend() + ", hidden " + cfg.hidden() + ", experts " + cfg.experts() + ", topK " + cfg.topK())
+                + (group == null ? "" : ", " + group.localCount() + " local rank(s) of " + group.worldSize()) + ")";
     }
 }

@@ -10,6 +10,7 @@ import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.GpuRuntime;
 import dev.gin4j.gpu.Graph;
+import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 import dev.gin4j.testing.Gpus;
 import org.junit.jupiter.api.AfterAll;
@@ -188,6 +189,12 @@ class MoeGpuTest {
                 tokens[i] = in[i].tokens;
             }
             List<MoeDispatch> handles = moe.dispatch(xs, ids, ws, tokens, streams);
+            // once the dispatch is queued the caller may reuse its routing buffers (the next layer's
+            // routing, say): combine and returnRowValues must not read them again
+            for (int i = 0; i < n; i++) {
+                ids.get(i).fill((byte) 0xff, streams.get(i));
+                ws.get(i).fill((byte) 0xff, streams.get(i));
+            }
             moe.checkErrors(streams);
             byte[][] received = new byte[n][];
             List<DeviceBuffer> outs = new ArrayList<>(), rowValues = new ArrayList<>();
@@ -484,6 +491,45 @@ class MoeGpuTest {
             gin.returnRowValues(second, values, streams);
             gin.checkErrors(streams);
         }
+    }
+
+    @Test void handlesOfOtherInstancesMisalignedBuffersAndClosedInstancesAreRefused() {
+        int live = NativeResource.liveCount();
+        try (Arena a = Arena.ofShared()) {
+            MoeAllToAll first = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN));
+            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
+            try (MoeAllToAll second = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
+                for (int i = 0; i < n; i++) {
+                    Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
+                    xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
+                    ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
+                    ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
+                    outs.add(devs.get(i).allocate(first.capacityRows() * 128, a));
+                }
+                List<MoeDispatch> ofFirst = first.dispatch(xs, ids, ws, tokens(8, 8), streams);
+                List<MoeDispatch> ofSecond = second.dispatch(xs, ids, ws, tokens(8, 8), streams);
+                // same call number on both instances: only the owner tells them apart
+                IllegalArgumentException foreign = assertThrows(IllegalArgumentException.class, () -> second.combine(ofFirst, outs, streams));
+                assertTrue(foreign.getMessage().contains("this instance"), foreign.getMessage());
+                List<DeviceBuffer> values = ofSecond.stream().map(MoeDispatch::weights).toList();
+                assertThrows(IllegalArgumentException.class, () -> second.returnRowValues(ofFirst, values, streams));
+                second.combine(ofSecond, outs, streams);
+                first.combine(ofFirst, outs, streams);
+                second.checkErrors(streams);
+                first.checkErrors(streams);
+                // an int32 array at an odd address would fault inside the kernel, and the fault would stick to the context
+                List<DeviceBuffer> shifted = new ArrayList<>(ids);
+                shifted.set(n - 1, ids.get(n - 1).slice(2, ids.get(n - 1).byteSize() - 2));
+                IllegalArgumentException misaligned = assertThrows(IllegalArgumentException.class, () -> second.dispatch(xs, shifted, ws, tokens(4, 4), streams));
+                assertTrue(misaligned.getMessage().contains("topkIdx (int32) must be 4-byte aligned"), misaligned.getMessage());
+            }
+            first.close();
+            first.close();  // a second close does nothing
+            IllegalStateException closed = assertThrows(IllegalStateException.class, () -> first.dispatch(xs, ids, ws, tokens(8, 8), streams));
+            assertTrue(closed.getMessage().contains("is closed"), closed.getMessage());
+            assertThrows(IllegalStateException.class, () -> first.checkErrors(streams));
+        }
+        assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
     }
 
     @Test void badInputsAreReported() {
