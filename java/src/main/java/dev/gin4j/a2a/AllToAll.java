@@ -2,6 +2,7 @@ package dev.gin4j.a2a;
 
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
@@ -222,7 +223,7 @@ public final class AllToAll extends NativeResource {
             streams.forEach(Stream::synchronize);
             return;
         }
-        for (int i = 0; i < gin.ranks.size(); i++) gin.ranks.get(i).errors.check("GIN all-to-all", streams.get(i));
+        KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams);
     }
 
     /** One stream per local rank, each on its rank's device: the streams checkErrors synchronizes. */

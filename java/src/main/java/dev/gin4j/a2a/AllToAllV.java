@@ -2,6 +2,7 @@ package dev.gin4j.a2a;
 
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
@@ -199,7 +200,7 @@ public final class AllToAllV extends NativeResource {
             }
             return;
         }
-        for (int i = 0; i < gin.ranks.size(); i++) gin.ranks.get(i).errors.check("GIN all-to-all-v", streams.get(i));
+        KernelErrors.checkAll("GIN all-to-all-v", gin.ranks.stream().map(r -> r.errors).toList(), streams);
     }
 
     @Override protected void release() {

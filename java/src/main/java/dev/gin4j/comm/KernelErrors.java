@@ -49,6 +49,24 @@ public final class KernelErrors {
         }
     }
 
+    /**
+     * {@link #check} of every local rank's word ({@code words.get(i)} after {@code streams.get(i)}):
+     * all are read and cleared, so no rank's error is left to be blamed on the next call; throws the
+     * first rank's, the others attached as suppressed.
+     */
+    public static void checkAll(String operation, List<KernelErrors> words, List<Stream> streams) {
+        CommException first = null;
+        for (int i = 0; i < words.size(); i++) {
+            try {
+                words.get(i).check(operation, streams.get(i));
+            } catch (CommException e) {
+                if (first == null) first = e;
+                else first.addSuppressed(e);
+            }
+        }
+        if (first != null) throw first;
+    }
+
     public static List<String> describe(int bits) {
         List<String> out = new ArrayList<>();
         for (int i = 0; i < 32; i++) {

@@ -668,7 +668,9 @@ public final class MoeAllToAll extends NativeResource {
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         if (streams.size() != ranks.size()) throw new IllegalArgumentException("one stream per local rank expected (" + ranks.size() + "), got " + streams.size());
-        for (int i = 0; i < ranks.size(); i++) ranks.get(i).errors.check("MoE exchange", streams.get(i));
+        for (int i = 0; i < ranks.size(); i++)
+            if (streams.get(i).device() != ranks.get(i).device) throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", " + ranks.get(i).comm + " on " + ranks.get(i).device);
+        KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams);
     }
 
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */
