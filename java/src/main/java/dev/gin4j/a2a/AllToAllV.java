@@ -1,5 +1,6 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.KernelErrors;
@@ -143,11 +144,14 @@ public final class AllToAllV extends NativeResource {
             streams.get(i).synchronize();
             sc[i] = sendCounts.get(i).readLongs(n);
             so[i] = sendOffsets.get(i).readLongs(n);
+            List<String> clamped = new ArrayList<>();
             for (int p = 0; p < n; p++) {
-                String clamped = clamp(sc[i], so[i], p, inputs.get(i).byteSize(), capacityPerPeer);
-                if (clamped != null && hostClamped[i] == null) hostClamped[i] = group.rank(i) + ", to rank " + p + ": " + clamped;
+                String wrong = clamp(sc[i], so[i], p, inputs.get(i).byteSize(), capacityPerPeer);
+                if (wrong != null) clamped.add("to rank " + p + ": " + wrong);
                 ro[i][p] = p * capacityPerPeer;
             }
+            // the first call that clamped is kept until checkErrors (the kernels' error word is sticky too)
+            if (!clamped.isEmpty() && hostClamped[i] == null) hostClamped[i] = group.rank(i) + " clamped what it sent " + String.join("; ", clamped);
             hostSendCounts.get(i).copyFromHost(MemorySegment.ofArray(sc[i]));  // what is sent, clamped
             countSend.add(hostSendCounts.get(i));
         }
@@ -191,13 +195,15 @@ public final class AllToAllV extends NativeResource {
         AllToAll.checkStreams(group, streams);
         if (backend != Backend.GIN) {
             streams.forEach(Stream::synchronize);
+            CommException first = null;
             for (int i = 0; i < hostClamped.length; i++) {
-                String clamped = hostClamped[i];
-                if (clamped != null) {
-                    java.util.Arrays.fill(hostClamped, null);  // reported once, as the kernels' error word is cleared
-                    throw new dev.gin4j.comm.CommException("HOST all-to-all-v on " + clamped);
-                }
+                if (hostClamped[i] == null) continue;
+                CommException e = new CommException("HOST all-to-all-v: " + hostClamped[i]);
+                hostClamped[i] = null;  // reported once, as the kernels' error word is cleared
+                if (first == null) first = e;
+                else first.addSuppressed(e);
             }
+            if (first != null) throw first;
             return;
         }
         KernelErrors.checkAll("GIN all-to-all-v", gin.ranks.stream().map(r -> r.errors).toList(), streams);

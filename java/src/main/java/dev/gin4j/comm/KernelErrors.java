@@ -55,11 +55,11 @@ public final class KernelErrors {
      * first rank's, the others attached as suppressed.
      */
     public static void checkAll(String operation, List<KernelErrors> words, List<Stream> streams) {
-        CommException first = null;
+        RuntimeException first = null;  // a failed synchronize (a sticky fault) must not stop the others' reads either
         for (int i = 0; i < words.size(); i++) {
             try {
                 words.get(i).check(operation, streams.get(i));
-            } catch (CommException e) {
+            } catch (RuntimeException e) {
                 if (first == null) first = e;
                 else first.addSuppressed(e);
             }

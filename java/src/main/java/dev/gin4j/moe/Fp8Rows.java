@@ -35,8 +35,8 @@ public final class Fp8Rows extends NativeResource {
     /** Loads the kernel on {@code device}. */
     public Fp8Rows(Device device) {
         this.device = device;
-        this.code = device.loadKernels("moe");
         try (Stream s = device.createStream()) {
+            this.code = device.loadKernels("moe");
             this.kernel = code.kernel("moe_fp8_quantize");
             this.args = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
             this.errors = new KernelErrors(device, arena, s);
@@ -89,6 +89,7 @@ public final class Fp8Rows extends NativeResource {
 
     /** The same into new rows allocated in {@code arena} (at least 16 bytes), returned as queued. */
     public DeviceBuffer quantize(DeviceBuffer x, int tokens, int hidden, Arena arena, Stream stream) {
+        ensureOpen();
         if (!hiddenOk(hidden)) throw new IllegalArgumentException("hidden must be a positive multiple of 16 for fp8 rows, got " + hidden);
         DeviceBuffer out = device.allocate(Math.max(16, tokens * rowBytes(hidden)), arena);
         quantize(x, tokens, hidden, out, stream);
@@ -101,7 +102,7 @@ public final class Fp8Rows extends NativeResource {
         errors.check("fp8 quantize", stream);
     }
 
-    @Override protected void release() { releaseAll(code::close, arena::close); }
+    @Override protected void release() { releaseAll(() -> { if (code != null) code.close(); }, arena::close); }
 
     @Override public String describe() { return "fp8 row quantizer on " + device; }
 }

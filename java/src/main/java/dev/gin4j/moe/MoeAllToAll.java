@@ -365,8 +365,8 @@ public final class MoeAllToAll extends NativeResource {
                 .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
                 .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
+        r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         r.dispatch.launch(stream, ginLaunch, a);
-        r.lastSequence = seq;
         return new MoeDispatch(this, localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
 
@@ -384,12 +384,11 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
             return out;
         }
+        for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            long seq = r.lastSequence + 1;
-            r.lastSequence = seq;
-            out.add(new MoeDispatch(this, i, tokens[i], seq, r.recvX, r.recvCounts, r.recvWeights));
+            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, r.recvX, r.recvCounts, r.recvWeights));
         }
         return out;
     }

@@ -498,7 +498,7 @@ class MoeGpuTest {
         try (Arena a = Arena.ofShared()) {
             MoeAllToAll first = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN));
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
-            try (MoeAllToAll second = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
+            try (first; MoeAllToAll second = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
                 for (int i = 0; i < n; i++) {
                     Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
                     xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
@@ -522,9 +522,8 @@ class MoeGpuTest {
                 shifted.set(n - 1, ids.get(n - 1).slice(2, ids.get(n - 1).byteSize() - 2));
                 IllegalArgumentException misaligned = assertThrows(IllegalArgumentException.class, () -> second.dispatch(xs, shifted, ws, tokens(4, 4), streams));
                 assertTrue(misaligned.getMessage().contains("topkIdx (int32) must be 4-byte aligned"), misaligned.getMessage());
+                first.close();  // and again when the try ends: a second close does nothing
             }
-            first.close();
-            first.close();  // a second close does nothing
             IllegalStateException closed = assertThrows(IllegalStateException.class, () -> first.dispatch(xs, ids, ws, tokens(8, 8), streams));
             assertTrue(closed.getMessage().contains("is closed"), closed.getMessage());
             assertThrows(IllegalStateException.class, () -> first.checkErrors(streams));
