@@ -58,7 +58,11 @@ public final class CommGroup extends NativeResource {
     /** One rank per process, from RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; the device is LOCAL_RANK. */
     public static CommGroup fromEnvironment() {
         Rendezvous r = Rendezvous.fromEnvironment();
-        return initRank(GpuRuntime.get().device(r.localRank()), r);
+        List<Device> visible = GpuRuntime.get().devices();
+        if (r.localRank() >= visible.size())
+            throw new IllegalArgumentException("LOCAL_RANK " + r.localRank() + " names the GPU this process drives, but it sees " + visible.size()
+                    + " GPU(s) (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES limit them)");
+        return initRank(visible.get(r.localRank()), r);
     }
 
     /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others. */
@@ -99,7 +103,10 @@ public final class CommGroup extends NativeResource {
             failure = e;
         }
         int rc = ncclGroupEnd();
-        if (failure != null) throw failure;
+        if (failure != null) {
+            if (rc != 0) failure.addSuppressed(Nccl.error("ncclGroupEnd", rc, MemorySegment.NULL));
+            throw failure;
+        }
         Nccl.check("ncclGroupEnd", rc, ranks.getFirst().handle());
     }
 
@@ -112,19 +119,37 @@ public final class CommGroup extends NativeResource {
     }
 
     /**
+     * Every local rank's buffers and stream, before any NCCL call is queued: a refusal inside the
+     * group would leave the ranks queued before it waiting for the one that never joined.
+     */
+    private void checkEveryRank(List<DeviceBuffer> send, List<DeviceBuffer> recv, List<Stream> streams, long sendBytes, long recvBytes, String what) {
+        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        for (int i = 0; i < ranks.size(); i++) {
+            Communicator c = ranks.get(i);
+            checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
+            if (streams.get(i).device() != c.device()) throw new IllegalArgumentException("stream for " + c + " is on " + streams.get(i).device());
+            if (send.get(i).byteSize() < sendBytes || recv.get(i).byteSize() < recvBytes)
+                throw new IllegalArgumentException(what + " needs send >= " + sendBytes + " and receive >= " + recvBytes + " bytes; " + c + " has send "
+                        + send.get(i).byteSize() + " and receive " + recv.get(i).byteSize());
+        }
+    }
+
+    private long total(long perRank, long ranks, String what) {
+        if (perRank < 0) throw new IllegalArgumentException(what + " must be >= 0, got " + perRank);
+        try {
+            return Math.multiplyExact(perRank, ranks);
+        } catch (ArithmeticException e) {
+            throw new IllegalArgumentException(what + " = " + perRank + " over " + ranks + " ranks does not fit a 64-bit size");
+        }
+    }
+
+    /**
      * Host-initiated uniform all-to-all of {@code bytesPerPeer} bytes per peer: {@code ncclAlltoAll}
      * where the library has it, else grouped ncclSend/ncclRecv.
      */
     public void allToAll(List<DeviceBuffer> send, List<DeviceBuffer> recv, long bytesPerPeer, List<Stream> streams) {
-        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
-        long need = bytesPerPeer * worldSize;
-        for (int i = 0; i < ranks.size(); i++) {
-            Communicator c = ranks.get(i);
-            checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
-            if (send.get(i).byteSize() < need || recv.get(i).byteSize() < need)
-                throw new IllegalArgumentException("all-to-all of " + bytesPerPeer + " bytes per peer over " + worldSize + " ranks needs " + need
-                        + "-byte buffers; " + c + " has send " + send.get(i).byteSize() + " and receive " + recv.get(i).byteSize());
-        }
+        long need = total(bytesPerPeer, worldSize, "bytes per peer");
+        checkEveryRank(send, recv, streams, need, need, "all-to-all of " + bytesPerPeer + " bytes per peer over " + worldSize + " ranks");
         boolean native_ = hasAlltoAll();
         inGroup(() -> {
             for (int i = 0; i < ranks.size(); i++) {
@@ -162,10 +187,9 @@ public final class CommGroup extends NativeResource {
      */
     public void allToAllV(List<DeviceBuffer> send, long[][] sendCounts, long[][] sendOffsets,
                           List<DeviceBuffer> recv, long[][] recvCounts, long[][] recvOffsets, List<Stream> streams) {
-        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        checkEveryRank(send, recv, streams, 0, 0, "all-to-all-v");
         for (int i = 0; i < ranks.size(); i++) {
             Communicator c = ranks.get(i);
-            checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
             checkCounts(c, sendCounts[i], sendOffsets[i], send.get(i).byteSize(), "send");
             checkCounts(c, recvCounts[i], recvOffsets[i], recv.get(i).byteSize(), "receive");
         }
@@ -192,12 +216,10 @@ public final class CommGroup extends NativeResource {
 
     /** Host-initiated all-gather of {@code bytes} per rank from send into recv (recv holds worldSize * bytes). */
     public void allGather(List<DeviceBuffer> send, List<DeviceBuffer> recv, long bytes, List<Stream> streams) {
-        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        checkEveryRank(send, recv, streams, bytes, total(bytes, worldSize, "all-gather bytes"), "all-gather of " + bytes + " bytes per rank");
         inGroup(() -> {
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
-                if (send.get(i).byteSize() < bytes || recv.get(i).byteSize() < bytes * worldSize)
-                    throw new IllegalArgumentException("all-gather of " + bytes + " bytes needs send >= " + bytes + " and receive >= " + bytes * worldSize + " bytes on " + c);
                 Nccl.check("ncclAllGather", ncclAllGather(MemorySegment.ofAddress(send.get(i).address()), MemorySegment.ofAddress(recv.get(i).address()),
                         bytes, ncclUint8(), c.handle(), MemorySegment.ofAddress(streams.get(i).handle())), c.handle());
             }
@@ -206,12 +228,11 @@ public final class CommGroup extends NativeResource {
 
     /** Host-initiated sum all-reduce of {@code count} floats, in place allowed. */
     public void allReduceSumFloat(List<DeviceBuffer> send, List<DeviceBuffer> recv, long count, List<Stream> streams) {
-        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        long bytes = total(count, 4, "float count");
+        checkEveryRank(send, recv, streams, bytes, bytes, "all-reduce of " + count + " floats");
         inGroup(() -> {
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
-                if (send.get(i).byteSize() < count * 4 || recv.get(i).byteSize() < count * 4)
-                    throw new IllegalArgumentException("all-reduce of " + count + " floats needs " + count * 4 + "-byte buffers on " + c);
                 Nccl.check("ncclAllReduce", ncclAllReduce(MemorySegment.ofAddress(send.get(i).address()), MemorySegment.ofAddress(recv.get(i).address()),
                         count, ncclFloat32(), ncclSum(), c.handle(), MemorySegment.ofAddress(streams.get(i).handle())), c.handle());
             }
@@ -265,21 +286,18 @@ public final class CommGroup extends NativeResource {
 
     /** Aborts every local communicator (pending work is dropped); the group is closed afterwards. */
     public void abort() {
-        if (aborted) return;
-        aborted = true;
-        for (Communicator c : ranks) ncclCommAbort(c.handleUnchecked());
+        aborted = true;  // read by release(), which close() runs at most once: after a close this does nothing
         close();
     }
 
+    /** Destroys (or, after {@link #abort}, aborts) every local communicator, each even if one before it fails. */
     @Override protected void release() {
-        if (aborted) return;
-        CommException first = null;
-        for (Communicator c : ranks) {
+        String call = aborted ? "ncclCommAbort" : "ncclCommDestroy";
+        releaseAll(ranks.stream().<Runnable>map(c -> () -> {
             c.device().makeCurrent();
-            int rc = ncclCommDestroy(c.handleUnchecked());
-            if (rc != 0 && first == null) first = Nccl.error("ncclCommDestroy", rc, MemorySegment.NULL);
-        }
-        if (first != null) throw first;
+            int rc = aborted ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
+            if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
+        }).toArray(Runnable[]::new));
     }
 
     @Override public String describe() { return "communicator group of " + ranks.size() + " local rank(s) of " + worldSize; }

@@ -35,6 +35,7 @@ public final class DeviceComm extends NativeResource {
     private DeviceComm(CommGroup group, NcclDeviceAbi abi) {
         this.group = group;
         this.abi = abi;
+        this.created = new boolean[group.localCount()];
     }
 
     public static DeviceComm create(CommGroup group, Requirements req) {
@@ -56,9 +57,9 @@ public final class DeviceComm extends NativeResource {
                 for (Communicator c : group.ranks()) {
                     c.device().makeCurrent();
                     Nccl.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());
+                    dc.created[c.localIndex()] = true;  // this rank's is destroyed on close, even if another rank's create fails
                 }
             });
-            dc.created = true;
         } catch (RuntimeException e) {
             dc.close();
             throw e;
@@ -66,7 +67,7 @@ public final class DeviceComm extends NativeResource {
         return dc;
     }
 
-    private boolean created;
+    private final boolean[] created;
 
     public NcclDeviceAbi abi() { return abi; }
 
@@ -77,19 +78,16 @@ public final class DeviceComm extends NativeResource {
     }
 
     @Override protected void release() {
-        RuntimeException first = null;
-        if (created) {
-            for (Communicator c : group.ranks()) {
-                try {
-                    c.device().makeCurrent();
-                    Nccl.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
-                } catch (RuntimeException e) {
-                    if (first == null) first = e;
-                }
-            }
+        List<Runnable> steps = new ArrayList<>();
+        for (Communicator c : group.ranks()) {
+            if (!created[c.localIndex()]) continue;
+            steps.add(() -> {
+                c.device().makeCurrent();
+                Nccl.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
+            });
         }
-        arena.close();
-        if (first != null) throw first;
+        steps.add(arena::close);
+        releaseAll(steps.toArray(Runnable[]::new));
     }
 
     @Override public String describe() { return "NCCL device communicator over " + group.describe(); }

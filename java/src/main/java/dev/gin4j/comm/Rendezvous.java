@@ -8,9 +8,8 @@ import java.net.ServerSocket;
 import java.net.Socket;
 import java.net.SocketTimeoutException;
 import java.time.Duration;
-import java.util.ArrayList;
-import java.util.List;
 import java.util.Map;
+import java.util.TreeMap;
 
 /**
  * Hands NCCL's unique id from rank 0 to every other rank over a small TCP exchange, with the
@@ -20,11 +19,16 @@ import java.util.Map;
  */
 public record Rendezvous(int rank, int worldSize, int localRank, String masterAddress, int masterPort, Duration timeout) {
     private static final int MAGIC = 0x67696e34; // "gin4"
+    private static final int HELLO_TIMEOUT_MS = 10_000;  // a connection must say who it is within this
+    private static final int MAX_ID_BYTES = 4096;        // NCCL's unique id is 128 bytes
 
     public Rendezvous {
         if (worldSize < 1) throw new IllegalArgumentException("WORLD_SIZE must be >= 1, got " + worldSize);
         if (rank < 0 || rank >= worldSize) throw new IllegalArgumentException("RANK " + rank + " is outside [0, WORLD_SIZE=" + worldSize + ")");
         if (masterPort < 1 || masterPort > 65535) throw new IllegalArgumentException("MASTER_PORT " + masterPort + " is not a TCP port");
+        if (localRank < 0) throw new IllegalArgumentException("LOCAL_RANK must be >= 0 (the GPU this process drives), got " + localRank);
+        if (timeout == null || timeout.isNegative() || timeout.isZero())
+            throw new IllegalArgumentException("the rendezvous time-out (GIN4J_RENDEZVOUS_TIMEOUT_S) must be positive, got " + timeout);
     }
 
     /** Reads RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR, MASTER_PORT and GIN4J_RENDEZVOUS_TIMEOUT_S (default 120). */
@@ -67,35 +71,78 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
         }
     }
 
+    /**
+     * Rank 0: accepts every other rank first, checking each one's RANK and WORLD_SIZE, and only then
+     * sends the id to all of them, so that no rank enters ncclCommInitRank when the job cannot form
+     * (a rank given the id early would wait there forever). Connections that are not a gin4j rank
+     * (a port probe, another program) are dropped and the wait goes on. On a failure every rank
+     * already connected is told why.
+     */
     private byte[] serve(byte[] id, long deadline) throws IOException {
-        List<Integer> seen = new ArrayList<>();
+        if (worldSize == 1) return id;
+        Map<Integer, Socket> peers = new TreeMap<>();
         try (ServerSocket server = new ServerSocket()) {
             server.setReuseAddress(true);
             server.bind(new InetSocketAddress(masterPort));
-            while (seen.size() < worldSize - 1) {
+            while (peers.size() < worldSize - 1) {
                 long left = (deadline - System.nanoTime()) / 1_000_000;
-                if (left <= 0) throw timedOut(seen.size() + 1);
+                if (left <= 0) throw refuseAll(peers, timedOut(peers.size() + 1));
                 server.setSoTimeout((int) Math.min(left, Integer.MAX_VALUE));
-                try (Socket s = server.accept()) {
-                    s.setSoTimeout(10_000);
-                    DataInputStream in = new DataInputStream(s.getInputStream());
-                    if (in.readInt() != MAGIC) continue; // not one of ours
-                    int peerRank = in.readInt(), peerWorld = in.readInt();
-                    DataOutputStream out = new DataOutputStream(s.getOutputStream());
-                    if (peerWorld != worldSize) {
-                        out.writeInt(-1);
-                        throw new CommException("rank " + peerRank + " has WORLD_SIZE=" + peerWorld + " but rank 0 has " + worldSize);
-                    }
-                    out.writeInt(id.length);
-                    out.write(id);
-                    out.flush();
-                    seen.add(peerRank);
+                Socket s;
+                try {
+                    s = server.accept();
                 } catch (SocketTimeoutException e) {
-                    throw timedOut(seen.size() + 1);
+                    throw refuseAll(peers, timedOut(peers.size() + 1));
                 }
+                int peerRank, peerWorld;
+                try {
+                    s.setSoTimeout(HELLO_TIMEOUT_MS);
+                    DataInputStream in = new DataInputStream(s.getInputStream());
+                    if (in.readInt() != MAGIC) throw new IOException("not a gin4j rank");
+                    peerRank = in.readInt();
+                    peerWorld = in.readInt();
+                } catch (IOException notOurs) {
+                    s.close();
+                    continue;
+                }
+                String wrong = peerWorld != worldSize ? "rank " + peerRank + " has WORLD_SIZE=" + peerWorld + " but rank 0 has " + worldSize
+                        : peerRank < 1 || peerRank >= worldSize ? "a process connected as RANK " + peerRank + ", outside [1, WORLD_SIZE=" + worldSize + ")"
+                        : peers.containsKey(peerRank) ? "two processes connected as RANK " + peerRank + ": every rank needs its own RANK" : null;
+                if (wrong != null) {
+                    refuse(s, wrong);
+                    throw refuseAll(peers, new CommException("rendezvous at port " + masterPort + ": " + wrong));
+                }
+                peers.put(peerRank, s);
             }
+            for (Socket s : peers.values()) {
+                DataOutputStream out = new DataOutputStream(s.getOutputStream());
+                out.writeInt(MAGIC);
+                out.writeInt(id.length);
+                out.write(id);
+                out.flush();
+            }
+        } finally {
+            for (Socket s : peers.values()) s.close();
         }
         return id;
+    }
+
+    /** Tells every connected rank why the rendezvous failed (best effort), then returns {@code why} to throw. */
+    private static CommException refuseAll(Map<Integer, Socket> peers, CommException why) {
+        for (Socket s : peers.values()) refuse(s, why.getMessage());
+        return why;
+    }
+
+    private static void refuse(Socket s, String why) {
+        try (s) {
+            DataOutputStream out = new DataOutputStream(s.getOutputStream());
+            out.writeInt(MAGIC);
+            out.writeInt(-1);
+            out.writeUTF(why.length() > 1000 ? why.substring(0, 1000) : why);
+            out.flush();
+        } catch (IOException ignored) {
+            // the peer is gone; it will time out on its own
+        }
     }
 
     private byte[] fetch(long deadline) throws IOException {
@@ -104,6 +151,7 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
             try (Socket s = new Socket()) {
                 long left = Math.max(1, (deadline - System.nanoTime()) / 1_000_000);
                 s.connect(new InetSocketAddress(masterAddress, masterPort), (int) Math.min(left, 5_000));
+                // rank 0 answers once every rank has joined: wait up to the deadline
                 s.setSoTimeout((int) Math.min(Math.max(left, 1000), Integer.MAX_VALUE));
                 DataOutputStream out = new DataOutputStream(s.getOutputStream());
                 out.writeInt(MAGIC);
@@ -111,8 +159,11 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
                 out.writeInt(worldSize);
                 out.flush();
                 DataInputStream in = new DataInputStream(s.getInputStream());
+                if (in.readInt() != MAGIC)
+                    throw new CommException("rendezvous: " + masterAddress + ":" + masterPort + " answered rank " + rank + ", but not as gin4j's rank 0: is MASTER_PORT right?");
                 int n = in.readInt();
-                if (n < 0) throw new CommException("rank 0 refused rank " + rank + ": WORLD_SIZE mismatch");
+                if (n == -1) throw new CommException("rank 0 at " + masterAddress + ":" + masterPort + " refused rank " + rank + ": " + in.readUTF());
+                if (n < 1 || n > MAX_ID_BYTES) throw new CommException("rendezvous: rank 0 at " + masterAddress + ":" + masterPort + " announced a " + n + "-byte id; expected 1.." + MAX_ID_BYTES);
                 byte[] id = new byte[n];
                 in.readFully(id);
                 return id;

@@ -39,14 +39,17 @@ public final class SymmetricWindow extends NativeResource {
             }
         }
         long size = layout.size();
-        long[] mine = new long[group.localCount()];
-        java.util.Arrays.fill(mine, size);
-        long[][] all = group.allGatherLongs(mine);
+        long[][] mine = new long[group.localCount()][];
+        java.util.Arrays.fill(mine, new long[] {size, layout.fingerprint()});
+        long[] all = group.allGatherLongs(mine)[0];
         for (int r = 0; r < group.worldSize(); r++) {
-            if (all[0][r] != size) {
+            if (all[2 * r] != size) {
                 throw new CommException("symmetric window size mismatch: rank " + group.rank(0).rank() + " asks for " + size + " bytes but rank " + r + " asks for "
-                        + all[0][r] + " bytes; every rank must allocate the same window");
+                        + all[2 * r] + " bytes; every rank must allocate the same window");
             }
+            if (all[2 * r + 1] != layout.fingerprint())
+                throw new CommException("symmetric window layout mismatch: rank " + r + " asks for " + size + " bytes as rank " + group.rank(0).rank()
+                        + " does, but with other regions than " + layout.regions().keySet() + "; every rank must allocate the same layout");
         }
         SymmetricWindow w = new SymmetricWindow(group, layout);
         try {
@@ -58,15 +61,19 @@ public final class SymmetricWindow extends NativeResource {
                     long ptr = out.get(ValueLayout.ADDRESS, 0).address();
                     w.buffers.add(DeviceBuffer.wrap(c.device(), MemorySegment.ofAddress(ptr).reinterpret(size, w.arena, null)));
                 }
-                MemorySegment wins = tmp.allocate(ValueLayout.ADDRESS, group.localCount());
-                group.inGroup(() -> {
-                    for (Communicator c : group.ranks()) {
-                        c.device().makeCurrent();
-                        Nccl.check("ncclCommWindowRegister", ncclCommWindowRegister(c.handle(), MemorySegment.ofAddress(w.buffers.get(c.localIndex()).address()),
-                                size, wins.asSlice(8L * c.localIndex(), 8), NCCL_WIN_COLL_SYMMETRIC()), c.handle());
-                    }
-                });
-                for (int i = 0; i < group.localCount(); i++) w.handles.add(wins.getAtIndex(ValueLayout.ADDRESS, i));
+                MemorySegment wins = tmp.allocate(ValueLayout.ADDRESS, group.localCount());  // zeroed: NULL where nothing was registered
+                try {
+                    group.inGroup(() -> {
+                        for (Communicator c : group.ranks()) {
+                            c.device().makeCurrent();
+                            Nccl.check("ncclCommWindowRegister", ncclCommWindowRegister(c.handle(), MemorySegment.ofAddress(w.buffers.get(c.localIndex()).address()),
+                                    size, wins.asSlice(8L * c.localIndex(), 8), NCCL_WIN_COLL_SYMMETRIC()), c.handle());
+                        }
+                    });
+                } finally {
+                    // also after a failure: the ranks that did register must be deregistered before their memory is freed
+                    for (int i = 0; i < group.localCount(); i++) w.handles.add(wins.getAtIndex(ValueLayout.ADDRESS, i));
+                }
             }
         } catch (RuntimeException e) {
             w.close();
@@ -97,28 +104,31 @@ public final class SymmetricWindow extends NativeResource {
         return handles.get(localIndex);
     }
 
+    /** Deregisters what was registered, then frees every rank's memory, each step even if one before it failed. */
     @Override protected void release() {
-        RuntimeException first = null;
-        if (!handles.isEmpty()) {
-            try {
-                group.inGroup(() -> {
-                    for (Communicator c : group.ranks()) {
-                        c.device().makeCurrent();
-                        Nccl.check("ncclCommWindowDeregister", ncclCommWindowDeregister(c.handle(), handles.get(c.localIndex())), c.handle());
-                    }
-                });
-            } catch (RuntimeException e) {
-                first = e;
-            }
+        List<Runnable> steps = new ArrayList<>();
+        if (handles.stream().anyMatch(h -> h.address() != 0)) {
+            steps.add(() -> group.inGroup(() -> {
+                for (Communicator c : group.ranks()) {
+                    MemorySegment h = handles.get(c.localIndex());
+                    if (h.address() == 0) continue;
+                    c.device().makeCurrent();
+                    Nccl.check("ncclCommWindowDeregister", ncclCommWindowDeregister(c.handle(), h), c.handle());
+                }
+            }));
         }
         List<Communicator> ranks = group.ranks();
         for (int i = 0; i < buffers.size(); i++) {
-            ranks.get(i).device().makeCurrent();
-            int rc = ncclMemFree(MemorySegment.ofAddress(buffers.get(i).segment().address()));
-            if (rc != 0 && first == null) first = Nccl.error("ncclMemFree", rc, MemorySegment.NULL);
+            Communicator c = ranks.get(i);
+            long address = buffers.get(i).segment().address();
+            steps.add(() -> {
+                c.device().makeCurrent();
+                int rc = ncclMemFree(MemorySegment.ofAddress(address));
+                if (rc != 0) throw Nccl.error("ncclMemFree (" + c + ")", rc, MemorySegment.NULL);
+            });
         }
-        arena.close();
-        if (first != null) throw first;
+        steps.add(arena::close);
+        releaseAll(steps.toArray(Runnable[]::new));
     }
 
     @Override public String describe() { return "symmetric window of " + layout.size() + " bytes over " + group.describe(); }

@@ -12,10 +12,12 @@ public final class WindowLayout {
     public record Region(String name, long offset, long size) {}
 
     private final Map<String, Region> regions;
+    private final java.util.List<Region> regionsInOrder;
     private final long size;
 
     private WindowLayout(Map<String, Region> regions, long size) {
         this.regions = Map.copyOf(regions);
+        this.regionsInOrder = java.util.List.copyOf(regions.values());  // the builder's insertion order
         this.size = size;
     }
 
@@ -23,6 +25,20 @@ public final class WindowLayout {
 
     public long size() { return size; }
     public Map<String, Region> regions() { return regions; }
+
+    /**
+     * A hash of the regions (names, offsets, sizes, in order), the same in every JVM: ranks compare
+     * it so that two layouts of equal size but different regions are not taken for one another.
+     */
+    public long fingerprint() {
+        long h = 1125899906842597L;
+        for (Region r : regionsInOrder) {
+            h = 31 * h + r.name().hashCode();
+            h = 31 * h + r.offset();
+            h = 31 * h + r.size();
+        }
+        return h;
+    }
 
     public Region region(String name) {
         Region r = regions.get(name);
@@ -37,17 +53,23 @@ public final class WindowLayout {
         /** Appends a region aligned to {@code alignment} bytes (a power of two). */
         public Builder region(String name, long size, long alignment) {
             if (size < 0) throw new IllegalArgumentException("region '" + name + "' has negative size " + size);
-            if (Long.bitCount(alignment) != 1) throw new IllegalArgumentException("alignment " + alignment + " of region '" + name + "' is not a power of two");
+            if (alignment <= 0 || Long.bitCount(alignment) != 1) throw new IllegalArgumentException("alignment " + alignment + " of region '" + name + "' is not a positive power of two");
             if (regions.containsKey(name)) throw new IllegalArgumentException("region '" + name + "' is defined twice");
-            long off = (end + alignment - 1) & -alignment;
-            regions.put(name, new Region(name, off, size));
-            end = Math.addExact(off, size);
+            try {
+                long off = Math.addExact(end, alignment - 1) & -alignment;
+                long newEnd = Math.addExact(off, size);
+                Math.addExact(newEnd, 4095);  // build() rounds the size up to a page: that must fit too
+                regions.put(name, new Region(name, off, size));
+                end = newEnd;
+            } catch (ArithmeticException e) {
+                throw new IllegalArgumentException("region '" + name + "' of " + size + " bytes after " + end + " bytes does not fit a 64-bit window size");
+            }
             return this;
         }
 
         public WindowLayout build() {
             // windows are registered in whole 4 KiB pages at least; keep the size a page multiple
-            long size = Math.max(4096, (end + 4095) & -4096L);
+            long size = Math.max(4096, (end + 4095) & -4096L);  // region() checked that this does not overflow
             return new WindowLayout(regions, size);
         }
     }

@@ -119,6 +119,28 @@ class CommGpuTest {
             IllegalArgumentException uneven = assertThrows(IllegalArgumentException.class, () -> g.allGatherLongs(new long[local][0]));
             assertTrue(uneven.getMessage().contains("same number"), uneven.getMessage());
             assertThrows(IllegalArgumentException.class, () -> g.allGatherLongs(new long[local + 1][1]));
+            // a receive buffer too small on the last rank: refused before anything is queued for the others
+            try (Arena a = Arena.ofConfined()) {
+                List<DeviceBuffer> send = new ArrayList<>(), recv = new ArrayList<>();
+                List<Stream> streams = new ArrayList<>();
+                try {
+                    for (int i = 0; i < local; i++) {
+                        Device d = g.rank(i).device();
+                        send.add(d.allocate(64, a));
+                        recv.add(d.allocate(i == local - 1 ? 64 : 64L * g.worldSize(), a));
+                        streams.add(d.createStream());
+                    }
+                    if (g.worldSize() > 1) {
+                        IllegalArgumentException small = assertThrows(IllegalArgumentException.class, () -> g.allGather(send, recv, 64, streams));
+                        assertTrue(small.getMessage().contains("all-gather"), small.getMessage());
+                    }
+                    IllegalArgumentException negative = assertThrows(IllegalArgumentException.class, () -> g.allGather(send, recv, -1, streams));
+                    assertTrue(negative.getMessage().contains(">= 0"), negative.getMessage());
+                    g.allGatherLongs(new long[local][1]);  // the group still works
+                } finally {
+                    streams.forEach(Stream::close);
+                }
+            }
         }
     }
 

@@ -29,6 +29,16 @@ class CommSetupTest {
         assertTrue(e.getMessage().contains("nope"));
         assertThrows(IllegalArgumentException.class, () -> WindowLayout.builder().region("a", 8, 3));
         assertThrows(IllegalArgumentException.class, () -> WindowLayout.builder().region("a", 8, 8).region("a", 8, 8));
+        assertThrows(IllegalArgumentException.class, () -> WindowLayout.builder().region("a", 8, Long.MIN_VALUE));  // one bit set, but negative
+        IllegalArgumentException big = assertThrows(IllegalArgumentException.class, () -> WindowLayout.builder().region("a", Long.MAX_VALUE - 5000, 8).region("b", 8, 4096));
+        assertTrue(big.getMessage().contains("'b'") && big.getMessage().contains("64-bit"), big.getMessage());
+        // equal sizes, other regions: the fingerprint tells them apart (ranks compare it); the same layout gives the same one
+        WindowLayout x = WindowLayout.builder().region("data", 4096, 128).region("flags", 64, 128).build();
+        WindowLayout y = WindowLayout.builder().region("flags", 64, 128).region("data", 4096, 128).build();
+        WindowLayout x2 = WindowLayout.builder().region("data", 4096, 128).region("flags", 64, 128).build();
+        assertEquals(x.size(), y.size());
+        assertNotEquals(x.fingerprint(), y.fingerprint());
+        assertEquals(x.fingerprint(), x2.fingerprint());
     }
 
     private static int freePort() throws IOException {
@@ -51,6 +61,77 @@ class CommSetupTest {
         }
     }
 
+    @Test void rendezvousIgnoresStrangersAndFormsOnlyWhenEveryRankIsRight() throws Exception {
+        int port = freePort();
+        byte[] id = new byte[128];
+        new Random().nextBytes(id);
+        try (ExecutorService pool = Executors.newFixedThreadPool(3)) {
+            Future<byte[]> r0 = pool.submit(() -> new Rendezvous(0, 2, 0, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(id));
+            // a port probe that connects and leaves, and a program that says something else: neither ends the wait
+            connectWhenListening(port, s -> {});
+            connectWhenListening(port, s -> s.getOutputStream().write("GET / HTTP/1.0\r\n\r\n".getBytes()));
+            Future<byte[]> r1 = pool.submit(() -> new Rendezvous(1, 2, 1, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(null));
+            assertArrayEquals(id, r0.get());
+            assertArrayEquals(id, r1.get());
+        }
+    }
+
+    @Test void rendezvousRefusesEveryRankWhenTwoShareARank() throws Exception {
+        int port = freePort();
+        try (ExecutorService pool = Executors.newFixedThreadPool(3)) {
+            Future<byte[]> r0 = pool.submit(() -> new Rendezvous(0, 3, 0, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(new byte[128]));
+            Future<byte[]> a = pool.submit(() -> new Rendezvous(1, 3, 1, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(null));
+            Future<byte[]> b = pool.submit(() -> new Rendezvous(1, 3, 2, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(null));
+            for (Future<byte[]> f : java.util.List.of(r0, a, b)) {
+                java.util.concurrent.ExecutionException e = assertThrows(java.util.concurrent.ExecutionException.class, f::get);
+                assertInstanceOf(CommException.class, e.getCause());
+                assertTrue(e.getCause().getMessage().contains("two processes connected as RANK 1"), e.getCause().getMessage());
+            }
+        }
+    }
+
+    @Test void rendezvousPassesAWorldSizeMismatchToTheRank() throws Exception {
+        int port = freePort();
+        try (ExecutorService pool = Executors.newFixedThreadPool(2)) {
+            Future<byte[]> r0 = pool.submit(() -> new Rendezvous(0, 2, 0, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(new byte[128]));
+            Future<byte[]> r1 = pool.submit(() -> new Rendezvous(1, 3, 1, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(null));
+            for (Future<byte[]> f : java.util.List.of(r0, r1)) {
+                java.util.concurrent.ExecutionException e = assertThrows(java.util.concurrent.ExecutionException.class, f::get);
+                assertTrue(e.getCause().getMessage().contains("WORLD_SIZE=3 but rank 0 has 2"), e.getCause().getMessage());
+            }
+        }
+    }
+
+    @Test void rendezvousSaysWhenTheMasterPortIsAnotherService() throws Exception {
+        try (ServerSocket other = new ServerSocket(0); ExecutorService pool = Executors.newFixedThreadPool(1)) {
+            pool.submit(() -> {
+                try (java.net.Socket s = other.accept()) {
+                    s.getOutputStream().write("SSH-2.0-OpenSSH_9.2\r\n".getBytes());
+                    s.getInputStream().read(new byte[64]);
+                }
+                return null;
+            });
+            CommException e = assertThrows(CommException.class, () -> new Rendezvous(1, 2, 1, "127.0.0.1", other.getLocalPort(), Duration.ofSeconds(20)).exchange(null));
+            assertTrue(e.getMessage().contains("not as gin4j's rank 0"), e.getMessage());
+        }
+    }
+
+    interface SocketUse { void accept(java.net.Socket s) throws IOException; }
+
+    /** Connects to the port once something listens there (within 10 s), uses the socket, closes it. */
+    private static void connectWhenListening(int port, SocketUse use) throws Exception {
+        long end = System.nanoTime() + 10_000_000_000L;
+        while (true) {
+            try (java.net.Socket s = new java.net.Socket("127.0.0.1", port)) {
+                use.accept(s);
+                return;
+            } catch (java.net.ConnectException e) {
+                if (System.nanoTime() > end) throw e;
+                Thread.sleep(20);
+            }
+        }
+    }
+
     @Test void rendezvousTimesOutWithAClearMessage() throws Exception {
         int port = freePort();
         long t0 = System.nanoTime();
@@ -68,6 +149,10 @@ class CommSetupTest {
         assertTrue(e.getMessage().contains("RANK 3"), e.getMessage());
         Rendezvous r = Rendezvous.fromEnvironment(Map.of("RANK", "1", "WORLD_SIZE", "2", "MASTER_ADDR", "h", "MASTER_PORT", "29500"));
         assertEquals(1, r.localRank());
+        e = assertThrows(IllegalArgumentException.class, () -> Rendezvous.fromEnvironment(Map.of("RANK", "1", "WORLD_SIZE", "2", "LOCAL_RANK", "-1", "MASTER_ADDR", "h", "MASTER_PORT", "29500")));
+        assertTrue(e.getMessage().contains("LOCAL_RANK"), e.getMessage());
+        e = assertThrows(IllegalArgumentException.class, () -> Rendezvous.fromEnvironment(Map.of("RANK", "1", "WORLD_SIZE", "2", "MASTER_ADDR", "h", "MASTER_PORT", "29500", "GIN4J_RENDEZVOUS_TIMEOUT_S", "0")));
+        assertTrue(e.getMessage().contains("GIN4J_RENDEZVOUS_TIMEOUT_S"), e.getMessage());
     }
 
     @Test void deviceApiVersionMismatchSaysHowToRebuild() {
