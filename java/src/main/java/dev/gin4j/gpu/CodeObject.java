@@ -2,7 +2,10 @@ package dev.gin4j.gpu;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.List;
 import java.util.Map;
+import java.util.Objects;
 import java.util.concurrent.ConcurrentHashMap;
 
 /** A loaded GPU code object (cubin/fatbin or hsaco): the module its kernels come from. */
@@ -13,14 +16,42 @@ public final class CodeObject extends NativeResource {
     private final Map<String, Kernel> kernels = new ConcurrentHashMap<>();
 
     CodeObject(Device device, String name, byte[] image) {
-        if (image.length == 0) throw new IllegalArgumentException("code object '" + name + "' is empty");
         this.device = device;
         this.name = name;
+        long m;
+        try {
+            Objects.requireNonNull(image, () -> "code object '" + name + "': image is null");
+            if (image.length == 0) throw new IllegalArgumentException("code object '" + name + "' is empty");
+            m = load(device, name, image);
+        } catch (Throwable t) {
+            constructionFailed();
+            throw t;
+        }
+        this.module = m;
+    }
+
+    private static long load(Device device, String name, byte[] image) {
         try (Arena a = Arena.ofConfined()) {
             // the loaders read the image during the call only
             MemorySegment copy = a.allocate(image.length + 1L, 16);
-            MemorySegment.copy(image, 0, copy, java.lang.foreign.ValueLayout.JAVA_BYTE, 0, image.length);
-            this.module = device.driver().moduleLoad(device.ordinal(), copy);
+            MemorySegment.copy(image, 0, copy, ValueLayout.JAVA_BYTE, 0, image.length);
+            return device.driver().moduleLoad(device.ordinal(), copy);
+        } catch (GpuException e) {
+            String arch = archOf(device);
+            String en = e.errorName();
+            boolean wrongImage = en.contains("NO_BINARY_FOR_GPU") || en.contains("NoBinaryForGpu") || en.contains("INVALID_IMAGE")
+                    || en.contains("InvalidImage") || en.contains("InvalidKernelFile") || en.contains("INVALID_PTX") || en.contains("UNSUPPORTED_PTX_VERSION");
+            throw new GpuException("cannot load code object '" + name + "' on " + device + " (architecture " + arch + ")"
+                    + (wrongImage ? ": its image has no code this device can run (built for another architecture?); rebuild it for " + arch
+                            + " (gin-kernels/build --arch " + arch + ")" : ""), e);
+        }
+    }
+
+    private static String archOf(Device device) {
+        try {
+            return device.arch();
+        } catch (RuntimeException e) {
+            return "unknown (" + e.getMessage() + ")";
         }
     }
 
@@ -35,7 +66,25 @@ public final class CodeObject extends NativeResource {
     /** Looks a kernel up once; later calls return the same {@link Kernel}. */
     public Kernel kernel(String kernelName) {
         ensureOpen();
-        return kernels.computeIfAbsent(kernelName, k -> new Kernel(this, k, device.driver().moduleFunction(device.ordinal(), module, k)));
+        Objects.requireNonNull(kernelName, "kernel name");
+        return kernels.computeIfAbsent(kernelName, k -> new Kernel(this, k, function(k)));
+    }
+
+    private long function(String kernelName) {
+        try {
+            return device.driver().moduleFunction(device.ordinal(), module, kernelName);
+        } catch (GpuException e) {
+            String arch = archOf(device);
+            List<String> listed;
+            try {
+                listed = KernelLibrary.get().kernels(arch, name);
+            } catch (RuntimeException m) {
+                listed = List.of();
+            }
+            throw new GpuException("no kernel '" + kernelName + "' found in code object '" + name + "' on " + device + " (architecture " + arch + "); "
+                    + (listed.isEmpty() ? "the kernel library's manifest lists no kernels for '" + name + "' on " + arch
+                            : "the kernel library's manifest lists these kernels for '" + name + "' on " + arch + ": " + String.join(", ", listed)), e);
+        }
     }
 
     @Override protected void release() { device.driver().moduleUnload(device.ordinal(), module); }

@@ -10,6 +10,7 @@ public final class Device {
     private final GpuRuntime runtime;
     private final int ordinal;
     private volatile String name, arch;
+    private volatile int[] maxGrid, maxBlock;
 
     Device(GpuRuntime runtime, int ordinal) {
         this.runtime = runtime;
@@ -37,6 +38,21 @@ public final class Device {
     public int warpSize() { return driver().warpSize(ordinal); }
     /** The most shared memory one block may use (with {@link Kernel#setMaxDynamicSharedBytes} above 48 KiB on NVIDIA). */
     public int maxSharedBytesPerBlock() { return driver().maxSharedBytesPerBlock(ordinal); }
+    /** The largest grid, {x, y, z} blocks (a copy). */
+    public int[] maxGridDims() { return maxGrid().clone(); }
+    /** The largest block, {x, y, z} threads (a copy; a kernel may allow fewer threads in all, see {@link Kernel#maxThreadsPerBlock()}). */
+    public int[] maxBlockDims() { return maxBlock().clone(); }
+
+    int[] maxGrid() {
+        int[] g = maxGrid;
+        return g != null ? g : (maxGrid = driver().maxGridDims(ordinal));
+    }
+
+    int[] maxBlock() {
+        int[] b = maxBlock;
+        return b != null ? b : (maxBlock = driver().maxBlockDims(ordinal));
+    }
+
     public String pciBusId() { return driver().pciBusId(ordinal); }
     /** {free, total} bytes. */
     public long[] memoryInfo() { return driver().memoryInfo(ordinal); }

@@ -11,6 +11,15 @@ import java.util.concurrent.atomic.AtomicLong;
  * A range of device memory. Its {@link #segment()} carries the device address, the size and the
  * owning {@link Arena}'s lifetime, for bounds and slicing only: it must never be read or written
  * on the host (that would touch unmapped memory). Host access goes through the copy methods.
+ *
+ * <p>Ordering: the synchronous host copies ({@link #copyFromHost}, {@link #copyToHost},
+ * {@link #toByteArray}, {@link #readLongs}, {@link #readInts}) run on the runtime's default stream,
+ * and gin4j's {@link Stream}s are non-blocking streams, which do not wait for the default stream
+ * nor it for them. So a synchronous copy is <em>not</em> ordered with work queued on a gin4j
+ * stream: {@link Stream#synchronize() synchronize} the stream (or the device) first when a kernel,
+ * fill or asynchronous copy queued there writes or reads the same memory. The other operations
+ * ({@link #copyFrom}, {@link #fill}, {@link #fill32}, the {@code Async} copies) are ordered on the
+ * stream they are given.
  */
 public final class DeviceBuffer {
     private static final AtomicLong LIVE_BYTES = new AtomicLong();
@@ -25,15 +34,27 @@ public final class DeviceBuffer {
 
     static DeviceBuffer allocate(Device device, long bytes, Arena arena) {
         if (bytes < 0) throw new IllegalArgumentException("cannot allocate " + bytes + " bytes: size must be >= 0");
+        if (!arena.scope().isAlive()) throw new IllegalStateException("cannot allocate " + bytes + " bytes on " + device + ": the arena is closed");
         // the runtimes refuse 0-byte allocations; a small real one keeps every address valid
         long ptr = device.driver().malloc(device.ordinal(), Math.max(bytes, 256));
+        MemorySegment seg;
+        try {
+            // throws when the arena was closed meanwhile, or is confined to another thread
+            seg = MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> {
+                LIVE_BYTES.addAndGet(-bytes);
+                LIVE_COUNT.decrementAndGet();
+                device.driver().free(device.ordinal(), ptr);
+            });
+        } catch (Throwable t) {
+            try {
+                device.driver().free(device.ordinal(), ptr);
+            } catch (Throwable f) {
+                t.addSuppressed(f);
+            }
+            throw t;
+        }
         LIVE_BYTES.addAndGet(bytes);
         LIVE_COUNT.incrementAndGet();
-        MemorySegment seg = MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> {
-            LIVE_BYTES.addAndGet(-bytes);
-            LIVE_COUNT.decrementAndGet();
-            device.driver().free(device.ordinal(), ptr);
-        });
         return new DeviceBuffer(device, seg);
     }
 
@@ -68,51 +89,95 @@ public final class DeviceBuffer {
         if (bytes != other) throw new IllegalArgumentException(what + " has " + other + " bytes but this device buffer has " + bytes);
     }
 
-    /** Copies all of {@code host} (same size as this buffer) to the device and waits. */
+    /**
+     * Copies all of {@code host} (same size as this buffer) to the device and waits. Not ordered
+     * with work queued on gin4j streams (see the class comment): synchronize the stream first.
+     * @throws IllegalStateException when {@code host}'s arena is closed
+     * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     */
     public void copyFromHost(MemorySegment host) {
+        checkHost(host, false);
         checkLength(byteSize(), host.byteSize(), "host segment");
         if (byteSize() == 0) return;
         if (host.isNative()) {
-            device.driver().copy(device.ordinal(), address(), host.address(), byteSize(), CopyKind.HOST_TO_DEVICE, 0, false);
+            device.driver().copyToDevice(device.ordinal(), address(), host, byteSize(), 0, false);
         } else {
             try (Arena a = Arena.ofConfined()) {
                 MemorySegment staged = a.allocate(host.byteSize(), 16).copyFrom(host);
-                device.driver().copy(device.ordinal(), address(), staged.address(), byteSize(), CopyKind.HOST_TO_DEVICE, 0, false);
+                device.driver().copyToDevice(device.ordinal(), address(), staged, byteSize(), 0, false);
             }
         }
     }
 
-    /** Copies this buffer into {@code host} (same size) and waits. */
+    /**
+     * Copies this buffer into {@code host} (same size) and waits. Not ordered with work queued on
+     * gin4j streams (see the class comment): synchronize the stream first.
+     * @throws IllegalStateException when {@code host}'s arena is closed
+     * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     * @throws IllegalArgumentException when {@code host} is read-only
+     */
     public void copyToHost(MemorySegment host) {
+        checkHost(host, true);
         checkLength(byteSize(), host.byteSize(), "host segment");
         if (byteSize() == 0) return;
         if (host.isNative()) {
-            device.driver().copy(device.ordinal(), host.address(), address(), byteSize(), CopyKind.DEVICE_TO_HOST, 0, false);
+            device.driver().copyToHost(device.ordinal(), host, address(), byteSize(), 0, false);
         } else {
             try (Arena a = Arena.ofConfined()) {
                 MemorySegment staged = a.allocate(host.byteSize(), 16);
-                device.driver().copy(device.ordinal(), staged.address(), address(), byteSize(), CopyKind.DEVICE_TO_HOST, 0, false);
+                device.driver().copyToHost(device.ordinal(), staged, address(), byteSize(), 0, false);
                 host.copyFrom(staged);
             }
         }
     }
 
-    /** Copies a native (off-heap or pinned) host segment to the device, ordered on {@code stream}. */
+    /**
+     * Copies a native (off-heap or pinned) host segment to the device, ordered on {@code stream}.
+     * The runtime reads {@code host} after this returns: keep its memory alive (its arena open)
+     * and unchanged until the stream is synchronized (or an event recorded after it completes).
+     * @throws IllegalStateException when {@code host}'s arena is closed
+     * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     */
     public void copyFromHostAsync(MemorySegment host, Stream stream) {
+        checkHost(host, false);
         checkLength(byteSize(), host.byteSize(), "host segment");
         requireNative(host);
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
-        device.driver().copy(device.ordinal(), address(), host.address(), byteSize(), CopyKind.HOST_TO_DEVICE, stream.handle(), true);
+        device.driver().copyToDevice(device.ordinal(), address(), host, byteSize(), stream.handle(), true);
     }
 
-    /** Copies this buffer to a native (off-heap or pinned) host segment, ordered on {@code stream}. */
+    /**
+     * Copies this buffer to a native (off-heap or pinned) host segment, ordered on {@code stream}.
+     * The runtime writes {@code host} after this returns: keep its memory alive (its arena open)
+     * until the stream is synchronized (or an event recorded after it completes), and read it only then.
+     * @throws IllegalStateException when {@code host}'s arena is closed
+     * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     * @throws IllegalArgumentException when {@code host} is read-only
+     */
     public void copyToHostAsync(MemorySegment host, Stream stream) {
+        checkHost(host, true);
         checkLength(byteSize(), host.byteSize(), "host segment");
         requireNative(host);
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
-        device.driver().copy(device.ordinal(), host.address(), address(), byteSize(), CopyKind.DEVICE_TO_HOST, stream.handle(), true);
+        device.driver().copyToHost(device.ordinal(), host, address(), byteSize(), stream.handle(), true);
+    }
+
+    /**
+     * A host segment must be alive and usable from this thread, and writable when a copy writes it:
+     * the runtime gets its raw address, so a freed one would be read or written after its free.
+     */
+    private static void checkHost(MemorySegment host, boolean written) {
+        if (!host.scope().isAlive()) {
+            throw new IllegalStateException("host segment of " + host.byteSize() + " bytes at 0x" + Long.toHexString(host.address()) + " is no longer alive (its arena is closed)");
+        }
+        if (!host.isAccessibleBy(Thread.currentThread())) {
+            throw new WrongThreadException("host segment of " + host.byteSize() + " bytes belongs to a confined arena of another thread; copy from that thread");
+        }
+        if (written && host.isReadOnly()) {
+            throw new IllegalArgumentException("host segment of " + host.byteSize() + " bytes is read-only, but a device-to-host copy writes it");
+        }
     }
 
     private static void requireNative(MemorySegment host) {
@@ -138,15 +203,19 @@ public final class DeviceBuffer {
         device.driver().memset8(device.ordinal(), address(), value, byteSize(), stream.handle(), true);
     }
 
-    /** Sets every 32-bit word to {@code value} (size must be a multiple of 4), ordered on {@code stream}. */
+    /** Sets every 32-bit word to {@code value} (address 4-byte aligned, size a multiple of 4), ordered on {@code stream}. */
     public void fill32(int value, Stream stream) {
         if (byteSize() % 4 != 0) throw new IllegalArgumentException("fill32 needs a size that is a multiple of 4, got " + byteSize());
+        if (byteSize() != 0 && address() % 4 != 0) {
+            throw new IllegalArgumentException("fill32 needs a 4-byte aligned address, but this buffer starts at 0x" + Long.toHexString(segment.address())
+                    + " (a slice at an offset that is not a multiple of 4?)");
+        }
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
         device.driver().memset32(device.ordinal(), address(), value, byteSize() / 4, stream.handle(), true);
     }
 
-    /** Reads the whole buffer into a new heap array (a synchronous copy; for tests and small results). */
+    /** Reads the whole buffer into a new heap array (a synchronous copy, not ordered with gin4j streams; for tests and small results). */
     public byte[] toByteArray() {
         if (byteSize() > Integer.MAX_VALUE - 16) throw new IllegalStateException("buffer of " + byteSize() + " bytes does not fit a Java array");
         byte[] out = new byte[(int) byteSize()];
@@ -154,8 +223,9 @@ public final class DeviceBuffer {
         return out;
     }
 
-    /** The first {@code n} 64-bit values (a synchronous copy; for counts, tables, small results). */
+    /** The first {@code n} 64-bit values (a synchronous copy, not ordered with gin4j streams; for counts, tables, small results). */
     public long[] readLongs(int n) {
+        checkRead(n, 8, "64-bit");
         try (Arena a = Arena.ofConfined()) {
             MemorySegment h = a.allocate(8L * n, 8);
             slice(0, 8L * n).copyToHost(h);
@@ -163,12 +233,20 @@ public final class DeviceBuffer {
         }
     }
 
-    /** The first {@code n} 32-bit values (a synchronous copy). */
+    /** The first {@code n} 32-bit values (a synchronous copy, not ordered with gin4j streams). */
     public int[] readInts(int n) {
+        checkRead(n, 4, "32-bit");
         try (Arena a = Arena.ofConfined()) {
             MemorySegment h = a.allocate(4L * n, 4);
             slice(0, 4L * n).copyToHost(h);
             return h.toArray(ValueLayout.JAVA_INT);
+        }
+    }
+
+    private void checkRead(int n, int width, String what) {
+        if (n < 0) throw new IllegalArgumentException("cannot read " + n + " " + what + " values: the count must be >= 0");
+        if ((long) width * n > byteSize()) {
+            throw new IndexOutOfBoundsException("cannot read " + n + " " + what + " values (" + (long) width * n + " bytes) from a device buffer of " + byteSize() + " bytes");
         }
     }
 

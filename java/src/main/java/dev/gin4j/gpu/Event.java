@@ -5,11 +5,19 @@ public final class Event extends NativeResource {
     private final Device device;
     private final long handle;
     private final boolean timing;
+    private volatile boolean recorded;
 
     Event(Device device, boolean timing) {
         this.device = device;
         this.timing = timing;
-        this.handle = device.driver().eventCreate(device.ordinal(), timing);
+        long h;
+        try {
+            h = device.driver().eventCreate(device.ordinal(), timing);
+        } catch (Throwable t) {
+            constructionFailed();
+            throw t;
+        }
+        this.handle = h;
     }
 
     public Device device() { return device; }
@@ -22,15 +30,28 @@ public final class Event extends NativeResource {
     public void record(Stream stream) {
         device.check(stream.device(), "stream");
         device.driver().eventRecord(device.ordinal(), handle(), stream.handle());
+        recorded = true;
     }
+
+    /** true once {@link #record} succeeded on some stream. */
+    public boolean isRecorded() { return recorded; }
 
     public void synchronize() { device.driver().eventSynchronize(device.ordinal(), handle()); }
     public boolean isComplete() { return device.driver().eventQuery(device.ordinal(), handle()); }
 
-    /** Milliseconds from {@code start} to this event; both recorded and complete, both timing events. */
+    /**
+     * Milliseconds from {@code start} to this event; both recorded and complete, both timing events.
+     * @throws IllegalStateException when either event was never recorded, or was created without timing
+     */
     public float elapsedMillisSince(Event start) {
         device.check(start.device, "start event");
         if (!timing || !start.timing) throw new IllegalStateException("elapsed time needs two timing events; one was created without timing");
+        if (!start.recorded || !recorded) {
+            throw new IllegalStateException("elapsed time needs both events recorded on a stream first: "
+                    + (start.recorded ? "" : "the start event " + start.describe() + " was never recorded")
+                    + (!start.recorded && !recorded ? " and " : "")
+                    + (recorded ? "" : "the end event " + describe() + " was never recorded"));
+        }
         return device.driver().eventElapsedMillis(device.ordinal(), start.handle(), handle());
     }
 

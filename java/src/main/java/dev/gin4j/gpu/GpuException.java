@@ -25,6 +25,17 @@ public class GpuException extends RuntimeException {
         this.errorName = "";
     }
 
+    /**
+     * {@code cause} with what gin4j was doing put in front of its message ("kernel x launched
+     * with ..."); keeps the cause's call, status code and error name.
+     */
+    public GpuException(String context, GpuException cause) {
+        super(context + ": " + cause.getMessage(), cause);
+        this.call = cause.call;
+        this.code = cause.code;
+        this.errorName = cause.errorName;
+    }
+
     public String call() { return call; }
     public int code() { return code; }
     public String errorName() { return errorName; }

@@ -12,9 +12,14 @@ public final class Graph extends NativeResource {
         long e;
         try {
             e = device.driver().graphInstantiate(device.ordinal(), graph);
-        } catch (RuntimeException ex) {
-            device.driver().graphDestroy(device.ordinal(), graph);
-            throw ex;
+        } catch (Throwable t) {
+            constructionFailed();
+            try {
+                device.driver().graphDestroy(device.ordinal(), graph);
+            } catch (Throwable d) {
+                t.addSuppressed(d); // the instantiation failure is the one to report
+            }
+            throw t;
         }
         this.exec = e;
     }
@@ -29,11 +34,8 @@ public final class Graph extends NativeResource {
     }
 
     @Override protected void release() {
-        try {
-            device.driver().graphExecDestroy(device.ordinal(), exec);
-        } finally {
-            device.driver().graphDestroy(device.ordinal(), graph);
-        }
+        releaseAll(() -> device.driver().graphExecDestroy(device.ordinal(), exec),
+                () -> device.driver().graphDestroy(device.ordinal(), graph));
     }
 
     @Override public String describe() { return "graph 0x" + Long.toHexString(exec) + " on " + device; }

@@ -11,6 +11,7 @@ public final class Kernel {
     private final String name;
     private final long function;
     private final int maxThreadsPerBlock;
+    private final int[] maxGrid, maxBlock; // the device's limits, read once
     private volatile int maxDynamicShared;
 
     Kernel(CodeObject codeObject, String name, long function) {
@@ -19,6 +20,8 @@ public final class Kernel {
         this.function = function;
         this.maxThreadsPerBlock = attribute(FunctionAttribute.MAX_THREADS_PER_BLOCK);
         this.maxDynamicShared = attribute(FunctionAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES);
+        this.maxGrid = codeObject.device().maxGrid();
+        this.maxBlock = codeObject.device().maxBlock();
     }
 
     public String name() { return name; }
@@ -35,16 +38,30 @@ public final class Kernel {
 
     /** Raises the dynamic shared memory this kernel may use (needed above 48 KiB on NVIDIA). */
     public void setMaxDynamicSharedBytes(int bytes) {
-        device().driver().setMaxDynamicSharedMemory(device().ordinal(), function, bytes);
+        codeObject.ensureOpen();
+        if (bytes < 0) throw new IllegalArgumentException("kernel " + name + ": dynamic shared memory must be >= 0 bytes, got " + bytes);
+        try {
+            device().driver().setMaxDynamicSharedMemory(device().ordinal(), function, bytes);
+        } catch (GpuException e) {
+            throw new GpuException("kernel " + name + " of " + codeObject.describe() + ": cannot allow " + bytes
+                    + " bytes of dynamic shared memory (with its static shared memory it must fit Device.maxSharedBytesPerBlock())", e);
+        }
         maxDynamicShared = bytes;
     }
 
     /** Resident blocks per multiprocessor for this block size and dynamic shared memory. */
     public int occupancy(int blockSize, int dynamicSharedBytes) {
+        codeObject.ensureOpen();
+        if (blockSize < 1) throw new IllegalArgumentException("kernel " + name + ": occupancy needs a block size >= 1, got " + blockSize);
+        if (dynamicSharedBytes < 0) throw new IllegalArgumentException("kernel " + name + ": dynamic shared memory must be >= 0 bytes, got " + dynamicSharedBytes);
         return device().driver().occupancyBlocksPerMultiprocessor(device().ordinal(), function, blockSize, dynamicSharedBytes);
     }
 
-    /** Queues the kernel on {@code stream}. */
+    /**
+     * Queues the kernel on {@code stream}.
+     * @throws IllegalArgumentException when the shape exceeds the device's or the kernel's limits
+     * @throws GpuException when the runtime refuses the launch; its message names this kernel and the launch configuration
+     */
     public void launch(Stream stream, LaunchConfig config, KernelArgs args) {
         codeObject.ensureOpen();
         Device device = device();
@@ -52,14 +69,32 @@ public final class Kernel {
         if (config.threadsPerBlock() > maxThreadsPerBlock) {
             throw new IllegalArgumentException("kernel " + name + " allows at most " + maxThreadsPerBlock + " threads per block, got " + config.threadsPerBlock());
         }
+        checkShape(name, config, maxGrid, maxBlock);
         if (config.sharedBytes() > maxDynamicShared) {
             throw new IllegalArgumentException("kernel " + name + " may use " + maxDynamicShared + " bytes of dynamic shared memory, asked for " + config.sharedBytes()
                     + " (raise it with setMaxDynamicSharedBytes)");
         }
         args.checkComplete(name);
-        device.driver().ensureCurrent(device.ordinal());
-        device.driver().launch(function, config.gridX(), config.gridY(), config.gridZ(), config.blockX(), config.blockY(), config.blockZ(),
-                config.sharedBytes(), stream.handle(), args.params(), config.cooperative(), config.programmaticDependent());
+        long streamHandle = stream.handle();
+        try {
+            device.driver().ensureCurrent(device.ordinal());
+            device.driver().launch(function, config.gridX(), config.gridY(), config.gridZ(), config.blockX(), config.blockY(), config.blockZ(),
+                    config.sharedBytes(), streamHandle, args.params(), config.cooperative(), config.programmaticDependent());
+        } catch (GpuException e) {
+            throw new GpuException("kernel " + name + " of " + codeObject.describe() + " could not be launched with " + config, e);
+        }
+    }
+
+    /** Refuses a grid or block larger than the device's ({x, y, z} limits). Integer compares only when it fits. */
+    static void checkShape(String kernel, LaunchConfig c, int[] maxGrid, int[] maxBlock) {
+        if (c.gridX() > maxGrid[0] || c.gridY() > maxGrid[1] || c.gridZ() > maxGrid[2]) {
+            throw new IllegalArgumentException("kernel " + kernel + ": grid " + c.gridX() + "x" + c.gridY() + "x" + c.gridZ()
+                    + " exceeds the device's largest grid " + maxGrid[0] + "x" + maxGrid[1] + "x" + maxGrid[2]);
+        }
+        if (c.blockX() > maxBlock[0] || c.blockY() > maxBlock[1] || c.blockZ() > maxBlock[2]) {
+            throw new IllegalArgumentException("kernel " + kernel + ": block " + c.blockX() + "x" + c.blockY() + "x" + c.blockZ()
+                    + " exceeds the device's largest block " + maxBlock[0] + "x" + maxBlock[1] + "x" + maxBlock[2]);
+        }
     }
 
     @Override public String toString() { return "kernel " + name + " of " + codeObject.describe(); }

@@ -10,7 +10,12 @@ import java.lang.foreign.ValueLayout;
  * hipModuleLaunchKernel take). Setting a value writes into the block; launching allocates nothing.
  */
 public final class KernelArgs {
-    /** The C type of one argument: its size and alignment. */
+    /**
+     * The C type of one argument: its size and alignment. The five constants are the scalar types
+     * the typed setters write ({@link #setInt} an {@link #I32} slot, {@link #setPointer} a
+     * {@link #POINTER} slot, ...); any other type is a by-value struct, written with
+     * {@link #setStruct}.
+     */
     public record Type(String name, long size, long alignment) {
         public static final Type I32 = new Type("int32", 4, 4);
         public static final Type I64 = new Type("int64", 8, 8);
@@ -18,11 +23,20 @@ public final class KernelArgs {
         public static final Type F64 = new Type("double", 8, 8);
         public static final Type POINTER = new Type("pointer", 8, 8);
 
+        public Type {
+            if (name == null || name.isEmpty()) throw new IllegalArgumentException("a kernel argument type needs a name");
+            if (size <= 0 || alignment <= 0 || Long.bitCount(alignment) != 1) {
+                throw new IllegalArgumentException("kernel argument type '" + name + "' of size " + size + " and alignment " + alignment
+                        + ": size must be > 0 and alignment a power of two");
+            }
+        }
+
         /** A struct passed by value, of the given size and alignment. */
         public static Type struct(long size, long alignment) {
-            if (size <= 0 || Long.bitCount(alignment) != 1) throw new IllegalArgumentException("struct of size " + size + " and alignment " + alignment + ": size must be > 0 and alignment a power of two");
             return new Type("struct(" + size + ")", size, alignment);
         }
+
+        boolean isScalar() { return equals(I32) || equals(I64) || equals(F32) || equals(F64) || equals(POINTER); }
     }
 
     private final Type[] types;
@@ -34,13 +48,17 @@ public final class KernelArgs {
     private KernelArgs(Arena arena, Type... types) {
         if (types.length > 64) throw new IllegalArgumentException("at most 64 kernel arguments, got " + types.length);
         this.types = types.clone();
+        for (int i = 0; i < types.length; i++) {
+            if (this.types[i] == null) throw new IllegalArgumentException("kernel argument " + i + " has no type (null)");
+        }
         this.offsets = new long[types.length];
         long off = 0, maxAlign = 8;
-        for (int i = 0; i < types.length; i++) {
-            off = (off + types[i].alignment() - 1) & -types[i].alignment();
+        for (int i = 0; i < this.types.length; i++) {
+            Type t = this.types[i];
+            off = (off + t.alignment() - 1) & -t.alignment();
             offsets[i] = off;
-            off += types[i].size();
-            maxAlign = Math.max(maxAlign, types[i].alignment());
+            off += t.size();
+            maxAlign = Math.max(maxAlign, t.alignment());
         }
         this.values = arena.allocate(Math.max(off, 8), maxAlign);
         this.params = arena.allocate(ValueLayout.ADDRESS, Math.max(types.length, 1));
@@ -53,29 +71,38 @@ public final class KernelArgs {
 
     public int count() { return types.length; }
 
-    private long slot(int index, Type expected) {
+    /** The slot's offset after checking that it exists and is of {@code expected}'s type (a reference compare for the constants). */
+    private long slot(int index, Type expected, String setter) {
         if (index < 0 || index >= types.length) throw new IndexOutOfBoundsException("argument " + index + " does not exist: this list has " + types.length);
         Type t = types[index];
-        if (t.size() != expected.size()) {
-            throw new IllegalArgumentException("argument " + index + " is " + t.name() + ", not " + expected.name());
-        }
+        if (t != expected && !t.equals(expected)) throw wrongType(index, t, setter, expected.name());
         unset &= ~(1L << index);
         return offsets[index];
     }
 
-    public KernelArgs setInt(int index, int value) { values.set(ValueLayout.JAVA_INT, slot(index, Type.I32), value); return this; }
-    public KernelArgs setLong(int index, long value) { values.set(ValueLayout.JAVA_LONG, slot(index, Type.I64), value); return this; }
-    public KernelArgs setFloat(int index, float value) { values.set(ValueLayout.JAVA_FLOAT, slot(index, Type.F32), value); return this; }
-    public KernelArgs setDouble(int index, double value) { values.set(ValueLayout.JAVA_DOUBLE, slot(index, Type.F64), value); return this; }
+    private static IllegalArgumentException wrongType(int index, Type t, String setter, String wants) {
+        return new IllegalArgumentException("argument " + index + " is " + t.name() + " (" + t.size() + " bytes), but " + setter + " writes " + wants
+                + (t.isScalar() ? "" : ": set a struct argument with setStruct"));
+    }
 
-    /** A raw device address (0 for a null pointer). */
-    public KernelArgs setPointer(int index, long deviceAddress) { values.set(ValueLayout.JAVA_LONG, slot(index, Type.POINTER), deviceAddress); return this; }
+    /** Sets an {@link Type#I32} argument. */
+    public KernelArgs setInt(int index, int value) { values.set(ValueLayout.JAVA_INT, slot(index, Type.I32, "setInt"), value); return this; }
+    /** Sets an {@link Type#I64} argument. */
+    public KernelArgs setLong(int index, long value) { values.set(ValueLayout.JAVA_LONG, slot(index, Type.I64, "setLong"), value); return this; }
+    /** Sets an {@link Type#F32} argument. */
+    public KernelArgs setFloat(int index, float value) { values.set(ValueLayout.JAVA_FLOAT, slot(index, Type.F32, "setFloat"), value); return this; }
+    /** Sets an {@link Type#F64} argument. */
+    public KernelArgs setDouble(int index, double value) { values.set(ValueLayout.JAVA_DOUBLE, slot(index, Type.F64, "setDouble"), value); return this; }
+
+    /** Sets a {@link Type#POINTER} argument to a raw device address (0 for a null pointer). */
+    public KernelArgs setPointer(int index, long deviceAddress) { values.set(ValueLayout.JAVA_LONG, slot(index, Type.POINTER, "setPointer"), deviceAddress); return this; }
     public KernelArgs setPointer(int index, DeviceBuffer buffer) { return setPointer(index, buffer.address()); }
 
-    /** Copies a by-value struct's bytes (exactly the declared size) into its slot. */
+    /** Copies a by-value struct's bytes (exactly the declared size) into its slot, which must be a struct type (not one of the scalar constants). */
     public KernelArgs setStruct(int index, MemorySegment bytes) {
         if (index < 0 || index >= types.length) throw new IndexOutOfBoundsException("argument " + index + " does not exist: this list has " + types.length);
         Type t = types[index];
+        if (t.isScalar()) throw wrongType(index, t, "setStruct", "a struct");
         if (t.size() != bytes.byteSize()) throw new IllegalArgumentException("argument " + index + " is " + t.name() + " but " + bytes.byteSize() + " bytes were given");
         MemorySegment.copy(bytes, 0, values, offsets[index], bytes.byteSize());
         unset &= ~(1L << index);

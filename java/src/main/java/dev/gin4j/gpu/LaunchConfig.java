@@ -6,6 +6,8 @@ package dev.gin4j.gpu;
  * drains (NVIDIA sm_90+; ~1 us less per back-to-back launch), so it must wait
  * ({@code gin_wait_prior_grids}, griddepcontrol.wait) before it touches memory an earlier kernel
  * writes. Only kernels that do may be launched so. On AMD it is an ordinary launch.
+ * {@link Kernel#launch} checks the shape against the device's largest grid and block and the
+ * kernel's threads per block before it calls the runtime.
  */
 public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int blockY, int blockZ,
                            int sharedBytes, boolean cooperative, boolean programmaticDependent) {
@@ -22,4 +24,10 @@ public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int bloc
     /** See the class comment: only for kernels that wait for prior grids before their first memory access. */
     public LaunchConfig asProgrammaticDependent() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, cooperative, true); }
     public long threadsPerBlock() { return (long) blockX * blockY * blockZ; }
+
+    /** "grid 4x1x1, block 256x1x1, 0 bytes of dynamic shared memory" and the launch kind, for messages. */
+    @Override public String toString() {
+        return "grid " + gridX + "x" + gridY + "x" + gridZ + ", block " + blockX + "x" + blockY + "x" + blockZ + ", " + sharedBytes + " bytes of dynamic shared memory"
+                + (cooperative ? ", cooperative" : "") + (programmaticDependent ? ", programmatic dependent" : "");
+    }
 }

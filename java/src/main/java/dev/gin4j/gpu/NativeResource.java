@@ -17,6 +17,17 @@ public abstract class NativeResource implements AutoCloseable {
         LIVE.put(this, getClass().getSimpleName());
     }
 
+    /**
+     * For a constructor that fails after this base class registered the object (it does so first):
+     * takes the object out of the live registry and marks it closed, without calling
+     * {@link #release()}, since the handle it would release was never created. The constructor
+     * frees whatever it had created before the failure itself. Use:
+     * {@code catch (Throwable t) { constructionFailed(); throw t; }}
+     */
+    protected final void constructionFailed() {
+        if (closed.compareAndSet(false, true)) LIVE.remove(this);
+    }
+
     /** Releases the native handle; called once. */
     protected abstract void release();
 

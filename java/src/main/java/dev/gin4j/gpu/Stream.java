@@ -7,7 +7,14 @@ public final class Stream extends NativeResource {
 
     Stream(Device device) {
         this.device = device;
-        this.handle = device.driver().streamCreate(device.ordinal());
+        long h;
+        try {
+            h = device.driver().streamCreate(device.ordinal());
+        } catch (Throwable t) {
+            constructionFailed();
+            throw t;
+        }
+        this.handle = h;
     }
 
     public Device device() { return device; }

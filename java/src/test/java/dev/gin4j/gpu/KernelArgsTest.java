@@ -48,6 +48,61 @@ class KernelArgsTest {
         assertThrows(IllegalArgumentException.class, () -> KernelArgs.Type.struct(8, 3));
     }
 
+    @Test void settersCheckTheSlotsType() {
+        try (Arena arena = Arena.ofConfined()) {
+            KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.I32, KernelArgs.Type.F32, KernelArgs.Type.POINTER, KernelArgs.Type.I64,
+                    KernelArgs.Type.F64, KernelArgs.Type.struct(4, 4));
+            // same sizes, other kinds: every one refused, naming the index, the slot's type and the setter
+            IllegalArgumentException floatOnInt = assertThrows(IllegalArgumentException.class, () -> args.setFloat(0, 1f));
+            assertTrue(floatOnInt.getMessage().contains("argument 0 is int32") && floatOnInt.getMessage().contains("setFloat"), floatOnInt.getMessage());
+            IllegalArgumentException intOnFloat = assertThrows(IllegalArgumentException.class, () -> args.setInt(1, 1));
+            assertTrue(intOnFloat.getMessage().contains("argument 1 is float") && intOnFloat.getMessage().contains("setInt"), intOnFloat.getMessage());
+            IllegalArgumentException doubleOnPointer = assertThrows(IllegalArgumentException.class, () -> args.setDouble(2, 1.0));
+            assertTrue(doubleOnPointer.getMessage().contains("argument 2 is pointer") && doubleOnPointer.getMessage().contains("setDouble"), doubleOnPointer.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> args.setLong(2, 1));
+            assertThrows(IllegalArgumentException.class, () -> args.setPointer(3, 1));
+            assertThrows(IllegalArgumentException.class, () -> args.setDouble(3, 1));
+            assertThrows(IllegalArgumentException.class, () -> args.setLong(4, 1));
+            IllegalArgumentException intOnStruct = assertThrows(IllegalArgumentException.class, () -> args.setInt(5, 1));
+            assertTrue(intOnStruct.getMessage().contains("setStruct"), intOnStruct.getMessage());
+            IllegalArgumentException structOnInt = assertThrows(IllegalArgumentException.class, () -> args.setStruct(0, arena.allocate(4)));
+            assertTrue(structOnInt.getMessage().contains("argument 0 is int32") && structOnInt.getMessage().contains("setStruct"), structOnInt.getMessage());
+            IllegalStateException untouched = assertThrows(IllegalStateException.class, () -> args.checkComplete("k"));
+            assertTrue(untouched.getMessage().contains("argument 0 was never set"), "a refused setter marks nothing set: " + untouched.getMessage());
+
+            args.setInt(0, 1).setFloat(1, 1f).setPointer(2, 0).setLong(3, 1).setDouble(4, 1).setStruct(5, arena.allocate(4));
+            args.checkComplete("k");
+            // an equal type made elsewhere is the same type
+            KernelArgs.of(arena, new KernelArgs.Type("int32", 4, 4)).setInt(0, 3).checkComplete("k");
+            assertThrows(IllegalArgumentException.class, () -> KernelArgs.of(arena, KernelArgs.Type.I32, null));
+        }
+    }
+
+    @Test void typesAreValidated() {
+        assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", 0, 4));
+        assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", -4, 4));
+        assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", 4, 0));
+        assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", 4, 3));
+        assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", 8, Long.MIN_VALUE));
+        assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type(null, 4, 4));
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("weird", 12, 6));
+        assertTrue(e.getMessage().contains("'weird'") && e.getMessage().contains("power of two"), e.getMessage());
+        assertEquals(16, KernelArgs.Type.struct(24, 16).alignment());
+    }
+
+    @Test void shapeChecksUseTheDeviceLimits() {
+        int[] grid = {Integer.MAX_VALUE, 65535, 65535}, block = {1024, 1024, 64};
+        Kernel.checkShape("k", new LaunchConfig(Integer.MAX_VALUE, 65535, 65535, 1024, 1, 64, 0, false, false), grid, block);
+        IllegalArgumentException y = assertThrows(IllegalArgumentException.class, () -> Kernel.checkShape("k", new LaunchConfig(1, 65536, 1, 1, 1, 1, 0, false, false), grid, block));
+        assertTrue(y.getMessage().contains("kernel k") && y.getMessage().contains("grid 1x65536x1"), y.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> Kernel.checkShape("k", new LaunchConfig(1, 1, 65536, 1, 1, 1, 0, false, false), grid, block));
+        IllegalArgumentException z = assertThrows(IllegalArgumentException.class, () -> Kernel.checkShape("k", new LaunchConfig(1, 1, 1, 1, 1, 65, 0, false, false), grid, block));
+        assertTrue(z.getMessage().contains("block 1x1x65") && z.getMessage().contains("1024x1024x64"), z.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> Kernel.checkShape("k", new LaunchConfig(1, 1, 1, 2048, 1, 1, 0, false, false), grid, block));
+        assertEquals("grid 4x2x1, block 128x2x1, 512 bytes of dynamic shared memory, cooperative",
+                new LaunchConfig(4, 2, 1, 128, 2, 1, 512, true, false).toString());
+    }
+
     @Test void launchConfigRejectsEmptyShapes() {
         assertThrows(IllegalArgumentException.class, () -> LaunchConfig.of(0, 32));
         assertThrows(IllegalArgumentException.class, () -> LaunchConfig.of(1, 0));

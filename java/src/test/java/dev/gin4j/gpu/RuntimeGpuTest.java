@@ -12,6 +12,8 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 import java.util.Random;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ExecutionException;
 
 import static org.junit.jupiter.api.Assertions.*;
 
@@ -250,6 +252,111 @@ class RuntimeGpuTest {
         }
     }
 
+    @Test void hostMemoryEventsShapesAndLaunchFailuresAreChecked() throws Exception {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic");
+             Event start = dev.createEvent(); Event end = dev.createEvent()) {
+            DeviceBuffer buf = dev.allocate(4096, arena), other = dev.allocate(4096, arena);
+
+            // host segments: a freed one is refused before the runtime sees its address, a read-only one is not written
+            MemorySegment freed;
+            try (Arena h = Arena.ofConfined()) {
+                freed = h.allocate(4096);
+            }
+            assertThrows(IllegalStateException.class, () -> buf.copyToHost(freed));
+            assertThrows(IllegalStateException.class, () -> buf.copyFromHost(freed));
+            assertThrows(IllegalStateException.class, () -> buf.copyToHostAsync(freed, s));
+            assertThrows(IllegalStateException.class, () -> buf.copyFromHostAsync(freed, s));
+            assertThrows(IllegalArgumentException.class, () -> buf.copyToHost(arena.allocate(4096).asReadOnly()));
+            assertThrows(IllegalArgumentException.class, () -> buf.copyToHostAsync(arena.allocate(4096).asReadOnly(), s));
+            MemorySegment confined = arena.allocate(4096);
+            ExecutionException foreign = assertThrows(ExecutionException.class, () -> CompletableFuture.runAsync(() -> buf.copyToHost(confined)).get());
+            assertInstanceOf(WrongThreadException.class, foreign.getCause());
+
+            // the host copies as segments: synchronous, asynchronous, heap-staged
+            MemorySegment in = arena.allocate(4096), out = arena.allocate(4096);
+            for (int i = 0; i < 1024; i++) in.setAtIndex(ValueLayout.JAVA_INT, i, random.nextInt());
+            buf.copyFromHostAsync(in, s);
+            other.copyFrom(buf, s);
+            other.copyToHostAsync(out, s);
+            s.synchronize();
+            assertEquals(-1, in.mismatch(out), "async round trip");
+            byte[] heap = new byte[4096];
+            other.copyToHost(MemorySegment.ofArray(heap));
+            assertEquals(-1, in.mismatch(MemorySegment.ofArray(heap)), "sync copy to a heap segment");
+            buf.copyFromHost(in.asReadOnly());
+
+            // reads and fills
+            assertThrows(IllegalArgumentException.class, () -> buf.readLongs(-1));
+            assertThrows(IndexOutOfBoundsException.class, () -> buf.readLongs(513));
+            assertThrows(IndexOutOfBoundsException.class, () -> buf.readInts(1025));
+            assertEquals(512, buf.readLongs(512).length);
+            IllegalArgumentException misaligned = assertThrows(IllegalArgumentException.class, () -> buf.slice(2, 64).fill32(1, s));
+            assertTrue(misaligned.getMessage().contains("4-byte aligned"), misaligned.getMessage());
+            buf.slice(4, 64).fill32(0x01020304, s);
+            s.synchronize();
+            assertEquals(0x01020304, buf.slice(4, 64).readInts(16)[15]);
+
+            // events must be recorded before they time anything
+            IllegalStateException unrecorded = assertThrows(IllegalStateException.class, () -> end.elapsedMillisSince(start));
+            assertTrue(unrecorded.getMessage().contains("never recorded"), unrecorded.getMessage());
+            start.record(s);
+            assertThrows(IllegalStateException.class, () -> end.elapsedMillisSince(start));
+
+            // shapes beyond the device's limits are refused before the runtime; a refused launch names the kernel and its shape
+            Kernel k = basic.kernel("gin_fill_u32");
+            KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, buf).setLong(1, 1024).setInt(2, 5);
+            int[] grid = dev.maxGridDims(), block = dev.maxBlockDims();
+            if (grid[1] < Integer.MAX_VALUE) {
+                IllegalArgumentException tall = assertThrows(IllegalArgumentException.class, () -> k.launch(s, new LaunchConfig(1, grid[1] + 1, 1, 32, 1, 1, 0, false, false), args));
+                assertTrue(tall.getMessage().contains("largest grid"), tall.getMessage());
+            }
+            if (block[2] < k.maxThreadsPerBlock()) {
+                IllegalArgumentException deep = assertThrows(IllegalArgumentException.class, () -> k.launch(s, new LaunchConfig(1, 1, 1, 1, 1, block[2] + 1, 0, false, false), args));
+                assertTrue(deep.getMessage().contains("largest block"), deep.getMessage());
+            }
+            int coResident = k.occupancy(256, 0) * dev.multiprocessors();
+            GpuException tooLarge = assertThrows(GpuException.class, () -> k.launch(s, LaunchConfig.of(coResident + 1, 256).asCooperative(), args));
+            assertTrue(tooLarge.getMessage().contains("gin_fill_u32") && tooLarge.getMessage().contains("grid " + (coResident + 1) + "x1x1") && tooLarge.getMessage().contains("cooperative"),
+                    tooLarge.getMessage());
+            assertFalse(tooLarge.errorName().isEmpty(), "the runtime's error name is kept");
+            k.launch(s, LaunchConfig.of(4, 256), args);
+            end.record(s);
+            end.synchronize();
+            assertTrue(end.elapsedMillisSince(start) >= 0);
+            assertEquals(5, buf.readInts(1024)[1023], "the stream still works after a refused launch");
+
+            // a kernel of a closed code object
+            Kernel stale;
+            try (CodeObject again = dev.loadKernels("basic")) {
+                stale = again.kernel("gin_fill_u32");
+            }
+            assertThrows(IllegalStateException.class, () -> stale.setMaxDynamicSharedBytes(1024));
+            assertThrows(IllegalStateException.class, () -> stale.occupancy(256, 0));
+
+            // memory allocated for another thread's confined arena is freed again (everythingClosed checks the count)
+            long free0 = dev.memoryInfo()[0];
+            ExecutionException wrong = assertThrows(ExecutionException.class, () -> CompletableFuture.runAsync(() -> dev.allocate(1L << 30, arena)).get());
+            assertInstanceOf(WrongThreadException.class, wrong.getCause());
+            assertThrows(ExecutionException.class, () -> CompletableFuture.runAsync(() -> dev.allocatePinned(1 << 20, arena)).get());
+            assertTrue(dev.memoryInfo()[0] > free0 - (1L << 29), "the 1 GiB allocated for a foreign arena was freed");
+
+            // an image for another architecture of the same vendor names the object and this device's architecture
+            String vendor = dev.arch().substring(0, 2);
+            for (String arch : KernelLibrary.get().architectures()) {
+                if (arch.equals(dev.arch()) || !arch.startsWith(vendor) || !KernelLibrary.get().objects(arch).contains("basic")) continue;
+                byte[] image = KernelLibrary.get().read(arch, "basic");
+                try {
+                    dev.loadCodeObject("basic", image).close(); // a compatible image (same major architecture) loads
+                } catch (GpuException e) {
+                    assertTrue(e.getMessage().contains("'basic'") && e.getMessage().contains(dev.arch()), e.getMessage());
+                }
+            }
+        }
+    }
+
     @Test void badInputGivesExceptionsNotCrashes() {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
@@ -267,6 +374,11 @@ class RuntimeGpuTest {
             assertTrue(oom.errorName().contains("OUT_OF_MEMORY") || oom.errorName().contains("OutOfMemory"), oom.getMessage());
             GpuException noKernel = assertThrows(GpuException.class, () -> basic.kernel("no_such_kernel"));
             assertTrue(noKernel.getMessage().contains("no_such_kernel"), noKernel.getMessage());
+            // names the code object and the architecture, and lists what the manifest has for it
+            assertTrue(noKernel.getMessage().contains("'basic'") && noKernel.getMessage().contains(dev.arch()), noKernel.getMessage());
+            assertTrue(noKernel.getMessage().contains("gin_fill_u32"), noKernel.getMessage());
+            IllegalArgumentException floatOnInt = assertThrows(IllegalArgumentException.class, () -> args.setFloat(2, 1f));
+            assertTrue(floatOnInt.getMessage().contains("argument 2 is int32"), floatOnInt.getMessage());
             assertThrows(IndexOutOfBoundsException.class, () -> buf.slice(1000, 100));
             assertThrows(IllegalArgumentException.class, () -> buf.copyFromHost(MemorySegment.ofArray(new byte[3])));
         }

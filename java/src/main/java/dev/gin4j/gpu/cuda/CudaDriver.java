@@ -122,6 +122,14 @@ public final class CudaDriver implements Driver {
     @Override public int warpSize(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_WARP_SIZE()); }
     @Override public int maxSharedBytesPerBlock(int dev) { return attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN()); }
 
+    @Override public int[] maxGridDims(int dev) {
+        return new int[] {attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X()), attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y()), attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z())};
+    }
+
+    @Override public int[] maxBlockDims(int dev) {
+        return new int[] {attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X()), attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y()), attribute(dev, CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z())};
+    }
+
     @Override public String pciBusId(int dev) {
         try (Arena a = Arena.ofConfined()) {
             MemorySegment buf = a.allocate(64);
@@ -227,6 +235,18 @@ public final class CudaDriver implements Driver {
                     ? cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
                     : cuMemcpyDtoD_v2(dst, src, bytes));
         }
+    }
+
+    @Override public void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async) {
+        makeCurrent(dev);
+        if (async) check("cuMemcpyHtoDAsync_v2", cuMemcpyHtoDAsync_v2(dst, src, bytes, MemorySegment.ofAddress(stream)));
+        else check("cuMemcpyHtoD_v2", cuMemcpyHtoD_v2(dst, src, bytes));
+    }
+
+    @Override public void copyToHost(int dev, MemorySegment dst, long src, long bytes, long stream, boolean async) {
+        makeCurrent(dev);
+        if (async) check("cuMemcpyDtoHAsync_v2", cuMemcpyDtoHAsync_v2(dst, src, bytes, MemorySegment.ofAddress(stream)));
+        else check("cuMemcpyDtoH_v2", cuMemcpyDtoH_v2(dst, src, bytes));
     }
 
     @Override public void copyPeer(long dst, int dstDev, long src, int srcDev, long bytes, long stream, boolean async) {

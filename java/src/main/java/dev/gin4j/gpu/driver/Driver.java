@@ -29,6 +29,10 @@ public interface Driver {
     int warpSize(int dev);
     /** The most shared memory one block may ask for (opt-in above the default 48 KiB on NVIDIA). */
     int maxSharedBytesPerBlock(int dev);
+    /** The largest grid, {x, y, z} blocks. */
+    int[] maxGridDims(int dev);
+    /** The largest block, {x, y, z} threads (their product is further bounded by the kernel's max threads per block). */
+    int[] maxBlockDims(int dev);
     String pciBusId(int dev);
     boolean canAccessPeer(int dev, int peer);
     /** How two devices are linked, as far as the runtime tells ("NVLink", "XGMI", "PCIe", ...). */
@@ -54,8 +58,16 @@ public interface Driver {
     long hostDevicePointer(int dev, long hostPtr);
 
     enum CopyKind { HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE }
-    /** stream == 0 and async == false: a synchronous copy. */
+    /** stream == 0 and async == false: a synchronous copy. gin4j copies device to device with it; host memory goes through {@link #copyToDevice} / {@link #copyToHost}. */
     void copy(int dev, long dst, long src, long bytes, CopyKind kind, long stream, boolean async);
+    /**
+     * Host to device. The host side is a native segment, passed to the runtime as a segment, so that
+     * the FFM linker checks it is alive (and accessible from this thread) and keeps it alive for the
+     * call. An asynchronous copy still reads it after the call returns.
+     */
+    void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async);
+    /** Device to host, the host side passed as a segment as in {@link #copyToDevice}. */
+    void copyToHost(int dev, MemorySegment dst, long src, long bytes, long stream, boolean async);
     void copyPeer(long dst, int dstDev, long src, int srcDev, long bytes, long stream, boolean async);
     void memset8(int dev, long ptr, byte value, long count, long stream, boolean async);
     void memset32(int dev, long ptr, int value, long count, long stream, boolean async);

@@ -107,6 +107,14 @@ public final class HipDriver implements Driver {
     @Override public int warpSize(int dev) { return attribute(dev, hipDeviceAttributeWarpSize()); }
     @Override public int maxSharedBytesPerBlock(int dev) { return attribute(dev, hipDeviceAttributeSharedMemPerBlockOptin()); }
 
+    @Override public int[] maxGridDims(int dev) {
+        return new int[] {attribute(dev, hipDeviceAttributeMaxGridDimX()), attribute(dev, hipDeviceAttributeMaxGridDimY()), attribute(dev, hipDeviceAttributeMaxGridDimZ())};
+    }
+
+    @Override public int[] maxBlockDims(int dev) {
+        return new int[] {attribute(dev, hipDeviceAttributeMaxBlockDimX()), attribute(dev, hipDeviceAttributeMaxBlockDimY()), attribute(dev, hipDeviceAttributeMaxBlockDimZ())};
+    }
+
     @Override public String pciBusId(int dev) {
         try (Arena a = Arena.ofConfined()) {
             MemorySegment buf = a.allocate(64);
@@ -197,6 +205,18 @@ public final class HipDriver implements Driver {
         };
         if (async) check("hipMemcpyAsync", hipMemcpyAsync(ptr(dst), ptr(src), bytes, k, ptr(stream)));
         else check("hipMemcpy", hipMemcpy(ptr(dst), ptr(src), bytes, k));
+    }
+
+    @Override public void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async) {
+        makeCurrent(dev);
+        if (async) check("hipMemcpyAsync", hipMemcpyAsync(ptr(dst), src, bytes, hipMemcpyHostToDevice(), ptr(stream)));
+        else check("hipMemcpy", hipMemcpy(ptr(dst), src, bytes, hipMemcpyHostToDevice()));
+    }
+
+    @Override public void copyToHost(int dev, MemorySegment dst, long src, long bytes, long stream, boolean async) {
+        makeCurrent(dev);
+        if (async) check("hipMemcpyAsync", hipMemcpyAsync(dst, ptr(src), bytes, hipMemcpyDeviceToHost(), ptr(stream)));
+        else check("hipMemcpy", hipMemcpy(dst, ptr(src), bytes, hipMemcpyDeviceToHost()));
     }
 
     @Override public void copyPeer(long dst, int dstDev, long src, int srcDev, long bytes, long stream, boolean async) {
