@@ -26,7 +26,7 @@ public final class GpuRuntime {
     private final Driver driver;
     private final List<Device> devices;
 
-    GpuRuntime(Driver driver) { // package-private for the CPU tests' fake driver
+    private GpuRuntime(Driver driver) {
         this.driver = driver;
         List<Device> list = new ArrayList<>();
         for (int i = 0; i < driver.deviceCount(); i++) list.add(new Device(this, i));
