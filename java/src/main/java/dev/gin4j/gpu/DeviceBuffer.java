@@ -1,6 +1,5 @@
 package dev.gin4j.gpu;
 
-import dev.gin4j.gpu.driver.Driver.CopyKind;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -190,7 +189,7 @@ public final class DeviceBuffer {
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
         if (src.device == device) {
-            device.driver().copy(device.ordinal(), address(), src.address(), byteSize(), CopyKind.DEVICE_TO_DEVICE, stream.handle(), true);
+            device.driver().copyOnDevice(device.ordinal(), address(), src.address(), byteSize(), stream.handle(), true);
         } else {
             device.driver().copyPeer(address(), device.ordinal(), src.address(), src.device.ordinal(), byteSize(), stream.handle(), true);
         }

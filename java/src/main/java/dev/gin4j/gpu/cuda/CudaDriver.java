@@ -221,20 +221,10 @@ public final class CudaDriver implements Driver {
         return outLong("cuMemHostGetDevicePointer_v2", out -> cuMemHostGetDevicePointer_v2(out, MemorySegment.ofAddress(hostPtr), 0));
     }
 
-    @Override public void copy(int dev, long dst, long src, long bytes, CopyKind kind, long stream, boolean async) {
+    @Override public void copyOnDevice(int dev, long dst, long src, long bytes, long stream, boolean async) {
         makeCurrent(dev);
-        MemorySegment s = MemorySegment.ofAddress(stream);
-        switch (kind) {
-            case HOST_TO_DEVICE -> check(async ? "cuMemcpyHtoDAsync_v2" : "cuMemcpyHtoD_v2", async
-                    ? cuMemcpyHtoDAsync_v2(dst, MemorySegment.ofAddress(src), bytes, s)
-                    : cuMemcpyHtoD_v2(dst, MemorySegment.ofAddress(src), bytes));
-            case DEVICE_TO_HOST -> check(async ? "cuMemcpyDtoHAsync_v2" : "cuMemcpyDtoH_v2", async
-                    ? cuMemcpyDtoHAsync_v2(MemorySegment.ofAddress(dst), src, bytes, s)
-                    : cuMemcpyDtoH_v2(MemorySegment.ofAddress(dst), src, bytes));
-            case DEVICE_TO_DEVICE -> check(async ? "cuMemcpyDtoDAsync_v2" : "cuMemcpyDtoD_v2", async
-                    ? cuMemcpyDtoDAsync_v2(dst, src, bytes, s)
-                    : cuMemcpyDtoD_v2(dst, src, bytes));
-        }
+        if (async) check("cuMemcpyDtoDAsync_v2", cuMemcpyDtoDAsync_v2(dst, src, bytes, MemorySegment.ofAddress(stream)));
+        else check("cuMemcpyDtoD_v2", cuMemcpyDtoD_v2(dst, src, bytes));
     }
 
     @Override public void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async) {

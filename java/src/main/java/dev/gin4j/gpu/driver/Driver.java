@@ -57,9 +57,8 @@ public interface Driver {
     void hostFree(int dev, long ptr);
     long hostDevicePointer(int dev, long hostPtr);
 
-    enum CopyKind { HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE }
-    /** stream == 0 and async == false: a synchronous copy. gin4j copies device to device with it; host memory goes through {@link #copyToDevice} / {@link #copyToHost}. */
-    void copy(int dev, long dst, long src, long bytes, CopyKind kind, long stream, boolean async);
+    /** Device to device on one GPU; stream == 0 and async == false: a synchronous copy. Host memory goes through {@link #copyToDevice} / {@link #copyToHost}. */
+    void copyOnDevice(int dev, long dst, long src, long bytes, long stream, boolean async);
     /**
      * Host to device. The host side is a native segment, passed to the runtime as a segment, so that
      * the FFM linker checks it is alive (and accessible from this thread) and keeps it alive for the

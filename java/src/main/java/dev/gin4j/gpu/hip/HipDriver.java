@@ -196,15 +196,10 @@ public final class HipDriver implements Driver {
         return allocWith("hipHostGetDevicePointer", out -> hipHostGetDevicePointer(out, ptr(hostPtr), 0));
     }
 
-    @Override public void copy(int dev, long dst, long src, long bytes, CopyKind kind, long stream, boolean async) {
+    @Override public void copyOnDevice(int dev, long dst, long src, long bytes, long stream, boolean async) {
         makeCurrent(dev);
-        int k = switch (kind) {
-            case HOST_TO_DEVICE -> hipMemcpyHostToDevice();
-            case DEVICE_TO_HOST -> hipMemcpyDeviceToHost();
-            case DEVICE_TO_DEVICE -> hipMemcpyDeviceToDevice();
-        };
-        if (async) check("hipMemcpyAsync", hipMemcpyAsync(ptr(dst), ptr(src), bytes, k, ptr(stream)));
-        else check("hipMemcpy", hipMemcpy(ptr(dst), ptr(src), bytes, k));
+        if (async) check("hipMemcpyAsync", hipMemcpyAsync(ptr(dst), ptr(src), bytes, hipMemcpyDeviceToDevice(), ptr(stream)));
+        else check("hipMemcpy", hipMemcpy(ptr(dst), ptr(src), bytes, hipMemcpyDeviceToDevice()));
     }
 
     @Override public void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async) {
