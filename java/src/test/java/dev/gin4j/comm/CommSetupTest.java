@@ -103,13 +103,20 @@ class CommSetupTest {
     }
 
     @Test void rendezvousSaysWhenTheMasterPortIsAnotherService() throws Exception {
-        try (ServerSocket other = new ServerSocket(0); ExecutorService pool = Executors.newFixedThreadPool(1)) {
-            pool.submit(() -> {
-                try (java.net.Socket s = other.accept()) {
-                    s.getOutputStream().write("SSH-2.0-OpenSSH_9.2\r\n".getBytes());
-                    s.getInputStream().read(new byte[64]);
+        // closed in reverse order: the server first, which ends the greeting loop, then the pool, which waits for it
+        try (ExecutorService pool = Executors.newFixedThreadPool(1); ServerSocket other = new ServerSocket(0)) {
+            pool.submit(() -> {  // greets every connection as an SSH server would (not only the first: any stray one must not starve ours)
+                while (true) {
+                    try (java.net.Socket s = other.accept()) {
+                        s.setSoTimeout(1000);
+                        s.getOutputStream().write("SSH-2.0-OpenSSH_9.2\r\n".getBytes());
+                        s.getInputStream().read(new byte[64]);
+                    } catch (java.net.SocketTimeoutException stray) {
+                        // a connection that said nothing: next one
+                    } catch (IOException closed) {
+                        return null;  // the test closed the server
+                    }
                 }
-                return null;
             });
             CommException e = assertThrows(CommException.class, () -> new Rendezvous(1, 2, 1, "127.0.0.1", other.getLocalPort(), Duration.ofSeconds(20)).exchange(null));
             assertTrue(e.getMessage().contains("not as gin4j's rank 0"), e.getMessage());
