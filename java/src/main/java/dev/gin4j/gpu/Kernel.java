@@ -12,6 +12,8 @@ public final class Kernel {
     private final long function;
     private final int maxThreadsPerBlock;
     private final int[] maxGrid, maxBlock; // the device's limits, read once
+    private final long[] paramSizes;       // the compiled parameters' byte sizes; null where the runtime cannot tell
+    private volatile KernelArgs checkedArgs; // the argument list last found to match them (a list's types never change)
     private volatile int maxDynamicShared;
 
     Kernel(CodeObject codeObject, String name, long function) {
@@ -22,6 +24,25 @@ public final class Kernel {
         this.maxDynamicShared = attribute(FunctionAttribute.MAX_DYNAMIC_SHARED_SIZE_BYTES);
         this.maxGrid = codeObject.device().maxGrid();
         this.maxBlock = codeObject.device().maxBlock();
+        this.paramSizes = device().driver().kernelParamSizes(device().ordinal(), function);
+    }
+
+    /**
+     * Refuses an argument list that does not match the compiled kernel's parameters (count and byte
+     * sizes): the runtime would read past the list, or hand the kernel shifted values.
+     */
+    private void checkArgs(KernelArgs args) {
+        if (paramSizes != null) {
+            boolean same = args.count() == paramSizes.length;
+            for (int i = 0; same && i < paramSizes.length; i++) same = args.type(i).size() == paramSizes[i];
+            if (!same) {
+                StringBuilder given = new StringBuilder();
+                for (int i = 0; i < args.count(); i++) given.append(i == 0 ? "" : ", ").append(args.type(i).size());
+                throw new IllegalArgumentException("kernel " + name + " takes " + paramSizes.length + " parameters of " + java.util.Arrays.toString(paramSizes)
+                        + " bytes, the argument list has " + args.count() + " of [" + given + "] bytes");
+            }
+        }
+        checkedArgs = args;
     }
 
     public String name() { return name; }
@@ -75,6 +96,7 @@ public final class Kernel {
                     + " (raise it with setMaxDynamicSharedBytes)");
         }
         args.checkComplete(name);
+        if (args != checkedArgs) checkArgs(args);  // once per argument list: a reference compare after that
         long streamHandle = stream.handle();
         try {
             device.driver().ensureCurrent(device.ordinal());

@@ -71,6 +71,12 @@ public final class KernelArgs {
 
     public int count() { return types.length; }
 
+    /** The type of argument {@code index}. */
+    public Type type(int index) {
+        if (index < 0 || index >= types.length) throw new IndexOutOfBoundsException("argument " + index + " does not exist: this list has " + types.length);
+        return types[index];
+    }
+
     /** The slot's offset after checking that it exists and is of {@code expected}'s type (a reference compare for the constants). */
     private long slot(int index, Type expected, String setter) {
         if (index < 0 || index >= types.length) throw new IndexOutOfBoundsException("argument " + index + " does not exist: this list has " + types.length);

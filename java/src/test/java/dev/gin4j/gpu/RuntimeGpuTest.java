@@ -336,6 +336,19 @@ class RuntimeGpuTest {
             assertThrows(IllegalStateException.class, () -> stale.setMaxDynamicSharedBytes(1024));
             assertThrows(IllegalStateException.class, () -> stale.occupancy(256, 0));
 
+            // an argument list that does not match the compiled parameters (CUDA tells their sizes;
+            // HIP cannot): the runtime would read past the list or shift the values
+            if (rt.isCuda()) {
+                KernelArgs tooFew = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64).setPointer(0, buf).setLong(1, 1024);
+                IllegalArgumentException few = assertThrows(IllegalArgumentException.class, () -> k.launch(s, LaunchConfig.of(1, 256), tooFew));
+                assertTrue(few.getMessage().contains("takes 3 parameters") && few.getMessage().contains("has 2"), few.getMessage());
+                KernelArgs shifted = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I32, KernelArgs.Type.I32).setPointer(0, buf).setInt(1, 1024).setInt(2, 5);
+                IllegalArgumentException sizes = assertThrows(IllegalArgumentException.class, () -> k.launch(s, LaunchConfig.of(1, 256), shifted));
+                assertTrue(sizes.getMessage().contains("[8, 8, 4]"), sizes.getMessage());
+                k.launch(s, LaunchConfig.of(4, 256), args);  // the right list still launches after a refused one
+                s.synchronize();
+            }
+
             // memory allocated for another thread's confined arena is freed again (everythingClosed checks the count)
             long free0 = dev.memoryInfo()[0];
             ExecutionException wrong = assertThrows(ExecutionException.class, () -> CompletableFuture.runAsync(() -> dev.allocate(1L << 30, arena)).get());

@@ -7144,6 +7144,71 @@ public class cuda_h {
         }
     }
 
+    private static class cuFuncGetParamInfo {
+        public static final FunctionDescriptor DESC = FunctionDescriptor.of(
+            cuda_h.C_INT,
+            cuda_h.C_POINTER,
+            cuda_h.C_LONG,
+            cuda_h.C_POINTER,
+            cuda_h.C_POINTER
+        );
+
+        public static final MemorySegment ADDR = cuda_h.findOrNull("cuFuncGetParamInfo");
+
+        public static final MethodHandle HANDLE = ADDR == null ? null : Linker.nativeLinker().downcallHandle(ADDR, DESC);
+    }
+
+    /**
+     * Function descriptor for:
+     * {@snippet lang=c :
+     * CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize)
+     * }
+     */
+    public static FunctionDescriptor cuFuncGetParamInfo$descriptor() {
+        return cuFuncGetParamInfo.DESC;
+    }
+
+    /**
+     * Downcall method handle for:
+     * {@snippet lang=c :
+     * CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize)
+     * }
+     * @throws UnsatisfiedLinkError if the library or the symbol is missing
+     */
+    public static MethodHandle cuFuncGetParamInfo$handle() {
+        return requireHandle(cuFuncGetParamInfo.HANDLE, "cuFuncGetParamInfo");
+    }
+
+    /**
+     * Address for:
+     * {@snippet lang=c :
+     * CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize)
+     * }
+     * @throws UnsatisfiedLinkError if the library or the symbol is missing
+     */
+    public static MemorySegment cuFuncGetParamInfo$address() {
+        return requireAddress(cuFuncGetParamInfo.ADDR, "cuFuncGetParamInfo");
+    }
+
+    /**
+     * {@snippet lang=c :
+     * CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t * paramOffset, size_t * paramSize)
+     * }
+     */
+    public static int cuFuncGetParamInfo(MemorySegment func, long paramIndex, MemorySegment paramOffset, MemorySegment paramSize) {
+        var mh$ = requireHandle(cuFuncGetParamInfo.HANDLE, "cuFuncGetParamInfo");
+        try {
+            if (TRACE_DOWNCALLS) {
+                traceDowncall("cuFuncGetParamInfo", func, paramIndex, paramOffset, paramSize);
+            }
+            return (int)mh$.invokeExact(func, paramIndex, paramOffset, paramSize);
+        } catch (Error | RuntimeException ex) {
+            throw ex;
+        } catch (Throwable ex$) {
+            throw new AssertionError("should not reach here", ex$);
+        }
+    }
+
     private static class cuLaunchKernel {
         public static final FunctionDescriptor DESC = FunctionDescriptor.of(
             cuda_h.C_INT,

@@ -343,6 +343,22 @@ public final class CudaDriver implements Driver {
         check("cuFuncSetAttribute", cuFuncSetAttribute(MemorySegment.ofAddress(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES(), bytes));
     }
 
+    @Override public long[] kernelParamSizes(int dev, long function) {
+        if (NativeLibrary.CUDA.find("cuFuncGetParamInfo").isEmpty()) return null;  // CUDA 12.4+
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment offset = a.allocate(ValueLayout.JAVA_LONG), size = a.allocate(ValueLayout.JAVA_LONG);
+            long[] sizes = new long[0];
+            for (int i = 0; ; i++) {  // the index one past the last parameter is refused as an invalid value
+                int rc = cuFuncGetParamInfo(MemorySegment.ofAddress(function), i, offset, size);
+                if (rc == CUDA_ERROR_INVALID_VALUE()) return sizes;
+                check("cuFuncGetParamInfo", rc);
+                sizes = java.util.Arrays.copyOf(sizes, i + 1);
+                sizes[i] = size.get(ValueLayout.JAVA_LONG, 0);
+            }
+        }
+    }
+
     @Override public int occupancyBlocksPerMultiprocessor(int dev, long function, int blockSize, int dynamicSharedBytes) {
         makeCurrent(dev);
         return outInt("cuOccupancyMaxActiveBlocksPerMultiprocessor",

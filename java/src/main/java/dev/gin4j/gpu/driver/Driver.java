@@ -92,6 +92,8 @@ public interface Driver {
     enum FunctionAttribute { MAX_THREADS_PER_BLOCK, SHARED_SIZE_BYTES, NUM_REGS, LOCAL_SIZE_BYTES, MAX_DYNAMIC_SHARED_SIZE_BYTES }
     int functionAttribute(int dev, long function, FunctionAttribute attribute);
     void setMaxDynamicSharedMemory(int dev, long function, int bytes);
+    /** The byte size of each of the kernel's parameters, in order, or null where the runtime cannot tell (HIP; CUDA drivers before 12.4). */
+    long[] kernelParamSizes(int dev, long function);
     int occupancyBlocksPerMultiprocessor(int dev, long function, int blockSize, int dynamicSharedBytes);
 
     /**

@@ -294,6 +294,8 @@ public final class HipDriver implements Driver {
         };
     }
 
+    @Override public long[] kernelParamSizes(int dev, long function) { return null; }  // HIP has no parameter query
+
     @Override public int functionAttribute(int dev, long function, FunctionAttribute attribute) {
         makeCurrent(dev);
         try (Arena a = Arena.ofConfined()) {
