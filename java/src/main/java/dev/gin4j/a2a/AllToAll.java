@@ -91,6 +91,8 @@ public final class AllToAll extends NativeResource {
 
     /** The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result. */
     public DeviceBuffer output(int localIndex) {
+        checkLocalIndex(group, localIndex);
+        ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
 
@@ -224,6 +226,11 @@ public final class AllToAll extends NativeResource {
             return;
         }
         KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams);
+    }
+
+    static void checkLocalIndex(CommGroup group, int localIndex) {
+        if (localIndex < 0 || localIndex >= group.localCount())
+            throw new IndexOutOfBoundsException("local rank index " + localIndex + " is outside [0, " + group.localCount() + "): this process drives " + group.localCount() + " rank(s)");
     }
 
     /** One stream per local rank, each on its rank's device: the streams checkErrors synchronizes. */

@@ -76,11 +76,15 @@ public final class AllToAllV extends NativeResource {
 
     /** Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}. */
     public DeviceBuffer output(int localIndex) {
+        AllToAll.checkLocalIndex(group, localIndex);
+        ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
 
     /** uint64 bytes received from each source, on the device. */
     public DeviceBuffer receivedCounts(int localIndex) {
+        AllToAll.checkLocalIndex(group, localIndex);
+        ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "counts") : hostCounts.get(localIndex);
     }
 
