@@ -128,6 +128,8 @@ public final class CommGroup extends NativeResource {
             Communicator c = ranks.get(i);
             checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
             if (streams.get(i).device() != c.device()) throw new IllegalArgumentException("stream for " + c + " is on " + streams.get(i).device());
+            // a closed stream or a freed buffer throws here, not inside the group after other ranks' calls were queued
+            streams.get(i).handle(); send.get(i).address(); recv.get(i).address();
             if (send.get(i).byteSize() < sendBytes || recv.get(i).byteSize() < recvBytes)
                 throw new IllegalArgumentException(what + " needs send >= " + sendBytes + " and receive >= " + recvBytes + " bytes; " + c + " has send "
                         + send.get(i).byteSize() + " and receive " + recv.get(i).byteSize());
@@ -284,7 +286,11 @@ public final class CommGroup extends NativeResource {
         }
     }
 
-    /** Aborts every local communicator (pending work is dropped); the group is closed afterwards. */
+    /**
+     * Aborts every local communicator (pending work is dropped) and closes the group: from another
+     * thread, this ends a wait in a collective or a stream synchronize that will never return. After
+     * {@link #close} has begun it does nothing (the close destroys the communicators itself).
+     */
     public void abort() {
         aborted = true;  // read by release(), which close() runs at most once: after a close this does nothing
         close();
@@ -292,10 +298,11 @@ public final class CommGroup extends NativeResource {
 
     /** Destroys (or, after {@link #abort}, aborts) every local communicator, each even if one before it fails. */
     @Override protected void release() {
-        String call = aborted ? "ncclCommAbort" : "ncclCommDestroy";
+        boolean abort = aborted;  // read once: the calls and the error text agree
+        String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
         releaseAll(ranks.stream().<Runnable>map(c -> () -> {
             c.device().makeCurrent();
-            int rc = aborted ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
+            int rc = abort ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
             if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
         }).toArray(Runnable[]::new));
     }

@@ -8,6 +8,8 @@ import java.net.ServerSocket;
 import java.net.Socket;
 import java.net.SocketTimeoutException;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
 
@@ -84,47 +86,97 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
         try (ServerSocket server = new ServerSocket()) {
             server.setReuseAddress(true);
             server.bind(new InetSocketAddress(masterPort));
-            while (peers.size() < worldSize - 1) {
-                long left = (deadline - System.nanoTime()) / 1_000_000;
-                if (left <= 0) throw refuseAll(peers, timedOut(peers.size() + 1));
-                server.setSoTimeout((int) Math.min(left, Integer.MAX_VALUE));
-                Socket s;
-                try {
-                    s = server.accept();
-                } catch (SocketTimeoutException e) {
-                    throw refuseAll(peers, timedOut(peers.size() + 1));
-                }
-                int peerRank, peerWorld;
-                try {
-                    s.setSoTimeout(HELLO_TIMEOUT_MS);
-                    DataInputStream in = new DataInputStream(s.getInputStream());
-                    if (in.readInt() != MAGIC) throw new IOException("not a gin4j rank");
-                    peerRank = in.readInt();
-                    peerWorld = in.readInt();
-                } catch (IOException notOurs) {
-                    s.close();
-                    continue;
-                }
-                String wrong = peerWorld != worldSize ? "rank " + peerRank + " has WORLD_SIZE=" + peerWorld + " but rank 0 has " + worldSize
-                        : peerRank < 1 || peerRank >= worldSize ? "a process connected as RANK " + peerRank + ", outside [1, WORLD_SIZE=" + worldSize + ")"
-                        : peers.containsKey(peerRank) ? "two processes connected as RANK " + peerRank + ": every rank needs its own RANK" : null;
-                if (wrong != null) {
-                    refuse(s, wrong);
-                    throw refuseAll(peers, new CommException("rendezvous at port " + masterPort + ": " + wrong));
-                }
-                peers.put(peerRank, s);
+            while (true) {
+                acceptRanks(server, peers, deadline);
+                // a rank that gave up meanwhile (its own time-out) must not be sent the id: without it the
+                // others would wait in ncclCommInitRank forever. Drop it and wait for it (or a retry) again.
+                peers.values().removeIf(p -> {
+                    if (isConnected(p)) return false;
+                    closeQuietly(p);
+                    return true;
+                });
+                if (peers.size() == worldSize - 1) break;
             }
-            for (Socket s : peers.values()) {
-                DataOutputStream out = new DataOutputStream(s.getOutputStream());
-                out.writeInt(MAGIC);
-                out.writeInt(id.length);
-                out.write(id);
-                out.flush();
+            List<Integer> served = new ArrayList<>();
+            try {
+                for (Map.Entry<Integer, Socket> e : peers.entrySet()) {
+                    DataOutputStream out = new DataOutputStream(e.getValue().getOutputStream());
+                    out.writeInt(MAGIC);
+                    out.writeInt(id.length);
+                    out.write(id);
+                    out.flush();
+                    served.add(e.getKey());
+                }
+            } catch (IOException e) {
+                Map<Integer, Socket> waiting = new TreeMap<>(peers);
+                waiting.keySet().removeAll(served);
+                throw refuseAll(waiting, new CommException("rendezvous at port " + masterPort + ": a rank's connection failed while the id was handed out ("
+                        + e + "); ranks " + served + " already have it and may wait for the others until killed"));
             }
         } finally {
-            for (Socket s : peers.values()) s.close();
+            for (Socket p : peers.values()) closeQuietly(p);
         }
         return id;
+    }
+
+    /** Accepts connections until every other rank is in {@code peers} (by rank), checking each one's hello. */
+    private void acceptRanks(ServerSocket server, Map<Integer, Socket> peers, long deadline) throws IOException {
+        while (peers.size() < worldSize - 1) {
+            long left = (deadline - System.nanoTime()) / 1_000_000;
+            if (left <= 0) throw refuseAll(peers, timedOut(peers.size() + 1));
+            server.setSoTimeout((int) Math.min(left, Integer.MAX_VALUE));
+            Socket s;
+            try {
+                s = server.accept();
+            } catch (SocketTimeoutException e) {
+                throw refuseAll(peers, timedOut(peers.size() + 1));
+            }
+            int peerRank, peerWorld;
+            try {
+                s.setSoTimeout((int) Math.max(1, Math.min(HELLO_TIMEOUT_MS, left)));
+                DataInputStream in = new DataInputStream(s.getInputStream());
+                if (in.readInt() != MAGIC) throw new IOException("not a gin4j rank");
+                peerRank = in.readInt();
+                peerWorld = in.readInt();
+            } catch (IOException notOurs) {
+                s.close();
+                continue;
+            }
+            // the same RANK again: a retry after its first connection failed (replace that one), or a second process
+            Socket earlier = peers.get(peerRank);
+            if (earlier != null && !isConnected(earlier)) {
+                closeQuietly(earlier);
+                peers.remove(peerRank);
+            }
+            String wrong = peerWorld != worldSize ? "rank " + peerRank + " has WORLD_SIZE=" + peerWorld + " but rank 0 has " + worldSize
+                    : peerRank < 1 || peerRank >= worldSize ? "a process connected as RANK " + peerRank + ", outside [1, WORLD_SIZE=" + worldSize + ")"
+                    : peers.containsKey(peerRank) ? "two processes connected as RANK " + peerRank + ": every rank needs its own RANK" : null;
+            if (wrong != null) {
+                refuse(s, wrong);
+                throw refuseAll(peers, new CommException("rendezvous at port " + masterPort + ": " + wrong));
+            }
+            peers.put(peerRank, s);
+        }
+    }
+
+    /** Whether the peer still holds its connection: it sends nothing after its hello, so end of stream means it left. */
+    private static boolean isConnected(Socket s) {
+        try {
+            s.setSoTimeout(1);
+            return s.getInputStream().read() != -1;  // data it should not send: still there
+        } catch (SocketTimeoutException quiet) {
+            return true;
+        } catch (IOException gone) {
+            return false;
+        }
+    }
+
+    private static void closeQuietly(Socket s) {
+        try {
+            s.close();
+        } catch (IOException ignored) {
+            // closing a socket the peer already dropped
+        }
     }
 
     /** Tells every connected rank why the rendezvous failed (best effort), then returns {@code why} to throw. */

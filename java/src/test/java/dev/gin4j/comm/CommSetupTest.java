@@ -76,6 +76,24 @@ class CommSetupTest {
         }
     }
 
+    @Test void aRankThatGaveUpIsNotSentTheIdAndMayComeBack() throws Exception {
+        int port = freePort();
+        byte[] id = new byte[128];
+        new Random().nextBytes(id);
+        try (ExecutorService pool = Executors.newFixedThreadPool(3)) {
+            Future<byte[]> r0 = pool.submit(() -> new Rendezvous(0, 3, 0, "127.0.0.1", port, Duration.ofSeconds(30)).exchange(id));
+            // rank 1 joins early with a short time-out and gives up while rank 2 is not there yet
+            CommException gaveUp = assertThrows(CommException.class, () -> new Rendezvous(1, 3, 1, "127.0.0.1", port, Duration.ofSeconds(1)).exchange(null));
+            assertTrue(gaveUp.getMessage().contains("timed out"), gaveUp.getMessage());
+            // restarted, it joins again (its old connection is gone, so this is no duplicate), and rank 2 arrives
+            Future<byte[]> r1 = pool.submit(() -> new Rendezvous(1, 3, 1, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(null));
+            Future<byte[]> r2 = pool.submit(() -> new Rendezvous(2, 3, 2, "127.0.0.1", port, Duration.ofSeconds(20)).exchange(null));
+            assertArrayEquals(id, r0.get());
+            assertArrayEquals(id, r1.get());
+            assertArrayEquals(id, r2.get());
+        }
+    }
+
     @Test void rendezvousRefusesEveryRankWhenTwoShareARank() throws Exception {
         int port = freePort();
         try (ExecutorService pool = Executors.newFixedThreadPool(3)) {

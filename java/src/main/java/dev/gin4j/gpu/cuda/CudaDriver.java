@@ -230,7 +230,12 @@ public final class CudaDriver implements Driver {
     @Override public void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async) {
         makeCurrent(dev);
         if (async) check("cuMemcpyHtoDAsync_v2", cuMemcpyHtoDAsync_v2(dst, src, bytes, MemorySegment.ofAddress(stream)));
-        else check("cuMemcpyHtoD_v2", cuMemcpyHtoD_v2(dst, src, bytes));
+        else {
+            check("cuMemcpyHtoD_v2", cuMemcpyHtoD_v2(dst, src, bytes));
+            // from pageable memory it may return before the DMA has landed, and gin4j's streams do not
+            // wait for the default stream: wait here, so that a synchronous copy is complete when it returns
+            check("cuStreamSynchronize", cuStreamSynchronize(MemorySegment.NULL));
+        }
     }
 
     @Override public void copyToHost(int dev, MemorySegment dst, long src, long bytes, long stream, boolean async) {
@@ -343,19 +348,22 @@ public final class CudaDriver implements Driver {
         check("cuFuncSetAttribute", cuFuncSetAttribute(MemorySegment.ofAddress(function), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES(), bytes));
     }
 
+    private static final int MAX_KERNEL_PARAMS = 4096;  // a kernel's parameters fit in 32 KiB: far fewer
+
     @Override public long[] kernelParamSizes(int dev, long function) {
         if (NativeLibrary.CUDA.find("cuFuncGetParamInfo").isEmpty()) return null;  // CUDA 12.4+
         makeCurrent(dev);
         try (Arena a = Arena.ofConfined()) {
             MemorySegment offset = a.allocate(ValueLayout.JAVA_LONG), size = a.allocate(ValueLayout.JAVA_LONG);
             long[] sizes = new long[0];
-            for (int i = 0; ; i++) {  // the index one past the last parameter is refused as an invalid value
+            for (int i = 0; i < MAX_KERNEL_PARAMS; i++) {  // the index one past the last parameter is refused as an invalid value
                 int rc = cuFuncGetParamInfo(MemorySegment.ofAddress(function), i, offset, size);
                 if (rc == CUDA_ERROR_INVALID_VALUE()) return sizes;
-                check("cuFuncGetParamInfo", rc);
+                if (rc != CUDA_SUCCESS()) return null;  // the check is optional: an answer it cannot use skips it
                 sizes = java.util.Arrays.copyOf(sizes, i + 1);
                 sizes[i] = size.get(ValueLayout.JAVA_LONG, 0);
             }
+            return null;
         }
     }
 

@@ -205,7 +205,10 @@ public final class HipDriver implements Driver {
     @Override public void copyToDevice(int dev, long dst, MemorySegment src, long bytes, long stream, boolean async) {
         makeCurrent(dev);
         if (async) check("hipMemcpyAsync", hipMemcpyAsync(ptr(dst), src, bytes, hipMemcpyHostToDevice(), ptr(stream)));
-        else check("hipMemcpy", hipMemcpy(ptr(dst), src, bytes, hipMemcpyHostToDevice()));
+        else {
+            check("hipMemcpy", hipMemcpy(ptr(dst), src, bytes, hipMemcpyHostToDevice()));
+            check("hipStreamSynchronize", hipStreamSynchronize(ptr(0)));  // as on CUDA: complete when it returns
+        }
     }
 
     @Override public void copyToHost(int dev, MemorySegment dst, long src, long bytes, long stream, boolean async) {
