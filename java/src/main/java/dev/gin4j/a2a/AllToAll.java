@@ -91,7 +91,7 @@ public final class AllToAll extends NativeResource {
 
     /** The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result. */
     public DeviceBuffer output(int localIndex) {
-        checkLocalIndex(group, localIndex);
+        group.checkLocalIndex(localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
@@ -220,26 +220,12 @@ public final class AllToAll extends NativeResource {
     /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments). */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        checkStreams(group, streams);
+        group.checkStreams(streams);
         if (backend != Backend.GIN) {
             streams.forEach(Stream::synchronize);
             return;
         }
         KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams);
-    }
-
-    static void checkLocalIndex(CommGroup group, int localIndex) {
-        if (localIndex < 0 || localIndex >= group.localCount())
-            throw new IndexOutOfBoundsException("local rank index " + localIndex + " is outside [0, " + group.localCount() + "): this process drives " + group.localCount() + " rank(s)");
-    }
-
-    /** One stream per local rank, each on its rank's device: the streams checkErrors synchronizes. */
-    static void checkStreams(CommGroup group, List<Stream> streams) {
-        if (streams.size() != group.localCount())
-            throw new IllegalArgumentException("one stream per local rank expected (" + group.localCount() + "), got " + streams.size());
-        for (int i = 0; i < streams.size(); i++)
-            if (streams.get(i).device() != group.rank(i).device())
-                throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", local rank " + i + " on " + group.rank(i).device());
     }
 
     @Override protected void release() {

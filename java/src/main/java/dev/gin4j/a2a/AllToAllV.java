@@ -76,14 +76,14 @@ public final class AllToAllV extends NativeResource {
 
     /** Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}. */
     public DeviceBuffer output(int localIndex) {
-        AllToAll.checkLocalIndex(group, localIndex);
+        group.checkLocalIndex(localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
 
     /** uint64 bytes received from each source, on the device. */
     public DeviceBuffer receivedCounts(int localIndex) {
-        AllToAll.checkLocalIndex(group, localIndex);
+        group.checkLocalIndex(localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "counts") : hostCounts.get(localIndex);
     }
@@ -196,7 +196,7 @@ public final class AllToAllV extends NativeResource {
     /** Synchronizes and throws if a call clamped a count or range (both backends) or a kernel reported an error (time-out, bad arguments). */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        AllToAll.checkStreams(group, streams);
+        group.checkStreams(streams);
         if (backend != Backend.GIN) {
             streams.forEach(Stream::synchronize);
             CommException first = null;

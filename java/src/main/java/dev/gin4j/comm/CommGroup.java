@@ -89,7 +89,24 @@ public final class CommGroup extends NativeResource {
     public int worldSize() { return worldSize; }
     /** The ranks this process drives, in local order. */
     public List<Communicator> ranks() { return List.copyOf(ranks); }
-    public Communicator rank(int localIndex) { return ranks.get(localIndex); }
+    public Communicator rank(int localIndex) {
+        checkLocalIndex(localIndex);
+        return ranks.get(localIndex);
+    }
+
+    /** Refuses an index that is not one of this process's ranks, naming how many it drives. */
+    public void checkLocalIndex(int localIndex) {
+        if (localIndex < 0 || localIndex >= ranks.size())
+            throw new IndexOutOfBoundsException("local rank index " + localIndex + " is outside [0, " + ranks.size() + "): this process drives " + ranks.size() + " rank(s)");
+    }
+
+    /** One stream per local rank, in local order, each on its rank's device. */
+    public void checkStreams(List<Stream> streams) {
+        checkPerRank(streams, "streams");
+        for (int i = 0; i < streams.size(); i++)
+            if (streams.get(i).device() != ranks.get(i).device())
+                throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", local rank " + i + " (" + ranks.get(i) + ") on " + ranks.get(i).device());
+    }
     public int localCount() { return ranks.size(); }
     public boolean isSingleProcess() { return ranks.size() == worldSize; }
 
@@ -123,11 +140,10 @@ public final class CommGroup extends NativeResource {
      * group would leave the ranks queued before it waiting for the one that never joined.
      */
     private void checkEveryRank(List<DeviceBuffer> send, List<DeviceBuffer> recv, List<Stream> streams, long sendBytes, long recvBytes, String what) {
-        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkPerRank(streams, "streams");
+        checkPerRank(send, "send buffers"); checkPerRank(recv, "receive buffers"); checkStreams(streams);
         for (int i = 0; i < ranks.size(); i++) {
             Communicator c = ranks.get(i);
             checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
-            if (streams.get(i).device() != c.device()) throw new IllegalArgumentException("stream for " + c + " is on " + streams.get(i).device());
             // a closed stream or a freed buffer throws here, not inside the group after other ranks' calls were queued
             streams.get(i).handle(); send.get(i).address(); recv.get(i).address();
             if (send.get(i).byteSize() < sendBytes || recv.get(i).byteSize() < recvBytes)

@@ -36,22 +36,10 @@ public final class DeviceBuffer {
         if (!arena.scope().isAlive()) throw new IllegalStateException("cannot allocate " + bytes + " bytes on " + device + ": the arena is closed");
         // the runtimes refuse 0-byte allocations; a small real one keeps every address valid
         long ptr = device.driver().malloc(device.ordinal(), Math.max(bytes, 256));
-        MemorySegment seg;
-        try {
-            // throws when the arena was closed meanwhile, or is confined to another thread
-            seg = MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> {
-                LIVE_BYTES.addAndGet(-bytes);
-                LIVE_COUNT.decrementAndGet();
-                device.driver().free(device.ordinal(), ptr);
-            });
-        } catch (Throwable t) {
-            try {
-                device.driver().free(device.ordinal(), ptr);
-            } catch (Throwable f) {
-                t.addSuppressed(f);
-            }
-            throw t;
-        }
+        MemorySegment seg = ownedBy(arena, ptr, bytes, () -> device.driver().free(device.ordinal(), ptr), () -> {
+            LIVE_BYTES.addAndGet(-bytes);
+            LIVE_COUNT.decrementAndGet();
+        });
         LIVE_BYTES.addAndGet(bytes);
         LIVE_COUNT.incrementAndGet();
         return new DeviceBuffer(device, seg);
@@ -165,7 +153,7 @@ public final class DeviceBuffer {
 
     /**
      * A host segment must be alive and usable from this thread, and writable when a copy writes it:
-     * the runtime gets its raw address, so a freed one would be read or written after its free.
+     * refused here with a message that says which, before the runtime is called.
      */
     private static void checkHost(MemorySegment host, boolean written) {
         if (!host.scope().isAlive()) {
@@ -176,6 +164,27 @@ public final class DeviceBuffer {
         }
         if (written && host.isReadOnly()) {
             throw new IllegalArgumentException("host segment of " + host.byteSize() + " bytes is read-only, but a device-to-host copy writes it");
+        }
+    }
+
+    /**
+     * Native memory at {@code ptr} handed to {@code arena}, which frees it ({@code free}, after
+     * {@code andThen}) when it closes. Where the arena refuses it (closed meanwhile, or confined to
+     * another thread) the memory is freed at once and the refusal thrown.
+     */
+    static MemorySegment ownedBy(Arena arena, long ptr, long bytes, Runnable free, Runnable andThen) {
+        try {
+            return MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> {
+                andThen.run();
+                free.run();
+            });
+        } catch (RuntimeException e) {
+            try {
+                free.run();
+            } catch (RuntimeException f) {
+                e.addSuppressed(f);
+            }
+            throw e;
         }
     }
 

@@ -666,9 +666,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. One stream per local rank. */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        if (streams.size() != ranks.size()) throw new IllegalArgumentException("one stream per local rank expected (" + ranks.size() + "), got " + streams.size());
-        for (int i = 0; i < ranks.size(); i++)
-            if (streams.get(i).device() != ranks.get(i).device) throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", " + ranks.get(i).comm + " on " + ranks.get(i).device);
+        group.checkStreams(streams);
         KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams);
     }
 
