@@ -523,10 +523,19 @@ struct MoeShape {
 };
 using MoeAnyShape = MoeShape<false, 0, 0, 0, 0>;
 
+// Part i of T tokens cut into n parts: [i*T/n, (i+1)*T/n).
+GIN_DEVICE_INLINE void token_part(int T, int i, int n, int& t0, int& t1) {
+  t0 = (int)((int64_t)i * T / n);
+  t1 = (int)((int64_t)(i + 1) * T / n);
+}
 // Token range of channel c: [c*T/C, (c+1)*T/C). Dispatch senders and combine consumers share it.
-GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) {
-  t0 = (int)((int64_t)c * d.T / d.C);
-  t1 = (int)((int64_t)(c + 1) * d.T / d.C);
+GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) { token_part(d.T, c, d.C, t0, t1); }
+// The combine consumer's tokens. With remote ranks, channel c's (the remote producers send the
+// partials of channel c's slots). Alone (R = 1, session 16) there is nothing to produce, so every
+// one of the 2C blocks consumes, block b part b of 2C: the producers' C SMs used to idle.
+GIN_DEVICE_INLINE void consumer_tokens(const Dims& d, int c, int& t0, int& t1) {
+  if (d.R == 1) token_part(d.T, (int)blockIdx.x, 2 * d.C, t0, t1);
+  else token_range(d, c, t0, t1);
 }
 // The quantizing dispatch's layout path: sender c quantizes tokens [t0, quant_split) of its range,
 // receiver c (idle until the count tables come) the rest, [quant_split, t1). Sender c lays out the
@@ -3292,8 +3301,8 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
   __shared__ TpCombSmem s;
   const int tid = (int)threadIdx.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
-  const bool producer = (int)blockIdx.x < d.C;
-  const int c = producer ? (int)blockIdx.x : (int)blockIdx.x - d.C;
+  const bool producer = d.R > 1 && (int)blockIdx.x < d.C;  // alone, every block consumes (consumer_tokens)
+  const int c = (int)blockIdx.x < d.C ? (int)blockIdx.x : (int)blockIdx.x - d.C;
   // Prologue (round 9): every load the block needs before its items, issued together by different
   // threads (peer bases, call counter, dispatch T, channel ranges), then one barrier. Round 8 had
   // peerBases -> dispatch T -> counter and ranges -> write-after-read acquires -> barrier, four
@@ -3402,7 +3411,7 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
   } else {
     // ------------------------------------------------------------------ consumer (source side)
     int t0, t1;
-    token_range(d, c, t0, t1);
+    consumer_tokens(d, c, t0, t1);
     const int total = (t1 - t0) * s.PP;
     const int i0 = (int)((int64_t)warp * total / MOE_WARPS), i1 = (int)((int64_t)(warp + 1) * total / MOE_WARPS);
     int curT = -1, row = -1;
@@ -3455,6 +3464,7 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
 //             finished reading our previous partials), then warp w reduces slots j = w, w+W, ...:
 //             partial = sum_k w_k * expertOut[row_k] (fp32 -> bf16) into s's window, fence,
 //             combProgress[rank][c][w] = (n << 32) | (slots done by w) in s's window.
+//  alone (R = 1): no producer; every block is a consumer of part b of 2C of the tokens.
 //  consumer c (blocks [C, 2C)), source side: tokens of channel c (same T and C as the dispatch):
 //             y[t] = sum over own experts of w * expertOut[row] + sum over remote d of the partial
 //             from d (after its producer warp's progress word), fp32 -> bf16; then
@@ -3502,8 +3512,8 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
   // as the call counter instead of one more after it). Producer: source q's slot count and this
   // channel's slot range [a, b); consumer: this channel's slot range [lo, hi) at every rank.
   // Per-role context (cxs[q]: producer, the q-th remote source; cxs[0]: consumer) likewise.
-  const bool producer = (int)blockIdx.x < d.C;
-  const int c = producer ? (int)blockIdx.x : (int)blockIdx.x - d.C;
+  const bool producer = d.R > 1 && (int)blockIdx.x < d.C;  // alone, every block consumes (consumer_tokens)
+  const int c = (int)blockIdx.x < d.C ? (int)blockIdx.x : (int)blockIdx.x - d.C;
   if (producer) {
     const int* slotsFrom = (const int*)(workspace + ws.slotsFrom);
     const int* chanStartFrom = (const int*)(workspace + ws.chanStartFrom);
@@ -3577,7 +3587,7 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
   __syncthreads();  // the acquires above, then the barriers: every warp may store into the windows
   MOE_PROF(1, 0);
 
-  if ((int)blockIdx.x < d.C) {
+  if (producer) {
     // ------------------------------------------------------------------ producer (expert side)
     for (int q = 1; q < d.R; ++q) {
       const int S = srcSlots[q], a = lo[q], b = hi[q];
@@ -3593,7 +3603,7 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
   } else {
     // ------------------------------------------------------------------ consumer (source side)
     int t0, t1;
-    token_range(d, c, t0, t1);
+    consumer_tokens(d, c, t0, t1);
     if (t1 > yRows) t1 = yRows;  // never write past the y the caller passed
     // Items (token, segment) over all warps, at least 2 segments per row (round 6): after a
     // token's partial lands, a warp has half a row left to reduce, not a whole one (the consumer's

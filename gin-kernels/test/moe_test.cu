@@ -1475,7 +1475,7 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
         {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
         {11, "token path: layout done (scan, items)"}, {14, "token path: warp 0 saw sender c's fp8 rows"}, {15, "layout path: its share of the fp8 rows released"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
         {3, "remote + claimed own items done / end"}}},
-      {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}}},
+      {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}, {2, "one rank: y done (these blocks consume too)"}}},
       {"combine consumer", 1, C, 2 * C,
        {{10, "entry (before the prologue)"}, {1, "warp 0: first partials landed"}, {2, "y done"}}},
   };
