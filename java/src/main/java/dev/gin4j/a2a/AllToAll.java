@@ -154,9 +154,11 @@ public final class AllToAll extends NativeResource {
         GinState.Rank r = gin.ranks.get(i);
         lastBytesPerPeer[i] = bytesPerPeer;
         int n = gin.nranks;
+        s.noteUse(this);  // a graph captured from it replays into this instance's window
+        s.noteUse(in);
         if (gin.hybrid) {
             // peers on other nodes: LSA stores inside the node, GIN puts with signals across (never run here: no RDMA device)
-            r.hybridArgs.setPointer(2, in.address()).setLong(3, bytesPerPeer).setLong(4, gin.offset("recv")).setLong(5, bytesPerPeer)
+            r.hybridArgs.setPointer(2, in).setLong(3, bytesPerPeer).setLong(4, gin.offset("recv")).setLong(5, bytesPerPeer)
                     .setLong(6, gin.offset("staging")).setLong(7, gin.offset("signals")).setInt(8, 0).setPointer(9, r.seq.address())
                     .setInt(10, r.comm.rank()).setInt(11, n).setInt(12, plan.chunksPerPeer()).setInt(13, Plan.MAX_CHUNKS_PER_PEER).setPointer(14, r.errors.buffer().address());
             r.hybridKernel.launch(s, LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridArgs);
@@ -167,7 +169,7 @@ public final class AllToAll extends NativeResource {
         LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
         if (plan.protocol() == Protocol.LL) {
             KernelArgs a = r.llArgs;
-            a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
+            a.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
                     .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll")).setLong(6, gin.llCapacity).setPointer(7, r.llSeq.address())
                     .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
             r.ll.launch(s, cfg, a);
@@ -175,13 +177,13 @@ public final class AllToAll extends NativeResource {
             launchCopyEngine(r, plan, in, bytesPerPeer, peerBases, s);
         } else if (plan.protocol() == Protocol.LL128) {
             KernelArgs a = r.ll128Args;
-            a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
+            a.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
                     .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll128")).setLong(6, gin.ll128Capacity).setPointer(7, r.ll128Seq.address())
                     .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
             r.ll128.launch(s, cfg, a);
         } else {
             KernelArgs a = r.directArgs;
-            a.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
+            a.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
                     .setLong(4, bytesPerPeer).setLong(5, gin.offset("signals")).setPointer(6, r.seq.address())
                     .setInt(7, r.comm.rank()).setInt(8, n).setInt(9, plan.chunksPerPeer()).setInt(10, Plan.MAX_CHUNKS_PER_PEER).setPointer(11, r.errors.buffer().address());
             r.direct.launch(s, cfg, a);
@@ -198,7 +200,7 @@ public final class AllToAll extends NativeResource {
         long recv = gin.offset("recv");
         r.ceFork.record(s);
         r.ceSide.waitFor(r.ceFork);
-        r.ceSelfArgs.setPointer(0, in.address()).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, recv)
+        r.ceSelfArgs.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, recv)
                 .setLong(4, bytesPerPeer).setInt(5, me);
         r.ceSelf.launch(r.ceSide, LaunchConfig.of(plan.chunksPerPeer(), plan.threads()), r.ceSelfArgs);
         r.ceSignalArgs.setPointer(0, peerBases).setLong(1, gin.offset("signals")).setPointer(2, r.seq.address()).setInt(3, me)

@@ -115,23 +115,24 @@ public final class AllToAllV extends NativeResource {
             // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
             long peerBases = gin.peers.table(i).address();
+            streams.get(i).noteUse(this);  // a graph captured from it replays into this instance's window
             if (plan.protocol() == Protocol.LL) {
                 KernelArgs a = r.llVArgs;
-                a.setPointer(0, in.address()).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i).address()).setPointer(3, sendOffsets.get(i).address())
+                a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))
                         .setPointer(4, peerBases).setLong(5, gin.offset("recv")).setLong(6, capacityPerPeer).setLong(7, gin.offset("counts"))
                         .setLong(8, gin.offset("ll")).setLong(9, gin.llCapacity).setPointer(10, r.llSeq.address())
                         .setInt(11, r.comm.rank()).setInt(12, n).setInt(13, plan.chunksPerPeer()).setInt(14, Plan.MAX_CHUNKS_PER_PEER).setPointer(15, r.errors.buffer().address());
                 r.llV.launch(streams.get(i), cfg, a);
             } else if (plan.protocol() == Protocol.LL128) {
                 KernelArgs a = r.ll128VArgs;
-                a.setPointer(0, in.address()).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i).address()).setPointer(3, sendOffsets.get(i).address())
+                a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))
                         .setPointer(4, peerBases).setLong(5, gin.offset("recv")).setLong(6, capacityPerPeer).setLong(7, gin.offset("counts"))
                         .setLong(8, gin.offset("ll128")).setLong(9, gin.ll128Capacity).setPointer(10, r.ll128Seq.address())
                         .setInt(11, r.comm.rank()).setInt(12, n).setInt(13, plan.chunksPerPeer()).setInt(14, Plan.MAX_CHUNKS_PER_PEER).setPointer(15, r.errors.buffer().address());
                 r.ll128V.launch(streams.get(i), cfg, a);
             } else {
                 KernelArgs a = r.directVArgs;
-                a.setPointer(0, in.address()).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i).address()).setPointer(3, sendOffsets.get(i).address())
+                a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))
                         .setPointer(4, peerBases).setLong(5, gin.offset("recv")).setLong(6, capacityPerPeer).setLong(7, gin.offset("counts"))
                         .setLong(8, gin.offset("signals")).setPointer(9, r.seq.address())
                         .setInt(10, r.comm.rank()).setInt(11, n).setInt(12, plan.chunksPerPeer()).setInt(13, Plan.MAX_CHUNKS_PER_PEER).setPointer(14, r.errors.buffer().address());

@@ -146,6 +146,7 @@ public final class CommGroup extends NativeResource {
             checkOn(c, send.get(i), "send buffer"); checkOn(c, recv.get(i), "receive buffer");
             // a closed stream or a freed buffer throws here, not inside the group after other ranks' calls were queued
             streams.get(i).handle(); send.get(i).address(); recv.get(i).address();
+            streams.get(i).noteUse(this); streams.get(i).noteUse(send.get(i)); streams.get(i).noteUse(recv.get(i));  // for a graph captured from it
             if (send.get(i).byteSize() < sendBytes || recv.get(i).byteSize() < recvBytes)
                 throw new IllegalArgumentException(what + " needs send >= " + sendBytes + " and receive >= " + recvBytes + " bytes; " + c + " has send "
                         + send.get(i).byteSize() + " and receive " + recv.get(i).byteSize());

@@ -132,6 +132,7 @@ public final class DeviceBuffer {
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
         device.driver().copyToDevice(device.ordinal(), address(), host, byteSize(), stream.handle(), true);
+        noteHostCopy(host, stream);
     }
 
     /**
@@ -149,6 +150,7 @@ public final class DeviceBuffer {
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
         device.driver().copyToHost(device.ordinal(), host, address(), byteSize(), stream.handle(), true);
+        noteHostCopy(host, stream);
     }
 
     /**
@@ -188,6 +190,11 @@ public final class DeviceBuffer {
         }
     }
 
+    private void noteHostCopy(MemorySegment host, Stream stream) {
+        stream.noteUse(this);
+        if (stream.isCapturing()) stream.noteUse(host, "host segment of " + host.byteSize() + " bytes at 0x" + Long.toHexString(host.address()));
+    }
+
     private static void requireNative(MemorySegment host) {
         if (!host.isNative()) throw new IllegalArgumentException("asynchronous copies need an off-heap host segment (Arena-allocated or pinned), not a heap segment");
     }
@@ -202,6 +209,8 @@ public final class DeviceBuffer {
         } else {
             device.driver().copyPeer(address(), device.ordinal(), src.address(), src.device.ordinal(), byteSize(), stream.handle(), true);
         }
+        stream.noteUse(this);
+        stream.noteUse(src);
     }
 
     /** Sets every byte to {@code value}, ordered on {@code stream}. */
@@ -209,6 +218,7 @@ public final class DeviceBuffer {
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
         device.driver().memset8(device.ordinal(), address(), value, byteSize(), stream.handle(), true);
+        stream.noteUse(this);
     }
 
     /** Sets every 32-bit word to {@code value} (address 4-byte aligned, size a multiple of 4), ordered on {@code stream}. */
@@ -221,6 +231,7 @@ public final class DeviceBuffer {
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
         device.driver().memset32(device.ordinal(), address(), value, byteSize() / 4, stream.handle(), true);
+        stream.noteUse(this);
     }
 
     /** Reads the whole buffer into a new heap array (a synchronous copy, not ordered with gin4j streams; for tests and small results). */

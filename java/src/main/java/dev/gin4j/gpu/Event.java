@@ -31,6 +31,7 @@ public final class Event extends NativeResource {
         device.check(stream.device(), "stream");
         device.driver().eventRecord(device.ordinal(), handle(), stream.handle());
         recorded = true;
+        stream.noteUse(this);
     }
 
     /** true once {@link #record} succeeded on some stream. */

@@ -5,10 +5,12 @@ public final class Graph extends NativeResource {
     private final Device device;
     private final long graph;
     private final long exec;
+    private final CapturedUses.Frozen uses;
 
-    Graph(Device device, long graph) {
+    Graph(Device device, long graph, CapturedUses.Frozen uses) {
         this.device = device;
         this.graph = graph;
+        this.uses = uses;
         long e;
         try {
             e = device.driver().graphInstantiate(device.ordinal(), graph);
@@ -26,10 +28,19 @@ public final class Graph extends NativeResource {
 
     public Device device() { return device; }
 
-    /** Replays the graph on {@code stream}. */
+    /** How many objects and memory scopes the captured work was noted to use (see {@link Stream#beginCapture()}). */
+    public int noteCount() { return uses.size(); }
+
+    /**
+     * Replays the graph on {@code stream}.
+     * @throws IllegalStateException when something the captured work uses was closed or freed
+     *     since the capture (a replay would touch memory that may be someone else's by now)
+     */
     public void launch(Stream stream) {
         ensureOpen();
         device.check(stream.device(), "stream");
+        String gone = uses.firstGone();
+        if (gone != null) throw new IllegalStateException(describe() + " cannot be replayed: its captured work uses " + gone + " after the capture; capture it again");
         device.driver().graphLaunch(device.ordinal(), exec, stream.handle());
     }
 

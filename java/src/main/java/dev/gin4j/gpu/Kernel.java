@@ -98,6 +98,7 @@ public final class Kernel {
         args.checkComplete(name);
         if (args != checkedArgs) checkArgs(args);  // once per argument list: a reference compare after that
         long streamHandle = stream.handle();
+        stream.noteLaunch(codeObject, args);
         try {
             device.driver().ensureCurrent(device.ordinal());
             device.driver().launch(function, config.gridX(), config.gridY(), config.gridZ(), config.blockX(), config.blockY(), config.blockZ(),

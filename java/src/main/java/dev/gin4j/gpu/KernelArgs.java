@@ -43,6 +43,7 @@ public final class KernelArgs {
     private final long[] offsets;
     private final MemorySegment values;
     private final MemorySegment params;
+    private final DeviceBuffer[] buffers;  // the buffer each pointer slot was set from, for graph captures (null: a raw address)
     private long unset;
 
     private KernelArgs(Arena arena, Type... types) {
@@ -52,6 +53,7 @@ public final class KernelArgs {
             if (this.types[i] == null) throw new IllegalArgumentException("kernel argument " + i + " has no type (null)");
         }
         this.offsets = new long[types.length];
+        this.buffers = new DeviceBuffer[types.length];
         long off = 0, maxAlign = 8;
         for (int i = 0; i < this.types.length; i++) {
             Type t = this.types[i];
@@ -100,9 +102,27 @@ public final class KernelArgs {
     /** Sets an {@link Type#F64} argument. */
     public KernelArgs setDouble(int index, double value) { values.set(ValueLayout.JAVA_DOUBLE, slot(index, Type.F64, "setDouble"), value); return this; }
 
-    /** Sets a {@link Type#POINTER} argument to a raw device address (0 for a null pointer). */
-    public KernelArgs setPointer(int index, long deviceAddress) { values.set(ValueLayout.JAVA_LONG, slot(index, Type.POINTER, "setPointer"), deviceAddress); return this; }
-    public KernelArgs setPointer(int index, DeviceBuffer buffer) { return setPointer(index, buffer.address()); }
+    /**
+     * Sets a {@link Type#POINTER} argument to a raw device address (0 for a null pointer). A graph
+     * captured from a launch does not know what memory a raw address belongs to: prefer the
+     * {@link DeviceBuffer} form, or {@link Stream#noteUse(DeviceBuffer)} the buffer.
+     */
+    public KernelArgs setPointer(int index, long deviceAddress) {
+        values.set(ValueLayout.JAVA_LONG, slot(index, Type.POINTER, "setPointer"), deviceAddress);
+        buffers[index] = null;
+        return this;
+    }
+
+    /** Sets a {@link Type#POINTER} argument to {@code buffer}'s address. */
+    public KernelArgs setPointer(int index, DeviceBuffer buffer) {
+        setPointer(index, buffer.address());
+        buffers[index] = buffer;
+        return this;
+    }
+
+    void noteBuffers(CapturedUses uses) {
+        for (DeviceBuffer b : buffers) if (b != null) uses.add(b.segment(), b);
+    }
 
     /** Copies a by-value struct's bytes (exactly the declared size) into its slot, which must be a struct type (not one of the scalar constants). */
     public KernelArgs setStruct(int index, MemorySegment bytes) {

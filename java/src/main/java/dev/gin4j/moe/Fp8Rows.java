@@ -77,6 +77,7 @@ public final class Fp8Rows extends NativeResource {
         if (x.address() % 16 != 0) throw new IllegalArgumentException("x must be 16-byte aligned, its address is 0x" + Long.toHexString(x.address()));
         if (out.address() % 8 != 0) throw new IllegalArgumentException("out must be 8-byte aligned, its address is 0x" + Long.toHexString(out.address()));
         args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
+        stream.noteUse(this);
         kernel.launch(stream, launchConfig(device, tokens, hidden), args);
     }
 

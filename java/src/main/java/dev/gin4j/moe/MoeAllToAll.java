@@ -360,12 +360,16 @@ public final class MoeAllToAll extends NativeResource {
         // fp8 from bf16: the dispatch quantizes x into r.xq itself, one launch on both paths (1x H200,
         // DeepSeek-V3, one rank: 128 tokens 0.3-0.5 us over ready fp8 rows; 4096 tokens 133.7 us
         // against 138.0 for moe_fp8_quantize and then the dispatch, session 11).
-        if (cfg.dtype() == DType.FP8_E4M3) a.setPointer(17, cfg.quantizes() ? r.xq.address() : 0);
-        a.setPointer(0, x.address()).setPointer(1, topkIdx.address()).setPointer(2, topkWeights.address()).setInt(3, tokens)
+        if (cfg.dtype() == DType.FP8_E4M3) {
+            if (cfg.quantizes()) a.setPointer(17, r.xq);
+            else a.setPointer(17, 0);
+        }
+        a.setPointer(0, x).setPointer(1, topkIdx).setPointer(2, topkWeights).setInt(3, tokens)
                 .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
                 .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
+        stream.noteUse(this);  // a graph captured from it replays into this instance's window and buffers
         r.dispatch.launch(stream, ginLaunch, a);
         return new MoeDispatch(this, localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
@@ -385,6 +389,7 @@ public final class MoeAllToAll extends NativeResource {
             return out;
         }
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
+        noteUse(streams);
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
@@ -522,6 +527,7 @@ public final class MoeAllToAll extends NativeResource {
         a.setPointer(0, expertOut).setPointer(1, weighted ? r.recvWeights : r.unitWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
                 .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
+        stream.noteUse(this);
         r.combine.launch(stream, ginLaunch, a);
         return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
     }
@@ -544,6 +550,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) ys.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), streams.get(i), weighted));
             return ys;
         }
+        noteUse(streams);
         hostSendBack(expertOut, cfg.hidden(), r -> r.backBuf, r -> r.returned, streams);
         long rowBytes = cfg.combineRowBytes();
         for (int i = 0; i < local; i++) {
@@ -583,6 +590,7 @@ public final class MoeAllToAll extends NativeResource {
         r.valuesArgs.setPointer(0, rowValues).setInt(1, handle.numTokens()).setPointer(2, r.tokenValues).setPointer(3, peers.table(handle.localIndex()))
                 .setPointer(4, r.workspace).setPointer(5, r.errors.buffer()).setInt(6, r.comm.rank()).setInt(7, nRanks).setInt(8, cfg.experts())
                 .setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens()).setInt(12, channels);
+        stream.noteUse(this);
         r.values.launch(stream, LaunchConfig.of(channels, THREADS), r.valuesArgs);
         return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
     }
@@ -619,6 +627,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginRowValues(ranks.get(i), handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
+        noteUse(streams);
         hostSendBack(rowValues, 2, r -> r.valuesSend, r -> r.valuesRecv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
@@ -656,6 +665,11 @@ public final class MoeAllToAll extends NativeResource {
             rc[i] = scale(r.sendRowsTo, rowBytes); ro[i] = scale(r.sendRowOffset, rowBytes);
         }
         group.allToAllV(staging, sc, so, returned, rc, ro, streams);
+    }
+
+    /** While a stream captures: the graph uses this instance (see {@link Stream#noteUse}). */
+    private void noteUse(List<Stream> streams) {
+        for (Stream s : streams) s.noteUse(this);
     }
 
     private RankState rank(int localIndex) {

@@ -181,6 +181,56 @@ class RuntimeGpuTest {
         }
     }
 
+    /**
+     * A graph holds raw addresses: once a buffer its work uses is freed, or its code object closed,
+     * a replay is refused by name instead of writing memory that may be someone else's.
+     */
+    @Test void graphsRefuseToReplayAfterTheirMemoryOrKernelsAreGone() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.requireKernels(rt, "basic");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream()) {
+            int n = 4096;
+            int v = random.nextInt();
+            Arena scratch = Arena.ofConfined();
+            CodeObject basic = dev.loadKernels("basic");
+            DeviceBuffer buf = dev.allocate(4L * n, scratch), copy = dev.allocate(4L * n, arena);
+            KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, buf).setLong(1, n).setInt(2, v);
+            assertFalse(s.isCapturing());
+            s.beginCapture();
+            assertTrue(s.isCapturing());
+            basic.kernel("gin_fill_u32").launch(s, LaunchConfig.of(4, 256), fill);
+            copy.copyFrom(buf, s);
+            try (Graph g = s.endCapture(); Graph g2 = captureFill(s, basic, arena, copy, v ^ 1)) {
+                assertFalse(s.isCapturing());
+                assertEquals(3, g.noteCount(), "the code object, buf's arena, copy's arena");
+                copy.fill((byte) 0, s);
+                g.launch(s);
+                s.synchronize();
+                int[] got = copy.readInts(n);
+                for (int i = 0; i < n; i++) assertEquals(v, got[i], "word " + i + " after the replay");
+                scratch.close();
+                IllegalStateException freed = assertThrows(IllegalStateException.class, () -> g.launch(s));
+                assertTrue(freed.getMessage().contains("device buffer of " + 4L * n + " bytes") && freed.getMessage().contains("freed"), freed.getMessage());
+                g2.launch(s);  // its own memory is alive
+                s.synchronize();
+                basic.close();
+                IllegalStateException closed = assertThrows(IllegalStateException.class, () -> g2.launch(s));
+                assertTrue(closed.getMessage().contains(basic.describe()) && closed.getMessage().contains("was closed"), closed.getMessage());
+            } finally {
+                if (scratch.scope().isAlive()) scratch.close();
+                basic.close();
+            }
+        }
+    }
+
+    private static Graph captureFill(Stream s, CodeObject code, Arena arena, DeviceBuffer out, int value) {
+        KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, out).setLong(1, out.byteSize() / 4).setInt(2, value);
+        s.beginCapture();
+        code.kernel("gin_fill_u32").launch(s, LaunchConfig.of(4, 256), fill);
+        return s.endCapture();
+    }
+
     @Test void eventsTimeAndGraphsReplay() {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");

@@ -455,6 +455,12 @@ class MoeGpuTest {
                         }
                     }
                 }
+                gin.close();  // the graphs hold its window's and buffers' addresses
+                for (int i = 0; i < n; i++) {
+                    int gi = i;
+                    IllegalStateException e = assertThrows(IllegalStateException.class, () -> graphs.get(gi).launch(streams.get(gi)));
+                    assertTrue(e.getMessage().contains("MoeAllToAll") && e.getMessage().contains("was closed"), e.getMessage());
+                }
             } finally {
                 graphs.forEach(Graph::close);
             }

@@ -1,0 +1,45 @@
+package dev.gin4j.gpu;
+
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.LinkedHashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+/**
+ * What the work captured into a graph uses: the native objects (instances, code objects, events,
+ * communicators) and the memory (device buffers and host segments, by their arena's scope). A
+ * graph holds raw addresses and handles, so replaying it after one of them was closed would read
+ * and write memory that may belong to someone else by then; {@link Graph#launch} refuses instead.
+ */
+final class CapturedUses {
+    private final Set<NativeResource> resources = new LinkedHashSet<>();
+    private final Map<MemorySegment.Scope, String> scopes = new LinkedHashMap<>();  // scope -> the first thing seen in it
+
+    synchronized void add(NativeResource resource) { resources.add(resource); }
+
+    synchronized void add(MemorySegment memory, Object what) {
+        if (!scopes.containsKey(memory.scope())) scopes.put(memory.scope(), what.toString());
+    }
+
+    /** The uses as arrays, for the check on every replay. */
+    synchronized Frozen freeze() {
+        List<String> names = new ArrayList<>(scopes.values());
+        return new Frozen(resources.toArray(NativeResource[]::new), scopes.keySet().toArray(MemorySegment.Scope[]::new), names.toArray(String[]::new));
+    }
+
+    record Frozen(NativeResource[] resources, MemorySegment.Scope[] scopes, String[] scopeNames) {
+        static final Frozen NONE = new Frozen(new NativeResource[0], new MemorySegment.Scope[0], new String[0]);
+
+        /** What is gone ("… was closed"), or null when everything is still alive. */
+        String firstGone() {
+            for (NativeResource r : resources) if (r.isClosed()) return r.describe() + " was closed";
+            for (int i = 0; i < scopes.length; i++) if (!scopes[i].isAlive()) return scopeNames[i] + " was freed (its arena is closed)";
+            return null;
+        }
+
+        int size() { return resources.length + scopes.length; }
+    }
+}
