@@ -264,7 +264,7 @@ final class MoeBench {
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
                     median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
-                    crossingTokens * moe.config().dispatchRowBytes() / local, backend == Backend.GIN ? moe.dispatchKernelName() : "host kernels + NCCL",
+                    crossingTokens * moe.config().dispatchRowBytes() / local, moe.dispatchKernelName(),
                     Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()), moe.channels(), beside[0], beside[1]);
         } finally {
             streams.forEach(Stream::close);

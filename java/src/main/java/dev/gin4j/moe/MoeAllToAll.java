@@ -127,14 +127,16 @@ public final class MoeAllToAll extends NativeResource {
                 errors = new KernelErrors(device, arena, setup);
                 boolean isFp8 = cfg.dtype() == DType.FP8_E4M3;
                 String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
-                dispatch = code.kernel(entryPoint("moe_gin_dispatch" + fp8, device));
-                combine = code.kernel(entryPoint("moe_gin_combine", device));
-                layout = code.kernel("moe_host_layout");
-                pack = code.kernel("moe_host_pack" + fp8);
-                permute = code.kernel("moe_host_permute" + fp8);
-                unpermute = code.kernel("moe_host_unpermute");
-                hostCombine = code.kernel("moe_host_combine");
-                quantize = cfg.quantizes() ? code.kernel("moe_fp8_quantize") : null;
+                // only this backend's kernels: each lookup asks the runtime for the parameters' sizes
+                boolean gin = cfg.backend() == Backend.GIN;
+                dispatch = gin ? code.kernel(entryPoint("moe_gin_dispatch" + fp8, device)) : null;
+                combine = gin ? code.kernel(entryPoint("moe_gin_combine", device)) : null;
+                layout = gin ? null : code.kernel("moe_host_layout");
+                pack = gin ? null : code.kernel("moe_host_pack" + fp8);
+                permute = gin ? null : code.kernel("moe_host_permute" + fp8);
+                unpermute = gin ? null : code.kernel("moe_host_unpermute");
+                hostCombine = gin ? null : code.kernel("moe_host_combine");
+                quantize = cfg.quantizes() && !gin ? code.kernel("moe_fp8_quantize") : null;  // the GIN dispatch quantizes itself
                 quantizeArgs = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
                 xq = cfg.quantizes() ? device.allocate((long) cfg.maxTokens() * dispatchRow, arena) : null;
                 dispatchArgs = isFp8  // the fp8 entries take one more argument: xq (null: x holds fp8 rows)
@@ -302,8 +304,8 @@ public final class MoeAllToAll extends NativeResource {
         return shipped.contains(base + "_tp") ? base + "_tp" : base;
     }
 
-    /** The dispatch kernel this instance launches (for reports). */
-    public String dispatchKernelName() { return ranks.getFirst().dispatch.name(); }
+    /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
+    public String dispatchKernelName() { return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL"; }
 
     public MoeConfig config() { return cfg; }
     /** C: the GIN kernels run 2C blocks (one per SM); {@link MoeConfig#channels()}, or half the SMs of the smallest GPU. */
