@@ -45,8 +45,15 @@ public final class DeviceBuffer {
         return new DeviceBuffer(device, seg);
     }
 
-    /** Wraps memory allocated elsewhere (by NCCL, for instance) on {@code device}; gin4j does not free it. */
+    /**
+     * Wraps memory allocated elsewhere (by NCCL, for instance) on {@code device}; gin4j does not free
+     * it. {@code deviceRange} is a native segment of the device address and size
+     * ({@code MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, null)}), scoped to an arena
+     * that closes no later than the memory is freed, so that use after that is refused.
+     */
     public static DeviceBuffer wrap(Device device, MemorySegment deviceRange) {
+        if (!deviceRange.isNative() || deviceRange.address() == 0)
+            throw new IllegalArgumentException("wrap needs a native segment holding a device address, got " + (deviceRange.isNative() ? "address 0" : "a heap segment"));
         return new DeviceBuffer(device, deviceRange);
     }
 

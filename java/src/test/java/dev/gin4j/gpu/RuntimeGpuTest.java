@@ -309,6 +309,8 @@ class RuntimeGpuTest {
         try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic");
              Event start = dev.createEvent(); Event end = dev.createEvent()) {
             DeviceBuffer buf = dev.allocate(4096, arena), other = dev.allocate(4096, arena);
+            IllegalArgumentException heapWrap = assertThrows(IllegalArgumentException.class, () -> DeviceBuffer.wrap(dev, MemorySegment.ofArray(new byte[64])));
+            assertTrue(heapWrap.getMessage().contains("heap segment"), heapWrap.getMessage());
 
             // host segments: a freed one is refused before the runtime sees its address, a read-only one is not written
             MemorySegment freed;
