@@ -154,7 +154,8 @@ public final class AllToAll extends NativeResource {
         GinState.Rank r = gin.ranks.get(i);
         lastBytesPerPeer[i] = bytesPerPeer;
         int n = gin.nranks;
-        s.noteUse(this);  // a graph captured from it replays into this instance's window
+        s.noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
+        s.noteUse(group);
         s.noteUse(in);
         if (gin.hybrid) {
             // peers on other nodes: LSA stores inside the node, GIN puts with signals across (never run here: no RDMA device)

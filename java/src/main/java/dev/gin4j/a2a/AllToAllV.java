@@ -115,7 +115,8 @@ public final class AllToAllV extends NativeResource {
             // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
             long peerBases = gin.peers.table(i).address();
-            streams.get(i).noteUse(this);  // a graph captured from it replays into this instance's window
+            streams.get(i).noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
+            streams.get(i).noteUse(group);
             if (plan.protocol() == Protocol.LL) {
                 KernelArgs a = r.llVArgs;
                 a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))

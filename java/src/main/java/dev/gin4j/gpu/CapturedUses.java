@@ -15,6 +15,7 @@ import java.util.Set;
  * and write memory that may belong to someone else by then; {@link Graph#launch} refuses instead.
  */
 final class CapturedUses {
+    volatile boolean ended;  // the capture ended: streams that joined it through an event note nothing more
     private final Set<NativeResource> resources = new LinkedHashSet<>();
     private final Map<MemorySegment.Scope, String> scopes = new LinkedHashMap<>();  // scope -> the first thing seen in it
 
@@ -33,10 +34,10 @@ final class CapturedUses {
     record Frozen(NativeResource[] resources, MemorySegment.Scope[] scopes, String[] scopeNames) {
         static final Frozen NONE = new Frozen(new NativeResource[0], new MemorySegment.Scope[0], new String[0]);
 
-        /** What is gone ("… was closed"), or null when everything is still alive. */
+        /** What is gone ("X, which its captured work uses, was closed"), or null when everything is still alive. */
         String firstGone() {
-            for (NativeResource r : resources) if (r.isClosed()) return r.describe() + " was closed";
-            for (int i = 0; i < scopes.length; i++) if (!scopes[i].isAlive()) return scopeNames[i] + " was freed (its arena is closed)";
+            for (NativeResource r : resources) if (r.isClosed()) return r.describe() + ", which its captured work uses, was closed";
+            for (int i = 0; i < scopes.length; i++) if (!scopes[i].isAlive()) return scopeNames[i] + ", which its captured work uses, was freed (its arena is closed)";
             return null;
         }
 

@@ -199,7 +199,7 @@ public final class DeviceBuffer {
 
     private void noteHostCopy(MemorySegment host, Stream stream) {
         stream.noteUse(this);
-        if (stream.isCapturing()) stream.noteUse(host, "host segment of " + host.byteSize() + " bytes at 0x" + Long.toHexString(host.address()));
+        stream.noteUse(host);
     }
 
     private static void requireNative(MemorySegment host) {

@@ -6,6 +6,7 @@ public final class Event extends NativeResource {
     private final long handle;
     private final boolean timing;
     private volatile boolean recorded;
+    volatile CapturedUses capture;  // the capture of the stream it was last recorded on (a stream waiting for it joins), or null
 
     Event(Device device, boolean timing) {
         this.device = device;
@@ -31,7 +32,7 @@ public final class Event extends NativeResource {
         device.check(stream.device(), "stream");
         device.driver().eventRecord(device.ordinal(), handle(), stream.handle());
         recorded = true;
-        stream.noteUse(this);
+        capture = stream.activeCapture();  // no note of the event itself: a plain record adds no event to the graph
     }
 
     /** true once {@link #record} succeeded on some stream. */

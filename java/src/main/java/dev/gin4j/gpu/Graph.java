@@ -5,7 +5,7 @@ public final class Graph extends NativeResource {
     private final Device device;
     private final long graph;
     private final long exec;
-    private final CapturedUses.Frozen uses;
+    private volatile CapturedUses.Frozen uses;
 
     Graph(Device device, long graph, CapturedUses.Frozen uses) {
         this.device = device;
@@ -40,11 +40,13 @@ public final class Graph extends NativeResource {
         ensureOpen();
         device.check(stream.device(), "stream");
         String gone = uses.firstGone();
-        if (gone != null) throw new IllegalStateException(describe() + " cannot be replayed: its captured work uses " + gone + " after the capture; capture it again");
+        if (gone != null) throw new IllegalStateException(describe() + " cannot be replayed: " + gone
+                + "; a replay would touch memory that may belong to someone else by now. Close this graph and capture again while what it uses is open");
         device.driver().graphLaunch(device.ordinal(), exec, stream.handle());
     }
 
     @Override protected void release() {
+        uses = CapturedUses.Frozen.NONE;  // no longer keeps what it noted reachable
         releaseAll(() -> device.driver().graphExecDestroy(device.ordinal(), exec),
                 () -> device.driver().graphDestroy(device.ordinal(), graph));
     }

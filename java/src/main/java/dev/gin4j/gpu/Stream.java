@@ -6,7 +6,7 @@ import java.lang.foreign.MemorySegment;
 public final class Stream extends NativeResource {
     private final Device device;
     private final long handle;
-    private volatile CapturedUses capture;  // while capturing: what the captured work uses
+    private volatile CapturedUses capture;  // while capturing (as origin or joined): what the captured work uses
 
     Stream(Device device) {
         this.device = device;
@@ -38,7 +38,8 @@ public final class Stream extends NativeResource {
     public void waitFor(Event event) {
         device.check(event.device(), "event");
         device.driver().streamWaitEvent(device.ordinal(), handle(), event.handle());
-        noteUse(event);
+        CapturedUses joined = event.capture;  // an event recorded on a capturing stream pulls this one into the capture (fork)
+        if (joined != null && !joined.ended && activeCapture() == null) capture = joined;
     }
 
     /** Records a new event here; convenience for timing and cross-stream ordering. */
@@ -46,9 +47,9 @@ public final class Stream extends NativeResource {
 
     /**
      * Starts capturing the work queued on this stream into a graph (until {@link #endCapture()}).
-     * gin4j notes what each captured operation uses (its buffers, kernels, events, instances), and
-     * the graph refuses to replay once one of them is closed or freed. Work that other streams
-     * queue after joining the capture through an event is captured but not noted.
+     * gin4j notes what each captured operation uses (device buffers, code objects, instances,
+     * communicators), and the graph refuses to replay once one of them is closed or freed. A stream
+     * that joins the capture by waiting for an event recorded here notes into the same graph.
      */
     public void beginCapture() {
         device.driver().beginCapture(device.ordinal(), handle());
@@ -62,13 +63,35 @@ public final class Stream extends NativeResource {
      */
     public Graph endCapture() {
         CapturedUses uses = capture;
-        capture = null;
-        long graph = device.driver().endCapture(device.ordinal(), handle());
+        long graph;
+        try {
+            graph = device.driver().endCapture(device.ordinal(), handle());
+        } catch (RuntimeException e) {
+            // an invalidated capture ends anyway; one ended on the wrong stream or thread goes on
+            try {
+                if (!device.driver().isCapturing(device.ordinal(), handle)) captureEnded(uses);
+            } catch (RuntimeException q) {
+                e.addSuppressed(q);
+            }
+            throw e;
+        }
+        captureEnded(uses);
         return new Graph(device, graph, uses == null ? CapturedUses.Frozen.NONE : uses.freeze());
     }
 
-    /** true between {@link #beginCapture()} and {@link #endCapture()}. */
-    public boolean isCapturing() { return capture != null; }
+    private void captureEnded(CapturedUses uses) {
+        if (uses != null) uses.ended = true;
+        capture = null;
+    }
+
+    /** The capture this stream notes into: begun here or joined through an event, and not ended. */
+    CapturedUses activeCapture() {
+        CapturedUses c = capture;
+        return c == null || c.ended ? null : c;
+    }
+
+    /** true between {@link #beginCapture()} and {@link #endCapture()}, or while joined to another stream's capture. */
+    public boolean isCapturing() { return activeCapture() != null; }
 
     /**
      * Notes that the work being queued here uses {@code resource}: while this stream captures, the
@@ -76,25 +99,28 @@ public final class Stream extends NativeResource {
      * call it for what your own kernels use through raw addresses. Nothing happens outside a capture.
      */
     public void noteUse(NativeResource resource) {
-        CapturedUses c = capture;
+        CapturedUses c = activeCapture();
         if (c != null) c.add(resource);
     }
 
     /** As {@link #noteUse(NativeResource)}, for device memory: the graph refuses to replay once its arena is closed. */
     public void noteUse(DeviceBuffer buffer) {
-        CapturedUses c = capture;
+        CapturedUses c = activeCapture();
         if (c != null) c.add(buffer.segment(), buffer);
     }
 
-    /** A host segment an asynchronous copy reads or writes. */
-    void noteUse(MemorySegment host, String what) {
-        CapturedUses c = capture;
-        if (c != null) c.add(host, what);
+    /**
+     * As {@link #noteUse(NativeResource)}, for native memory reached through a raw address (pinned
+     * host memory, say): the graph refuses to replay once {@code memory}'s arena is closed.
+     */
+    public void noteUse(MemorySegment memory) {
+        CapturedUses c = activeCapture();
+        if (c != null) c.add(memory, "memory segment of " + memory.byteSize() + " bytes at 0x" + Long.toHexString(memory.address()));
     }
 
     /** A kernel launch: its code object and the device buffers of its arguments. */
     void noteLaunch(CodeObject codeObject, KernelArgs args) {
-        CapturedUses c = capture;
+        CapturedUses c = activeCapture();
         if (c != null) {
             c.add(codeObject);
             args.noteBuffers(c);

@@ -371,7 +371,7 @@ public final class MoeAllToAll extends NativeResource {
                 .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
-        stream.noteUse(this);  // a graph captured from it replays into this instance's window and buffers
+        noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
         r.dispatch.launch(stream, ginLaunch, a);
         return new MoeDispatch(this, localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
@@ -529,7 +529,7 @@ public final class MoeAllToAll extends NativeResource {
         a.setPointer(0, expertOut).setPointer(1, weighted ? r.recvWeights : r.unitWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
                 .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
-        stream.noteUse(this);
+        noteUse(stream);
         r.combine.launch(stream, ginLaunch, a);
         return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
     }
@@ -592,7 +592,7 @@ public final class MoeAllToAll extends NativeResource {
         r.valuesArgs.setPointer(0, rowValues).setInt(1, handle.numTokens()).setPointer(2, r.tokenValues).setPointer(3, peers.table(handle.localIndex()))
                 .setPointer(4, r.workspace).setPointer(5, r.errors.buffer()).setInt(6, r.comm.rank()).setInt(7, nRanks).setInt(8, cfg.experts())
                 .setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens()).setInt(12, channels);
-        stream.noteUse(this);
+        noteUse(stream);
         r.values.launch(stream, LaunchConfig.of(channels, THREADS), r.valuesArgs);
         return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
     }
@@ -669,9 +669,14 @@ public final class MoeAllToAll extends NativeResource {
         group.allToAllV(staging, sc, so, returned, rc, ro, streams);
     }
 
-    /** While a stream captures: the graph uses this instance (see {@link Stream#noteUse}). */
+    /** While a stream captures: the graph uses this instance and its communicators (see {@link Stream#noteUse}). */
+    private void noteUse(Stream stream) {
+        stream.noteUse(this);
+        stream.noteUse(group);
+    }
+
     private void noteUse(List<Stream> streams) {
-        for (Stream s : streams) s.noteUse(this);
+        for (Stream s : streams) noteUse(s);
     }
 
     private RankState rank(int localIndex) {

@@ -183,42 +183,72 @@ class RuntimeGpuTest {
 
     /**
      * A graph holds raw addresses: once a buffer its work uses is freed, or its code object closed,
-     * a replay is refused by name instead of writing memory that may be someone else's.
+     * a replay is refused by name instead of writing memory that may be someone else's. Work of a
+     * stream that joined the capture through an event counts too.
      */
     @Test void graphsRefuseToReplayAfterTheirMemoryOrKernelsAreGone() {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream()) {
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); Stream side = dev.createStream();
+             Event fork = dev.createEvent(); Event join = dev.createEvent()) {
             int n = 4096;
             int v = random.nextInt();
-            Arena scratch = Arena.ofConfined();
+            Arena scratch = Arena.ofConfined(), scratch2 = Arena.ofConfined();
             CodeObject basic = dev.loadKernels("basic");
-            DeviceBuffer buf = dev.allocate(4L * n, scratch), copy = dev.allocate(4L * n, arena);
-            KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, buf).setLong(1, n).setInt(2, v);
-            assertFalse(s.isCapturing());
-            s.beginCapture();
-            assertTrue(s.isCapturing());
-            basic.kernel("gin_fill_u32").launch(s, LaunchConfig.of(4, 256), fill);
-            copy.copyFrom(buf, s);
-            try (Graph g = s.endCapture(); Graph g2 = captureFill(s, basic, arena, copy, v ^ 1)) {
+            try {
+                DeviceBuffer buf = dev.allocate(4L * n, scratch), copy = dev.allocate(4L * n, arena), buf2 = dev.allocate(4L * n, scratch2);
+                KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, buf).setLong(1, n).setInt(2, v);
                 assertFalse(s.isCapturing());
-                assertEquals(3, g.noteCount(), "the code object, buf's arena, copy's arena");
-                copy.fill((byte) 0, s);
-                g.launch(s);
-                s.synchronize();
-                int[] got = copy.readInts(n);
-                for (int i = 0; i < n; i++) assertEquals(v, got[i], "word " + i + " after the replay");
-                scratch.close();
-                IllegalStateException freed = assertThrows(IllegalStateException.class, () -> g.launch(s));
-                assertTrue(freed.getMessage().contains("device buffer of " + 4L * n + " bytes") && freed.getMessage().contains("freed"), freed.getMessage());
-                g2.launch(s);  // its own memory is alive
-                s.synchronize();
-                basic.close();
-                IllegalStateException closed = assertThrows(IllegalStateException.class, () -> g2.launch(s));
-                assertTrue(closed.getMessage().contains(basic.describe()) && closed.getMessage().contains("was closed"), closed.getMessage());
+                s.beginCapture();
+                assertTrue(s.isCapturing());
+                basic.kernel("gin_fill_u32").launch(s, LaunchConfig.of(4, 256), fill);
+                copy.copyFrom(buf, s);
+                try (Graph g = s.endCapture(); Graph g2 = captureFill(s, basic, arena, copy, v ^ 1)) {
+                    assertFalse(s.isCapturing());
+                    assertEquals(3, g.noteCount(), "the code object, buf's arena, copy's arena");
+                    assertEquals(2, g2.noteCount(), "the code object and, from the kernel's arguments alone, copy's arena");
+
+                    // fork / join: side joins the capture through fork and its launch is noted
+                    s.beginCapture();
+                    fork.record(s);
+                    side.waitFor(fork);
+                    assertTrue(side.isCapturing(), "side joined s's capture");
+                    KernelArgs fill2 = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, buf2).setLong(1, n).setInt(2, ~v);
+                    basic.kernel("gin_fill_u32").launch(side, LaunchConfig.of(4, 256), fill2);
+                    join.record(side);
+                    s.waitFor(join);
+                    try (Graph g3 = s.endCapture()) {
+                        assertFalse(side.isCapturing(), "the capture side joined has ended");
+                        assertEquals(2, g3.noteCount(), "the code object and buf2's arena, noted on the joined stream");
+                        buf2.fill((byte) 0, s);
+                        g3.launch(s);
+                        s.synchronize();
+                        int[] got2 = buf2.readInts(n);
+                        for (int i = 0; i < n; i++) assertEquals(~v, got2[i], "buf2 word " + i + " after the fork/join replay");
+                        scratch2.close();
+                        IllegalStateException joined = assertThrows(IllegalStateException.class, () -> g3.launch(s));
+                        assertTrue(joined.getMessage().contains("device buffer of " + 4L * n + " bytes") && joined.getMessage().contains("freed"), joined.getMessage());
+                    }
+
+                    copy.fill((byte) 0, s);
+                    g.launch(s);
+                    s.synchronize();
+                    int[] got = copy.readInts(n);
+                    for (int i = 0; i < n; i++) assertEquals(v, got[i], "word " + i + " after the replay");
+                    scratch.close();
+                    IllegalStateException freed = assertThrows(IllegalStateException.class, () -> g.launch(s));
+                    assertTrue(freed.getMessage().contains("device buffer of " + 4L * n + " bytes") && freed.getMessage().contains("freed"), freed.getMessage());
+                    g2.launch(s);  // its own memory is alive
+                    s.synchronize();
+                    assertEquals(v ^ 1, copy.readInts(1)[0]);
+                    basic.close();
+                    IllegalStateException closed = assertThrows(IllegalStateException.class, () -> g2.launch(s));
+                    assertTrue(closed.getMessage().contains(basic.describe()) && closed.getMessage().contains("was closed"), closed.getMessage());
+                }
             } finally {
                 if (scratch.scope().isAlive()) scratch.close();
+                if (scratch2.scope().isAlive()) scratch2.close();
                 basic.close();
             }
         }

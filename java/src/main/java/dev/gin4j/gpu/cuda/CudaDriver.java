@@ -419,6 +419,11 @@ public final class CudaDriver implements Driver {
         return outAddress("cuStreamEndCapture", out -> cuStreamEndCapture(MemorySegment.ofAddress(stream), out));
     }
 
+    @Override public boolean isCapturing(int dev, long stream) {
+        makeCurrent(dev);
+        return outInt("cuStreamIsCapturing", out -> cuStreamIsCapturing(MemorySegment.ofAddress(stream), out)) != CU_STREAM_CAPTURE_STATUS_NONE();
+    }
+
     @Override public long graphInstantiate(int dev, long graph) {
         makeCurrent(dev);
         return outAddress("cuGraphInstantiateWithFlags", out -> cuGraphInstantiateWithFlags(out, MemorySegment.ofAddress(graph), 0L));

@@ -106,6 +106,8 @@ public interface Driver {
 
     void beginCapture(int dev, long stream);
     long endCapture(int dev, long stream);
+    /** true while {@code stream} captures (as origin, or joined through an event). */
+    boolean isCapturing(int dev, long stream);
     long graphInstantiate(int dev, long graph);
     void graphLaunch(int dev, long exec, long stream);
     void graphExecDestroy(int dev, long exec);

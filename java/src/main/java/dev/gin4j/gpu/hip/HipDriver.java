@@ -336,6 +336,15 @@ public final class HipDriver implements Driver {
     @Override public void beginCapture(int dev, long stream) { makeCurrent(dev); check("hipStreamBeginCapture", hipStreamBeginCapture(ptr(stream), hipStreamCaptureModeThreadLocal())); }
 
     @Override public long endCapture(int dev, long stream) { makeCurrent(dev); return allocWith("hipStreamEndCapture", out -> hipStreamEndCapture(ptr(stream), out)); }
+
+    @Override public boolean isCapturing(int dev, long stream) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment status = a.allocate(ValueLayout.JAVA_INT);
+            check("hipStreamIsCapturing", hipStreamIsCapturing(ptr(stream), status));
+            return status.get(ValueLayout.JAVA_INT, 0) != hipStreamCaptureStatusNone();
+        }
+    }
     @Override public long graphInstantiate(int dev, long graph) { makeCurrent(dev); return allocWith("hipGraphInstantiateWithFlags", out -> hipGraphInstantiateWithFlags(out, ptr(graph), 0L)); }
     @Override public void graphLaunch(int dev, long exec, long stream) { ensureCurrent(dev); check("hipGraphLaunch", hipGraphLaunch(ptr(exec), ptr(stream))); }
     @Override public void graphExecDestroy(int dev, long exec) { makeCurrent(dev); check("hipGraphExecDestroy", hipGraphExecDestroy(ptr(exec))); }
