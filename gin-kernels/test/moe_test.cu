@@ -401,6 +401,9 @@ static const Entry kTokenPathEntry{"moe_gin_dispatch_tp", moe_gin_dispatch_tp, m
 // fp8 dispatch entries, each with the bf16 combine of the same reach.
 static const Entry kFp8GenericEntry{"moe_gin_dispatch_fp8", nullptr, moe_gin_combine, moe_gin_dispatch_fp8};
 static const Entry kFp8TokenPathEntry{"moe_gin_dispatch_fp8_tp", nullptr, moe_gin_combine_tp, moe_gin_dispatch_fp8_tp};
+// One rank alone, any shape (session 16).
+static const Entry kAloneEntry{"moe_gin_dispatch_tp_r1", moe_gin_dispatch_tp_r1, moe_gin_combine_tp_r1};
+static const Entry kFp8AloneEntry{"moe_gin_dispatch_fp8_tp_r1", nullptr, moe_gin_combine_tp_r1, moe_gin_dispatch_fp8_tp_r1};
 // The entry of MOE_TP_SHAPES (fp8: MOE_TP_FP8_SHAPES) compiled for (R, E, K, H), if there is one.
 static bool shaped_entry(int R, int E, int K, int H, Entry& e, bool fp8 = false) {
 #define MOE_TEST_SHAPED(R_, E_, K_, H_)                                                                  \
@@ -421,12 +424,14 @@ static bool shaped_entry(int R, int E, int K, int H, Entry& e, bool fp8 = false)
 #undef MOE_TEST_SHAPED_FP8
   return false;
 }
-// What the Java side launches (MoeAllToAll.entryPoint): the shape's own token-path entry, else the
-// token-path one, off the token path the generic one.
+// What the Java side launches (MoeAllToAll.entryPoint): the shape's own token-path entry, else at
+// one rank the one-rank entry, else the token-path one; off the token path the generic one.
 static Entry best_entry(int R, int E, int K, int H, int M, int C, bool fp8 = false) {
   if (!moe_token_path(K, M, C)) return fp8 ? kFp8GenericEntry : kGenericEntry;
   Entry e;
-  return shaped_entry(R, E, K, H, e, fp8) ? e : (fp8 ? kFp8TokenPathEntry : kTokenPathEntry);
+  if (shaped_entry(R, E, K, H, e, fp8)) return e;
+  if (R == 1) return fp8 ? kFp8AloneEntry : kAloneEntry;
+  return fp8 ? kFp8TokenPathEntry : kTokenPathEntry;
 }
 
 struct Setup {
@@ -1160,6 +1165,7 @@ static void run_entry_refusals(std::mt19937_64& rng) {
   const int R = gNumRanks;
   printf("case entry refusals: token-path entries on a layout-path instance, a shape's entry on another shape\n");
   refusal_case("token-path entry, M*K = 4800", 16 * R, 8, 256, 600, 8, kTokenPathEntry, rng);
+  if (R != 1) refusal_case("one-rank entry", 16 * R, 8, 256, 64, 4, kAloneEntry, rng);
   Entry shaped;
   if (shaped_entry(R, 256, 8, 7168, shaped)) {
     refusal_case("DeepSeek-V3 entry, H=256", 16 * R, 8, 256, 64, 4, shaped, rng);

@@ -301,6 +301,7 @@ public final class MoeAllToAll extends NativeResource {
         List<String> shipped = KernelLibrary.get().kernels(device.arch(), "moe");
         String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
         if (shipped.contains(shaped)) return shaped;
+        if (nRanks == 1 && shipped.contains(base + "_tp_r1")) return base + "_tp_r1";  // one rank, any shape
         return shipped.contains(base + "_tp") ? base + "_tp" : base;
     }
 

@@ -328,7 +328,7 @@ class MoeGpuTest {
         both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM);
         // DeepSeek-V3 has token-path entry points of its own at 2, 4 and 8 ranks (the shape as constants)
         try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, experts(256), 8, 128, Backend.GIN))) {
-            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_tp";
+            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_tp_r1" : "moe_gin_dispatch_tp";
             assertEquals(want, gin.dispatchKernelName());
         }
     }
@@ -368,7 +368,7 @@ class MoeGpuTest {
         both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, Rows.FP8);
         try (MoeAllToAll tp = MoeAllToAll.create(group, MoeConfig.fp8(7168, experts(256), 8, 128, Backend.GIN));
              MoeAllToAll layout = MoeAllToAll.create(group, MoeConfig.fp8(272, experts(16), 8, 600, Backend.GIN))) {
-            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : "moe_gin_dispatch_fp8_tp";
+            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_fp8_tp_r1" : "moe_gin_dispatch_fp8_tp";
             assertEquals(want, tp.dispatchKernelName());
             assertEquals("moe_gin_dispatch_fp8", layout.dispatchKernelName());
         }
