@@ -3625,7 +3625,8 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
 // Entry points (session 5). moe_gin_dispatch / moe_gin_combine run any accepted instance, either
 // path. The token-path entries run only instances on the token path (moe_token_path; anything else
 // gets MOE_ERR_CONFIG) and leave the layout path out: moe_gin_{dispatch,combine}_tp for any shape,
-// and one pair per shape of MOE_TP_SHAPES, named ..._tp_r<R>_e<E>_k<K>_h<H>, for that shape only.
+// ..._tp_r1 for any shape at one rank (session 16), and one pair per shape of MOE_TP_SHAPES, named
+// ..._tp_r<R>_e<E>_k<K>_h<H>, for that shape only.
 // The Java side takes the most specific entry the code object has (KERNELS.md, "Entry points").
 // All entries of an instance share its window and workspace protocol: any mix of them is valid.
 // ================================================================================================

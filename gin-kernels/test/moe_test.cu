@@ -1165,7 +1165,10 @@ static void run_entry_refusals(std::mt19937_64& rng) {
   const int R = gNumRanks;
   printf("case entry refusals: token-path entries on a layout-path instance, a shape's entry on another shape\n");
   refusal_case("token-path entry, M*K = 4800", 16 * R, 8, 256, 600, 8, kTokenPathEntry, rng);
-  if (R != 1) refusal_case("one-rank entry", 16 * R, 8, 256, 64, 4, kAloneEntry, rng);
+  if (R != 1) {
+    refusal_case("one-rank entry", 16 * R, 8, 256, 64, 4, kAloneEntry, rng);
+    refusal_case("one-rank fp8 entry", 16 * R, 8, 256, 64, 4, kFp8AloneEntry, rng, true);
+  }
   Entry shaped;
   if (shaped_entry(R, 256, 8, 7168, shaped)) {
     refusal_case("DeepSeek-V3 entry, H=256", 16 * R, 8, 256, 64, 4, shaped, rng);

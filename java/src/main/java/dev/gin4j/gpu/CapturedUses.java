@@ -9,7 +9,7 @@ import java.util.Map;
 import java.util.Set;
 
 /**
- * What the work captured into a graph uses: the native objects (instances, code objects, events,
+ * What the work captured into a graph uses: the native objects (instances, code objects,
  * communicators) and the memory (device buffers and host segments, by their arena's scope). A
  * graph holds raw addresses and handles, so replaying it after one of them was closed would read
  * and write memory that may belong to someone else by then; {@link Graph#launch} refuses instead.
@@ -25,10 +25,13 @@ final class CapturedUses {
         if (!scopes.containsKey(memory.scope())) scopes.put(memory.scope(), what.toString());
     }
 
-    /** The uses as arrays, for the check on every replay. */
+    /** The uses as arrays, for the check on every replay; the sets are emptied (events and joined streams may still hold this object). */
     synchronized Frozen freeze() {
         List<String> names = new ArrayList<>(scopes.values());
-        return new Frozen(resources.toArray(NativeResource[]::new), scopes.keySet().toArray(MemorySegment.Scope[]::new), names.toArray(String[]::new));
+        Frozen f = new Frozen(resources.toArray(NativeResource[]::new), scopes.keySet().toArray(MemorySegment.Scope[]::new), names.toArray(String[]::new));
+        resources.clear();
+        scopes.clear();
+        return f;
     }
 
     record Frozen(NativeResource[] resources, MemorySegment.Scope[] scopes, String[] scopeNames) {

@@ -47,9 +47,10 @@ public final class Stream extends NativeResource {
 
     /**
      * Starts capturing the work queued on this stream into a graph (until {@link #endCapture()}).
-     * gin4j notes what each captured operation uses (device buffers, code objects, instances,
-     * communicators), and the graph refuses to replay once one of them is closed or freed. A stream
-     * that joins the capture by waiting for an event recorded here notes into the same graph.
+     * gin4j notes what each captured operation uses (device buffers, host segments of asynchronous
+     * copies, code objects, instances, communicators), and the graph refuses to replay once one of
+     * them is closed or freed. A stream that joins the capture by waiting for an event recorded here
+     * notes into the same graph. The HOST backends of MoeAllToAll and AllToAllV refuse to be captured.
      */
     public void beginCapture() {
         device.driver().beginCapture(device.ordinal(), handle());
@@ -63,13 +64,14 @@ public final class Stream extends NativeResource {
      */
     public Graph endCapture() {
         CapturedUses uses = capture;
+        long h = handle();  // a closed stream throws here, before the driver sees its handle
         long graph;
         try {
-            graph = device.driver().endCapture(device.ordinal(), handle());
+            graph = device.driver().endCapture(device.ordinal(), h);
         } catch (RuntimeException e) {
             // an invalidated capture ends anyway; one ended on the wrong stream or thread goes on
             try {
-                if (!device.driver().isCapturing(device.ordinal(), handle)) captureEnded(uses);
+                if (!device.driver().isCapturing(device.ordinal(), h)) captureEnded(uses);
             } catch (RuntimeException q) {
                 e.addSuppressed(q);
             }

@@ -293,8 +293,8 @@ public final class MoeAllToAll extends NativeResource {
     /**
      * The most specific GIN entry point of {@code base} the code object has for this instance: on the
      * token path, the one compiled for this shape ({@code base_tp_r<R>_e<E>_k<K>_h<H>}, sizes as
-     * constants), else {@code base_tp}; otherwise, or where the manifest lists neither, {@code base}
-     * (gin-kernels/KERNELS.md, "Entry points").
+     * constants), else at one rank {@code base_tp_r1}, else {@code base_tp}; otherwise, or where the
+     * manifest lists none of them, {@code base} (gin-kernels/KERNELS.md, "Entry points").
      */
     private String entryPoint(String base, Device device) {
         if (query[Q_TOKEN_PATH] != 1) return base;
@@ -391,6 +391,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
             return out;
         }
+        refuseCapture(streams, "dispatch");
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         noteUse(streams);
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
@@ -553,6 +554,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) ys.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), streams.get(i), weighted));
             return ys;
         }
+        refuseCapture(streams, "combine");
         noteUse(streams);
         hostSendBack(expertOut, cfg.hidden(), r -> r.backBuf, r -> r.returned, streams);
         long rowBytes = cfg.combineRowBytes();
@@ -630,6 +632,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginRowValues(ranks.get(i), handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
+        refuseCapture(streams, "returnRowValues");
         noteUse(streams);
         hostSendBack(rowValues, 2, r -> r.valuesSend, r -> r.valuesRecv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
@@ -668,6 +671,17 @@ public final class MoeAllToAll extends NativeResource {
             rc[i] = scale(r.sendRowsTo, rowBytes); ro[i] = scale(r.sendRowOffset, rowBytes);
         }
         group.allToAllV(staging, sc, so, returned, rc, ro, streams);
+    }
+
+    /**
+     * HOST calls cannot go into a graph: the dispatch waits for its counts on the host (CUDA refuses
+     * that inside a capture, after part of the call was queued), and a captured combine would replay
+     * the row counts of the dispatch before the capture for every later dispatch.
+     */
+    private static void refuseCapture(List<Stream> streams, String operation) {
+        for (Stream s : streams)
+            if (s.isCapturing()) throw new IllegalStateException("a HOST " + operation + " cannot be captured in a graph (" + s.describe()
+                    + " is capturing): it takes its row counts from the host at each dispatch; use Backend.GIN for graphs");
     }
 
     /** While a stream captures: the graph uses this instance and its communicators (see {@link Stream#noteUse}). */

@@ -499,6 +499,34 @@ class MoeGpuTest {
         }
     }
 
+    /** HOST takes its row counts from the host at each dispatch: a capture is refused before anything is queued. */
+    @Test void hostCallsRefuseGraphCapture() {
+        try (Arena a = Arena.ofShared(); MoeAllToAll host = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.HOST))) {
+            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
+            for (int i = 0; i < n; i++) {
+                Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
+                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
+                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
+            }
+            Stream s = streams.getLast();
+            DeviceBuffer scratch = devs.getLast().allocate(256, a);
+            s.beginCapture();
+            scratch.fill((byte) 1, s);  // something in the graph besides the refused call
+            IllegalStateException refused;
+            try {
+                refused = assertThrows(IllegalStateException.class, () -> host.dispatch(xs, ids, ws, tokens(8, 8), streams));
+            } finally {
+                s.endCapture().close();
+            }
+            assertTrue(refused.getMessage().contains("cannot be captured") && refused.getMessage().contains("Backend.GIN"), refused.getMessage());
+            // outside a capture the same call runs, and the instance is intact
+            List<MoeDispatch> d = host.dispatch(xs, ids, ws, tokens(8, 8), streams);
+            host.combine(d, d.stream().map(MoeDispatch::rows).toList(), streams);
+            host.checkErrors(streams);
+        }
+    }
+
     @Test void handlesOfOtherInstancesMisalignedBuffersAndClosedInstancesAreRefused() {
         int live = NativeResource.liveCount();
         try (Arena a = Arena.ofShared()) {
