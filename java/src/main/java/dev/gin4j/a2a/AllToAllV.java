@@ -103,9 +103,7 @@ public final class AllToAllV extends NativeResource {
                 throw new IllegalArgumentException("send counts and offsets of " + c + " must hold " + n + " uint64 values (" + 8 * n + " bytes)");
         }
         if (backend == Backend.HOST) {
-            for (Stream s : streams)  // it reads the counts on the host first: CUDA refuses that inside a capture
-                if (s.isCapturing()) throw new IllegalStateException("a HOST all-to-all-v cannot be captured in a graph (" + s.describe()
-                        + " is capturing): it reads the counts on the host; use Backend.GIN for graphs");
+            Stream.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");
             runHost(inputs, sendCounts, sendOffsets, streams);
             return;
         }

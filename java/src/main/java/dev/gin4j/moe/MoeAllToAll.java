@@ -679,9 +679,7 @@ public final class MoeAllToAll extends NativeResource {
      * the row counts of the dispatch before the capture for every later dispatch.
      */
     private static void refuseCapture(List<Stream> streams, String operation) {
-        for (Stream s : streams)
-            if (s.isCapturing()) throw new IllegalStateException("a HOST " + operation + " cannot be captured in a graph (" + s.describe()
-                    + " is capturing): it takes its row counts from the host at each dispatch; use Backend.GIN for graphs");
+        Stream.refuseCapture(streams, "a HOST " + operation + ", which takes its row counts from the host at each dispatch (use Backend.GIN for graphs),");
     }
 
     /** While a stream captures: the graph uses this instance and its communicators (see {@link Stream#noteUse}). */

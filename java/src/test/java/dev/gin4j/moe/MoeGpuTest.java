@@ -173,6 +173,20 @@ class MoeGpuTest {
         return b;
     }
 
+    /** Per rank: x, topkIdx and topkWeights of 8 tokens of hidden 64 over 8 experts (top-2), uploaded into {@code a}. */
+    private record SmallInputs(List<DeviceBuffer> xs, List<DeviceBuffer> ids, List<DeviceBuffer> ws) { }
+
+    private SmallInputs smallInputs(Arena a) {
+        List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
+        for (int i = 0; i < n; i++) {
+            Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
+            xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
+            ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
+            ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
+        }
+        return new SmallInputs(xs, ids, ws);
+    }
+
     /**
      * Runs dispatch + fake experts + combine (weighted: {@code combine}, else {@code combineUnweighted})
      * on one backend and checks everything; returns each rank's received bytes.
@@ -469,14 +483,9 @@ class MoeGpuTest {
 
     @Test void combineNeedsTheLatestHandle() {
         try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
-            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
-            for (int i = 0; i < n; i++) {
-                Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
-                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
-                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
-                outs.add(devs.get(i).allocate(gin.capacityRows() * 128, a));
-            }
+            SmallInputs in = smallInputs(a);
+            List<DeviceBuffer> xs = in.xs(), ids = in.ids(), ws = in.ws(), outs = new ArrayList<>();
+            for (int i = 0; i < n; i++) outs.add(devs.get(i).allocate(gin.capacityRows() * 128, a));
             List<MoeDispatch> first = gin.dispatch(xs, ids, ws, tokens(8, 8), streams);
             List<MoeDispatch> second = gin.dispatch(xs, ids, ws, tokens(8, 8), streams);
             IllegalStateException stale = assertThrows(IllegalStateException.class, () -> gin.combine(first, outs, streams));
@@ -502,13 +511,8 @@ class MoeGpuTest {
     /** HOST takes its row counts from the host at each dispatch: a capture is refused before anything is queued. */
     @Test void hostCallsRefuseGraphCapture() {
         try (Arena a = Arena.ofShared(); MoeAllToAll host = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.HOST))) {
-            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
-            for (int i = 0; i < n; i++) {
-                Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
-                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
-                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
-            }
+            SmallInputs in = smallInputs(a);
+            List<DeviceBuffer> xs = in.xs(), ids = in.ids(), ws = in.ws();
             Stream s = streams.getLast();
             DeviceBuffer scratch = devs.getLast().allocate(256, a);
             s.beginCapture();
@@ -530,16 +534,11 @@ class MoeGpuTest {
     @Test void handlesOfOtherInstancesMisalignedBuffersAndClosedInstancesAreRefused() {
         int live = NativeResource.liveCount();
         try (Arena a = Arena.ofShared()) {
+            SmallInputs in = smallInputs(a);
+            List<DeviceBuffer> xs = in.xs(), ids = in.ids(), ws = in.ws(), outs = new ArrayList<>();
             MoeAllToAll first = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN));
-            List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             try (first; MoeAllToAll second = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
-                for (int i = 0; i < n; i++) {
-                    Input in = input(i, 8, 64, experts(8), 2, Routing.UNIFORM);
-                    xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in.rows())));
-                    ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in.idx())));
-                    ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in.w())));
-                    outs.add(devs.get(i).allocate(first.capacityRows() * 128, a));
-                }
+                for (int i = 0; i < n; i++) outs.add(devs.get(i).allocate(first.capacityRows() * 128, a));
                 List<MoeDispatch> ofFirst = first.dispatch(xs, ids, ws, tokens(8, 8), streams);
                 List<MoeDispatch> ofSecond = second.dispatch(xs, ids, ws, tokens(8, 8), streams);
                 // same call number on both instances: only the owner tells them apart
