@@ -7,6 +7,7 @@ public final class Stream extends NativeResource {
     private final Device device;
     private final long handle;
     private volatile CapturedUses capture;  // while capturing (as origin or joined): what the captured work uses
+    private volatile boolean captureBegunHere;  // capture was begun on this stream (not joined through an event)
 
     Stream(Device device) {
         this.device = device;
@@ -42,7 +43,7 @@ public final class Stream extends NativeResource {
         if (joined != null && !joined.ended && activeCapture() == null) capture = joined;
     }
 
-    /** Records a new event here; convenience for timing and cross-stream ordering. */
+    /** Records {@code event} on this stream (as {@link Event#record}); for timing and cross-stream ordering. */
     public void record(Event event) { event.record(this); }
 
     /**
@@ -55,6 +56,7 @@ public final class Stream extends NativeResource {
     public void beginCapture() {
         device.driver().beginCapture(device.ordinal(), handle());
         capture = new CapturedUses();
+        captureBegunHere = true;
     }
 
     /**
@@ -84,6 +86,7 @@ public final class Stream extends NativeResource {
     private void captureEnded(CapturedUses uses) {
         if (uses != null) uses.ended = true;
         capture = null;
+        captureBegunHere = false;
     }
 
     /** The capture this stream notes into: begun here or joined through an event, and not ended. */
@@ -138,6 +141,13 @@ public final class Stream extends NativeResource {
         }
     }
 
-    @Override protected void release() { device.driver().streamDestroy(device.ordinal(), handle); }
+    @Override protected void release() {
+        try {
+            device.driver().streamDestroy(device.ordinal(), handle);
+        } finally {
+            // Closed mid-capture: no graph can come of it, so streams that joined it stop noting into it.
+            if (captureBegunHere) captureEnded(capture);
+        }
+    }
     @Override public String describe() { return "stream 0x" + Long.toHexString(handle) + " on " + device; }
 }

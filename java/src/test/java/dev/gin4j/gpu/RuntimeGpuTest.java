@@ -254,6 +254,36 @@ class RuntimeGpuTest {
         }
     }
 
+    /**
+     * A stream closed in the middle of its capture gives no graph, so a stream that joined that
+     * capture through an event stops noting into it; the device stays usable.
+     */
+    @Test void closingACapturingStreamEndsTheCaptureOfStreamsThatJoinedIt() {
+        Device dev = Gpus.runtime().device(0);
+        try (Arena arena = Arena.ofConfined(); Stream side = dev.createStream(); Event fork = dev.createEvent()) {
+            Stream origin = dev.createStream();
+            origin.beginCapture();
+            fork.record(origin);
+            side.waitFor(fork);
+            assertTrue(side.isCapturing(), "side joined origin's capture");
+            try {
+                origin.close();
+            } catch (GpuException e) {
+                System.out.println("[closing a capturing stream] the driver refused the destroy: " + e.getMessage());
+            }
+            assertTrue(origin.isClosed());
+            assertFalse(side.isCapturing(), "origin was closed mid-capture: side no longer notes into it");
+            try (Stream fresh = dev.createStream()) {
+                int n = 1024, v = random.nextInt();
+                DeviceBuffer buf = dev.allocate(4L * n, arena);
+                buf.fill32(v, fresh);
+                fresh.synchronize();
+                int[] got = buf.readInts(n);
+                for (int i = 0; i < n; i++) assertEquals(v, got[i], "word " + i + " after the capture was abandoned");
+            }
+        }
+    }
+
     private static Graph captureFill(Stream s, CodeObject code, Arena arena, DeviceBuffer out, int value) {
         KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, out).setLong(1, out.byteSize() / 4).setInt(2, value);
         s.beginCapture();
