@@ -19,9 +19,10 @@ import java.util.List;
  * the block from rank s at {@code s * count}. Stream-ordered and, for {@link Backend#GIN},
  * capturable in a graph (a call only launches kernels). One object serves every rank this
  * process drives; call {@link #run} with one input and one stream per local rank.
- * <p>GIN: the kernels copy straight from the input (anywhere in device memory) into the peers'
- * windows; the output is a region of this object's symmetric window, valid until the next call.
- * HOST: {@code ncclAlltoAll} into a plain device buffer.
+ * <p>GIN: the kernels copy straight from the input (anywhere in device memory but this object's
+ * window) into the peers' windows; the output is a region of this object's symmetric window, valid
+ * until the next call: to send a result on, copy it out first (the call refuses an input that
+ * overlaps what it writes). HOST: {@code ncclAlltoAll} into a plain device buffer.
  */
 public final class AllToAll extends NativeResource {
     private final CommGroup group;
@@ -49,12 +50,26 @@ public final class AllToAll extends NativeResource {
         }
     }
 
-    /** The arguments of create, checked before anything is registered or allocated. */
+    /**
+     * The arguments of create, checked before anything is registered or allocated, then compared
+     * across ranks (collective): a rank with another backend or size would otherwise wait forever in
+     * a window allocation the others never make, or exchange with them in the wrong shape.
+     */
     static void checkCreate(CommGroup group, long bytesPerPeer, Backend backend, String what) {
         if (group == null || backend == null) throw new IllegalArgumentException("a communicator group and a backend must be given, got " + group + " / " + backend);
         group.ensureOpen();
         if (bytesPerPeer < 1) throw new IllegalArgumentException(what + " must be >= 1, got " + bytesPerPeer);
         outputBytes(bytesPerPeer, group.worldSize());
+        long[][] mine = new long[group.localCount()][];
+        java.util.Arrays.fill(mine, new long[] {backend.ordinal(), bytesPerPeer});
+        long[] all = group.allGatherLongs(mine)[0];
+        for (int r = 0; r < group.worldSize(); r++) {
+            if (all[2 * r] != backend.ordinal() || all[2 * r + 1] != bytesPerPeer) {
+                Backend theirs = all[2 * r] >= 0 && all[2 * r] < Backend.values().length ? Backend.values()[(int) all[2 * r]] : null;
+                throw new IllegalArgumentException("rank " + r + " creates this exchange with backend " + theirs + " and " + what + " = " + all[2 * r + 1] + ", rank "
+                        + group.rank(0).rank() + " with " + backend + " and " + bytesPerPeer + "; every rank must create it with the same backend and size");
+            }
+        }
     }
 
     /** A receive area of {@code ranks} slots, or an error naming the sizes where it would not fit a long. */
@@ -78,7 +93,8 @@ public final class AllToAll extends NativeResource {
     /**
      * Forces the GIN protocol for later calls ({@link Protocol#AUTO} picks by size). A forced LL or
      * LL128 above its staging capacity runs as DIRECT. Protocols may change from call to call: all
-     * deliver into the same place.
+     * deliver into the same place. Every rank must use the same protocol in a call (a receiver
+     * waits for the data in its protocol's format; a mismatch ends in a kernel time-out).
      */
     public AllToAll protocol(Protocol p) {
         if (p == null) throw new IllegalArgumentException("protocol must not be null (Protocol.AUTO picks by size)");
@@ -108,6 +124,7 @@ public final class AllToAll extends NativeResource {
     /** Exchanges {@code bytesPerPeer} bytes per peer on every local rank; inputs hold {@code worldSize * bytesPerPeer} bytes. */
     public void run(List<DeviceBuffer> inputs, long bytesPerPeer, List<Stream> streams) {
         ensureOpen();
+        group.ensureOpen();  // GIN kernels store through the peer mappings that went with its communicators
         int local = group.localCount();
         if (inputs.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one input and one stream per local rank expected (" + local + "), got " + inputs.size() + " and " + streams.size());
@@ -127,6 +144,7 @@ public final class AllToAll extends NativeResource {
      */
     public void run(int localIndex, DeviceBuffer input, long bytesPerPeer, Stream stream) {
         ensureOpen();
+        group.ensureOpen();
         check(localIndex, input, bytesPerPeer, stream);
         if (backend == Backend.HOST) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST all-to-all with " + group.localCount() + " local ranks must be issued for all of them together: use run(List, long, List)");
@@ -147,7 +165,12 @@ public final class AllToAll extends NativeResource {
         if (stream.device() != c.device()) throw new IllegalArgumentException("stream of " + c + " is on " + stream.device());
         if (in.byteSize() < bytesPerPeer * n)
             throw new IllegalArgumentException("input of " + c + " has " + in.byteSize() + " bytes; " + n + " ranks x " + bytesPerPeer + " bytes = " + bytesPerPeer * n + " needed");
+        if (in.overlaps(writtenArea(i)))
+            throw new IllegalArgumentException("input of " + c + " overlaps this all-to-all's receive area, which peers write while it is read; copy the result out before sending it on");
     }
+
+    /** Where a call writes on local rank {@code i}: GIN, the whole window (receive slots, staging, signals); HOST, the output buffer. */
+    private DeviceBuffer writtenArea(int i) { return backend == Backend.GIN ? gin.window.buffer(i) : hostOutputs.get(i); }
 
     private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
         Plan plan = gin.plan(bytesPerPeer, protocol, i, true);

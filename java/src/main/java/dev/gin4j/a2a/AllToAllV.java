@@ -68,6 +68,7 @@ public final class AllToAllV extends NativeResource {
     public Backend backend() { return backend; }
     public long capacityPerPeer() { return capacityPerPeer; }
 
+    /** As {@link AllToAll#protocol}: every rank must use the same protocol in a call. */
     public AllToAllV protocol(Protocol p) {
         if (p == null) throw new IllegalArgumentException("protocol must not be null (Protocol.AUTO picks by size)");
         this.protocol = p;
@@ -90,6 +91,7 @@ public final class AllToAllV extends NativeResource {
 
     public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
         ensureOpen();
+        group.ensureOpen();  // GIN kernels store through the peer mappings that went with its communicators
         int local = group.localCount(), n = group.worldSize();
         if (inputs.size() != local || sendCounts.size() != local || sendOffsets.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one input, count array, offset array and stream per local rank expected (" + local + "), got "
@@ -101,6 +103,13 @@ public final class AllToAllV extends NativeResource {
             if (streams.get(i).device() != c.device()) throw new IllegalArgumentException("stream of " + c + " is on " + streams.get(i).device());
             if (sendCounts.get(i).byteSize() < 8L * n || sendOffsets.get(i).byteSize() < 8L * n)
                 throw new IllegalArgumentException("send counts and offsets of " + c + " must hold " + n + " uint64 values (" + 8 * n + " bytes)");
+            for (DeviceBuffer b : List.of(sendCounts.get(i), sendOffsets.get(i)))  // the kernels load them as uint64
+                if (b.address() % 8 != 0)
+                    throw new IllegalArgumentException("send counts and offsets of " + c + " must be 8-byte aligned (uint64), got address 0x" + Long.toHexString(b.address()));
+            for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
+                for (DeviceBuffer out : writtenAreas(i))
+                    if (b.overlaps(out))
+                        throw new IllegalArgumentException("an input, count or offset buffer of " + c + " overlaps this all-to-all-v's receive area, which peers write while it is read; copy the result out before sending it on");
         }
         if (backend == Backend.HOST) {
             Stream.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");
@@ -141,6 +150,11 @@ public final class AllToAllV extends NativeResource {
                 r.directV.launch(streams.get(i), cfg, a);
             }
         }
+    }
+
+    /** Where a call writes on local rank {@code i}: GIN, the whole window (receive slots, counts, staging, signals); HOST, the output and count buffers. */
+    private List<DeviceBuffer> writtenAreas(int i) {
+        return backend == Backend.GIN ? List.of(gin.window.buffer(i)) : List.of(hostOutputs.get(i), hostCounts.get(i));
     }
 
     private void runHost(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {

@@ -188,34 +188,45 @@ final class GinState implements AutoCloseable {
                 dc = DeviceComm.create(group, new DeviceComm.Requirements(0, 2 * nranks * Plan.MAX_CHUNKS_PER_PEER, 0, true));
             }
             this.ginComm = dc;
-            for (Communicator c : group.ranks()) {
-                try (Stream s = c.device().createStream()) {
-                    Rank r = new Rank(c, c.device().loadKernels("a2a"), arena, s);
-                    ranks.add(r);
-                    // signals and staging start at zero: sequence numbers begin at 1
-                    window.buffer(c.localIndex()).fill((byte) 0, s);
-                    if (hybrid) r.attachHybrid(this, s);
-                    s.synchronize();
-                }
+            RuntimeException setupFailed = null;
+            try {
+                setUpRanks();
+            } catch (RuntimeException e) {
+                setupFailed = e;
             }
-            if (peers != null) {
-                long recvOffset = offset("recv"), recvBytes = window.layout().region("recv").size();
-                for (Rank r : ranks) {
-                    long[] bases = peers.bases(r.comm.localIndex());
-                    r.peerRecv = new DeviceBuffer[nranks];
-                    for (int p = 0; p < nranks; p++) {
-                        // physically on GPU p; the copy engine of this rank's GPU reaches it over NVLink
-                        if (p != r.comm.rank() && bases[p] != 0)
-                            r.peerRecv[p] = DeviceBuffer.wrap(r.comm.device(), MemorySegment.ofAddress(bases[p] + recvOffset).reinterpret(recvBytes, arena, null));
-                    }
-                }
-            }
-            // no rank may start signalling before every rank has zeroed its window (and reset its GIN signals)
-            group.allGatherLongs(new long[group.localCount()]);
+            // no rank may start signalling before every rank has zeroed its window (and reset its GIN
+            // signals), and a rank whose setup failed must not leave the others waiting here
+            group.failTogether("setting up the all-to-all's kernels and buffers", setupFailed);
         } catch (RuntimeException e) {
             if (dc != null) dc.close();
             close();
             throw e;
+        }
+    }
+
+    /** Per local rank: kernels, argument lists, a zeroed window, the peers' receive regions (local work, no collective). */
+    private void setUpRanks() {
+        for (Communicator c : group.ranks()) {
+            try (Stream s = c.device().createStream()) {
+                Rank r = new Rank(c, c.device().loadKernels("a2a"), arena, s);
+                ranks.add(r);
+                // signals and staging start at zero: sequence numbers begin at 1
+                window.buffer(c.localIndex()).fill((byte) 0, s);
+                if (hybrid) r.attachHybrid(this, s);
+                s.synchronize();
+            }
+        }
+        if (peers != null) {
+            long recvOffset = offset("recv"), recvBytes = window.layout().region("recv").size();
+            for (Rank r : ranks) {
+                long[] bases = peers.bases(r.comm.localIndex());
+                r.peerRecv = new DeviceBuffer[nranks];
+                for (int p = 0; p < nranks; p++) {
+                    // physically on GPU p; the copy engine of this rank's GPU reaches it over NVLink
+                    if (p != r.comm.rank() && bases[p] != 0)
+                        r.peerRecv[p] = DeviceBuffer.wrap(r.comm.device(), MemorySegment.ofAddress(bases[p] + recvOffset).reinterpret(recvBytes, arena, null));
+                }
+            }
         }
     }
 

@@ -64,6 +64,25 @@ final class Bench {
         return dflt;
     }
 
+    /** An integer option, or an error that names the option and what it got. */
+    static int intOption(String[] args, String name, String dflt) {
+        String v = option(args, name, dflt);
+        try {
+            return Integer.parseInt(v.trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(name + " expects an integer, got '" + v + "'");
+        }
+    }
+
+    /** Refuses what is not "--option value" with a known option: a misspelt one would silently run the defaults. */
+    static void checkOptions(String[] args, List<String> known) {
+        for (int i = 1; i < args.length; i += 2) {
+            if (!known.contains(args[i]))
+                throw new IllegalArgumentException("bench " + args[0] + ": unknown option '" + args[i] + "', expected some of " + known);
+            if (i + 1 >= args.length) throw new IllegalArgumentException("bench " + args[0] + ": " + args[i] + " needs a value");
+        }
+    }
+
     static long parseSize(String s) {
         String t = s.trim().toUpperCase(Locale.ROOT);
         long mul = 1;
@@ -78,9 +97,10 @@ final class Bench {
     }
 
     private static int a2a(String[] args, PrintStream out) throws IOException {
+        checkOptions(args, List.of("--min", "--max", "--factor", "--iters", "--warmup", "--backends", "--protocol", "--out"));
         long min = parseSize(option(args, "--min", "4K")), max = parseSize(option(args, "--max", "1G"));
-        int factor = Integer.parseInt(option(args, "--factor", "4"));
-        int iters = Integer.parseInt(option(args, "--iters", "20")), warmup = Integer.parseInt(option(args, "--warmup", "5"));
+        int factor = intOption(args, "--factor", "4");
+        int iters = intOption(args, "--iters", "20"), warmup = intOption(args, "--warmup", "5");
         if (min < 1 || max < min || factor < 2 || iters < 1 || warmup < 0)
             throw new IllegalArgumentException("need 1 <= --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0");
         List<Backend> backends = new ArrayList<>();

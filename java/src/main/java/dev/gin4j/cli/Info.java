@@ -63,7 +63,7 @@ final class Info {
         }
         if (devices != null) {
             devices.stream().map(Device::arch).distinct().forEach(a -> out.println("  for this machine's " + a + ": "
-                    + (kernels.objects(a).isEmpty() ? "NONE shipped (rebuild with gin-kernels/build --arch " + a + ")" : "shipped")));
+                    + (kernels.objects(a).isEmpty() ? "NONE shipped (" + KernelLibrary.rebuildHint(a) + ")" : "shipped")));
         }
     }
 

@@ -74,16 +74,25 @@ final class MoeBench {
     private MoeBench() {}
 
     static int run(String[] args, PrintStream out) throws IOException {
-        int iters = Integer.parseInt(Bench.option(args, "--iters", "20"));
-        int warmup = Integer.parseInt(Bench.option(args, "--warmup", "10"));  // GIN runs at least 1500
-        int[] tokenCounts = Arrays.stream(Bench.option(args, "--tokens", "128,4096").split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
+        Bench.checkOptions(args, List.of("--tokens", "--shapes", "--routing", "--channels", "--iters", "--warmup", "--out"));
+        int iters = Bench.intOption(args, "--iters", "20");
+        int warmup = Bench.intOption(args, "--warmup", "10");  // GIN runs at least 1500
+        if (iters < 1 || warmup < 0) throw new IllegalArgumentException("need --iters >= 1 and --warmup >= 0, got " + iters + " and " + warmup);
+        String tokenList = Bench.option(args, "--tokens", "128,4096");
+        int[] tokenCounts;
+        try {
+            tokenCounts = Arrays.stream(tokenList.split(",")).mapToInt(s -> Integer.parseInt(s.trim())).toArray();
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException("--tokens expects comma-separated integers, got '" + tokenList + "'");
+        }
+        for (int t : tokenCounts) if (t < 0) throw new IllegalArgumentException("--tokens: token counts must be >= 0, got " + t);
         List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q").split(","));
         for (String n : names)
             if (SHAPES.stream().noneMatch(sh -> sh.name().equals(n)))
                 throw new IllegalArgumentException("--shapes: unknown shape '" + n + "', expected some of " + SHAPES.stream().map(Shape::name).toList());
         Path json = Path.of(Bench.option(args, "--out", "moe.json"));
         Routing routing = Routing.parse(Bench.option(args, "--routing", "uniform"));
-        int channels = Integer.parseInt(Bench.option(args, "--channels", "0"));  // 0: MoeConfig's default (the whole GPU)
+        int channels = Bench.intOption(args, "--channels", "0");  // 0: MoeConfig's default (the whole GPU)
         if (channels < 0 || channels > 128) throw new IllegalArgumentException("--channels " + channels + ": expected 0 (half the SMs) or 1 to 128");
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();

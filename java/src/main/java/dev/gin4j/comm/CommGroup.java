@@ -304,6 +304,31 @@ public final class CommGroup extends NativeResource {
     }
 
     /**
+     * Collective: every rank says whether its part of {@code step} (work that can fail on some ranks
+     * only, such as allocating memory or loading kernels) succeeded, so that the ranks fail
+     * together instead of the healthy ones waiting forever in the next collective (or in the
+     * failing rank's collective clean-up). Returns when every rank succeeded; otherwise throws
+     * {@code localFailure} on the ranks that failed and, on the others, an exception naming them.
+     */
+    public void failTogether(String step, RuntimeException localFailure) {
+        long[] mine = new long[ranks.size()];
+        java.util.Arrays.fill(mine, localFailure == null ? 0 : 1);
+        long[] all;
+        try {
+            all = allGatherLongs(mine)[0];
+        } catch (RuntimeException e) {
+            if (localFailure == null) throw e;
+            localFailure.addSuppressed(e);
+            throw localFailure;
+        }
+        if (localFailure != null) throw localFailure;
+        List<Integer> failed = new ArrayList<>();
+        for (int r = 0; r < all.length; r++) if (all[r] != 0) failed.add(r);
+        if (!failed.isEmpty())
+            throw new CommException(step + " failed on rank(s) " + failed + " (each reports its own error), so rank " + ranks.get(0).rank() + " stops too");
+    }
+
+    /**
      * Aborts every local communicator (pending work is dropped) and closes the group: from another
      * thread, this ends a wait in a collective or a stream synchronize that will never return. After
      * {@link #close} has begun it does nothing (the close destroys the communicators itself).

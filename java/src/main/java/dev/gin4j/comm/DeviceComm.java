@@ -77,10 +77,11 @@ public final class DeviceComm extends NativeResource {
         return structs.get(localIndex);
     }
 
+    /** Destroys each rank's device communicator, unless the group was closed first (they went with its communicators). */
     @Override protected void release() {
         List<Runnable> steps = new ArrayList<>();
         for (Communicator c : group.ranks()) {
-            if (!created[c.localIndex()]) continue;
+            if (!created[c.localIndex()] || group.isClosed()) continue;
             steps.add(() -> {
                 c.device().makeCurrent();
                 Nccl.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());

@@ -54,13 +54,20 @@ public final class SymmetricWindow extends NativeResource {
         SymmetricWindow w = new SymmetricWindow(group, layout);
         try {
             try (Arena tmp = Arena.ofConfined()) {
-                for (Communicator c : group.ranks()) {
-                    c.device().makeCurrent();
-                    MemorySegment out = tmp.allocate(ValueLayout.ADDRESS);
-                    Nccl.check("ncclMemAlloc(" + size + " bytes)", ncclMemAlloc(out, size), c.handle());
-                    long ptr = out.get(ValueLayout.ADDRESS, 0).address();
-                    w.buffers.add(DeviceBuffer.wrap(c.device(), MemorySegment.ofAddress(ptr).reinterpret(size, w.arena, null)));
+                RuntimeException allocFailed = null;
+                try {
+                    for (Communicator c : group.ranks()) {
+                        c.device().makeCurrent();
+                        MemorySegment out = tmp.allocate(ValueLayout.ADDRESS);
+                        Nccl.check("ncclMemAlloc(" + size + " bytes)", ncclMemAlloc(out, size), c.handle());
+                        long ptr = out.get(ValueLayout.ADDRESS, 0).address();
+                        w.buffers.add(DeviceBuffer.wrap(c.device(), MemorySegment.ofAddress(ptr).reinterpret(size, w.arena, null)));
+                    }
+                } catch (RuntimeException e) {
+                    allocFailed = e;
                 }
+                // the registration below is collective: a rank whose memory failed must not leave the others waiting in it
+                group.failTogether("allocating a symmetric window of " + size + " bytes", allocFailed);
                 MemorySegment wins = tmp.allocate(ValueLayout.ADDRESS, group.localCount());  // zeroed: NULL where nothing was registered
                 try {
                     group.inGroup(() -> {
@@ -104,10 +111,14 @@ public final class SymmetricWindow extends NativeResource {
         return handles.get(localIndex);
     }
 
-    /** Deregisters what was registered, then frees every rank's memory, each step even if one before it failed. */
+    /**
+     * Deregisters what was registered, then frees every rank's memory, each step even if one before
+     * it failed. After the group was closed (or aborted) the registrations went with its
+     * communicators: only the memory is freed then.
+     */
     @Override protected void release() {
         List<Runnable> steps = new ArrayList<>();
-        if (handles.stream().anyMatch(h -> h.address() != 0)) {
+        if (!group.isClosed() && handles.stream().anyMatch(h -> h.address() != 0)) {
             steps.add(() -> group.inGroup(() -> {
                 for (Communicator c : group.ranks()) {
                     MemorySegment h = handles.get(c.localIndex());

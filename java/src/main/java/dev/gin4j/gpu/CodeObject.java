@@ -43,7 +43,7 @@ public final class CodeObject extends NativeResource {
                     || en.contains("InvalidImage") || en.contains("InvalidKernelFile") || en.contains("INVALID_PTX") || en.contains("UNSUPPORTED_PTX_VERSION");
             throw new GpuException("cannot load code object '" + name + "' on " + device + " (architecture " + arch + ")"
                     + (wrongImage ? ": its image has no code this device can run (built for another architecture?); rebuild it for " + arch
-                            + " (gin-kernels/build --arch " + arch + ")" : ""), e);
+                            + " (" + KernelLibrary.rebuildHint(arch) + ")" : ""), e);
         }
     }
 

@@ -71,6 +71,13 @@ public final class DeviceBuffer {
         return segment.address();
     }
 
+    /** true when {@code other} is on the same device and the two share at least one byte. */
+    public boolean overlaps(DeviceBuffer other) {
+        if (other.device != device || byteSize() == 0 || other.byteSize() == 0) return false;
+        long a = segment.address(), b = other.segment.address();
+        return a < b + other.byteSize() && b < a + byteSize();
+    }
+
     /** A view of {@code [offset, offset + length)} of this buffer. */
     public DeviceBuffer slice(long offset, long length) {
         if (offset < 0 || length < 0 || offset > byteSize() - length) {

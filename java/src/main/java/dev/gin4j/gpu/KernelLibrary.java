@@ -106,13 +106,20 @@ public final class KernelLibrary {
         return v.isEmpty() ? List.of() : List.of(v.split(","));
     }
 
+    /** How to build code objects for {@code arch} (gin-kernels/build takes NVIDIA architectures by name; AMD is gfx942 only). */
+    public static String rebuildHint(String arch) {
+        if (arch.startsWith("sm_")) return "rebuild with gin-kernels/build --arch " + arch;
+        if (arch.equals("gfx942")) return "rebuild with gin-kernels/build --amd";
+        return "gin-kernels/build makes code objects for NVIDIA sm_NN and AMD gfx942 only, not " + arch;
+    }
+
     /** The bytes of an object for {@code arch}, or an exception that says what ships. */
     public byte[] read(String arch, String object) {
         String rel = manifest.getProperty("object." + arch + "." + object);
         if (rel == null) {
             throw new GpuException("no code object '" + object + "' for " + arch + " in " + source()
                     + (hasManifest() ? "; it ships objects for " + architectures() : "; no manifest found: build the kernels with gin-kernels/build")
-                    + ". Rebuild with gin-kernels/build --arch " + arch);
+                    + "; " + rebuildHint(arch));
         }
         try {
             if (folder != null) return Files.readAllBytes(folder.resolve(ROOT + rel));

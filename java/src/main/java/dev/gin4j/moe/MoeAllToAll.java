@@ -190,12 +190,21 @@ public final class MoeAllToAll extends NativeResource {
             }
             this.localExperts = cfg.experts() / nRanks;
             this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
-            this.query = queryLayout(group.rank(0).device());
-            if (query[Q_WINDOW_BYTES] == 0) {
-                throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
-                        + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
-                        + " maxTokens x ranks and the receive capacity in rows below 2^31)");
+            long[] q = null;
+            RuntimeException queryFailed = null;
+            try {
+                q = queryLayout(group.rank(0).device());
+                if (q[Q_WINDOW_BYTES] == 0) {
+                    throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
+                            + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
+                            + " maxTokens x ranks and the receive capacity in rows below 2^31)");
+                }
+            } catch (RuntimeException e) {
+                queryFailed = e;
             }
+            // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
+            group.failTogether("loading the MoE kernels", queryFailed);
+            this.query = q;
             if (cfg.backend() == Backend.GIN) {
                 this.window = SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build());
                 this.peers = PeerTable.resolve(window, arena);
@@ -204,17 +213,23 @@ public final class MoeAllToAll extends NativeResource {
                 this.window = null;
                 this.peers = null;
             }
-            for (Communicator c : group.ranks()) {
-                try (Stream s = c.device().createStream()) {
-                    ranks.add(new RankState(c, s));
-                    // the whole window, not only the flags: count tables and LL128 lines outside the
-                    // flag area carry call-number tags, which stale bytes at a reused address could match
-                    if (window != null) window.region(c.localIndex(), "moe").fill((byte) 0, s);
-                    s.synchronize();
+            RuntimeException setupFailed = null;
+            try {
+                for (Communicator c : group.ranks()) {
+                    try (Stream s = c.device().createStream()) {
+                        ranks.add(new RankState(c, s));
+                        // the whole window, not only the flags: count tables and LL128 lines outside the
+                        // flag area carry call-number tags, which stale bytes at a reused address could match
+                        if (window != null) window.region(c.localIndex(), "moe").fill((byte) 0, s);
+                        s.synchronize();
+                    }
                 }
+            } catch (RuntimeException e) {
+                setupFailed = e;
             }
-            // every rank's window is zero before any rank can signal into it
-            group.allGatherLongs(new long[group.localCount()]);
+            // every rank's window is zero before any rank can signal into it, and a rank whose setup
+            // failed must not leave the others waiting here (its close below deregisters collectively)
+            group.failTogether("setting up the MoE exchange's kernels and buffers", setupFailed);
         } catch (RuntimeException e) {
             close();
             throw e;
@@ -320,8 +335,15 @@ public final class MoeAllToAll extends NativeResource {
             throw new IllegalArgumentException(r.comm + ": " + what + " must be " + bytes + "-byte aligned, its address is 0x" + Long.toHexString(b.address()));
     }
 
+    /** An input the call would read while writing {@code out} (results of an earlier call, say): refused, not corrupted. */
+    private static void requireDisjoint(RankState r, DeviceBuffer in, String what, DeviceBuffer out, String outWhat) {
+        if (in.overlaps(out))
+            throw new IllegalArgumentException(r.comm + ": " + what + " overlaps this instance's " + outWhat + ", which the call writes while it reads " + what + "; copy it elsewhere first");
+    }
+
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
         ensureOpen();
+        group.ensureOpen();  // the kernels store through the peer mappings that went with its communicators
         if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException(r.comm + ": T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
         long needX = (long) tokens * cfg.inputRowBytes(), needK = 4L * tokens * cfg.topK();
         if (x.byteSize() < needX) {
@@ -339,6 +361,15 @@ public final class MoeAllToAll extends NativeResource {
         if (idx.device() != r.device) throw new IllegalArgumentException("topkIdx of " + r.comm + " is on " + idx.device());
         if (w.device() != r.device) throw new IllegalArgumentException("topkWeights of " + r.comm + " is on " + w.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
+        requireDisjointFromDispatchResults(r, x, "x");
+        requireDisjointFromDispatchResults(r, idx, "topkIdx");
+        requireDisjointFromDispatchResults(r, w, "topkWeights");
+    }
+
+    private static void requireDisjointFromDispatchResults(RankState r, DeviceBuffer in, String what) {
+        requireDisjoint(r, in, what, r.recvX, "received rows");
+        requireDisjoint(r, in, what, r.recvWeights, "received weights");
+        requireDisjoint(r, in, what, r.recvCounts, "per-expert counts");
     }
 
     /**
@@ -487,6 +518,7 @@ public final class MoeAllToAll extends NativeResource {
     /** The handle's rank, if the handle is of this instance's last dispatch there. */
     private RankState handleRank(MoeDispatch handle, String operation) {
         ensureOpen();
+        group.ensureOpen();
         if (handle.owner() != this) throw new IllegalArgumentException(operation + " needs a handle of this instance's dispatch; " + handle + " comes from " + handle.owner().describe());
         RankState r = rank(handle.localIndex());
         if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": " + operation + " needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
@@ -503,7 +535,11 @@ public final class MoeAllToAll extends NativeResource {
         return r;
     }
 
-    /** One local rank: y[T][H] bf16 for the tokens of that rank's last dispatch (this instance's buffer). HOST with several local ranks takes the list form. */
+    /**
+     * One local rank: y[T][H] bf16 for the tokens of that rank's last dispatch. y is this instance's
+     * buffer, valid until the next combine or combineUnweighted on the rank: copy it to keep it.
+     * HOST with several local ranks takes the list form.
+     */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         return combine(handle, expertOut, stream, true);
     }
@@ -536,12 +572,12 @@ public final class MoeAllToAll extends NativeResource {
         return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
     }
 
-    /** Every local rank at once (the only form for HOST with several local ranks). */
+    /** Every local rank at once (the only form for HOST with several local ranks); each y valid until the next combine there. */
     public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
         return combine(handles, expertOut, streams, true);
     }
 
-    /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once. */
+    /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once; each result valid until the next combine there. */
     public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
         return combine(handles, expertOut, streams, false);
     }
@@ -620,6 +656,7 @@ public final class MoeAllToAll extends NativeResource {
         if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException(r.comm + ": rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
+        requireDisjoint(r, rowValues, "rowValues", r.tokenValues, "returned values");
         return r;
     }
 
@@ -693,7 +730,7 @@ public final class MoeAllToAll extends NativeResource {
     }
 
     private RankState rank(int localIndex) {
-        if (localIndex < 0 || localIndex >= ranks.size()) throw new IllegalArgumentException("local rank index " + localIndex + " is outside [0, " + ranks.size() + ")");
+        group.checkLocalIndex(localIndex);
         return ranks.get(localIndex);
     }
 

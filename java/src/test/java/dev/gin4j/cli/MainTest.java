@@ -43,5 +43,20 @@ class MainTest {
         r = run("bench", "moe", "--shapes", "deepseek-v3,gpt-oss");
         assertEquals(2, r.status());
         assertTrue(r.err().contains("unknown shape 'gpt-oss'") && r.err().contains("qwen3-30b-a3b"), r.err());
+        r = run("bench", "moe", "--iter", "5");  // misspelt: refused, not run with the defaults
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("unknown option '--iter'") && r.err().contains("--iters"), r.err());
+        r = run("bench", "moe", "--iters", "0");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("--iters >= 1"), r.err());
+        r = run("bench", "a2a", "--factor", "four");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("--factor expects an integer, got 'four'"), r.err());
+        r = run("bench", "moe", "--tokens", "128,x");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("--tokens expects comma-separated integers"), r.err());
+        r = run("bench", "a2a", "--iters");
+        assertEquals(2, r.status());
+        assertTrue(r.err().contains("--iters needs a value"), r.err());
     }
 }

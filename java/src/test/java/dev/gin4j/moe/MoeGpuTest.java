@@ -564,6 +564,27 @@ class MoeGpuTest {
         assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
     }
 
+    /** Results of an earlier call fed straight back as inputs would be overwritten while read: refused by name. */
+    @Test void inputsThatOverlapWhatTheCallWritesAreRefused() {
+        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(group, MoeConfig.bf16(64, experts(8), 2, 8, Backend.GIN))) {
+            SmallInputs in = smallInputs(a);
+            List<DeviceBuffer> xs = in.xs(), ids = in.ids(), ws = in.ws();
+            List<MoeDispatch> d = moe.dispatch(xs, ids, ws, tokens(8, 8), streams);
+            List<DeviceBuffer> rowsAsX = d.stream().map(MoeDispatch::rows).toList();
+            IllegalArgumentException rows = assertThrows(IllegalArgumentException.class, () -> moe.dispatch(rowsAsX, ids, ws, tokens(8, 8), streams));
+            assertTrue(rows.getMessage().contains("x overlaps this instance's received rows"), rows.getMessage());
+            List<DeviceBuffer> weightsAsW = d.stream().map(MoeDispatch::weights).toList();
+            IllegalArgumentException weights = assertThrows(IllegalArgumentException.class, () -> moe.dispatch(xs, ids, weightsAsW, tokens(8, 8), streams));
+            assertTrue(weights.getMessage().contains("topkWeights overlaps this instance's received weights"), weights.getMessage());
+            List<DeviceBuffer> got = moe.returnRowValues(d, weightsAsW, streams);
+            if (n == 1) {  // one rank: the returned [T][K] values are as long as the layout's rows, so only the overlap refuses them
+                IllegalArgumentException values = assertThrows(IllegalArgumentException.class, () -> moe.returnRowValues(d, got, streams));
+                assertTrue(values.getMessage().contains("rowValues overlaps this instance's returned values"), values.getMessage());
+            }
+            moe.checkErrors(streams);  // the refused calls queued nothing
+        }
+    }
+
     @Test void badInputsAreReported() {
         try (Arena a = Arena.ofShared(); MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(128, experts(8), 2, 16, Backend.GIN))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();

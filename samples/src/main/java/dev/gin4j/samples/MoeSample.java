@@ -18,15 +18,15 @@ import java.util.List;
 import java.util.Random;
 
 /**
- * An MoE layer's exchange: 256 tokens per GPU, hidden 1024, 16 experts, top-2. Dispatch sends each
- * token to the GPUs of its experts; "experts" here return their input unchanged, so combine gives
+ * An MoE layer's exchange: 256 tokens per GPU, hidden 1024, 16 experts (rounded up to a multiple of
+ * the GPU count), top-2. Dispatch sends each token to the GPUs of its experts; "experts" here return their input unchanged, so combine gives
  * back y = x * (w0 + w1) = 0.75 x per token, which the sample checks for every element on every GPU
  * (fresh random x each run: 0.25 x + 0.5 x is exact in the combine's fp32, then one rounding to bf16).
  */
 public final class MoeSample {
     public static void main(String[] args) {
         List<Device> devices = GpuRuntime.get().devices();
-        int n = devices.size(), tokens = 256, hidden = 1024, experts = 16, topK = 2;
+        int n = devices.size(), tokens = 256, hidden = 1024, experts = (16 + n - 1) / n * n, topK = 2;  // experts split evenly over the GPUs
         long seed = System.nanoTime();
         Random random = new Random(seed);
         try (CommGroup group = CommGroup.initAll(devices); Arena arena = Arena.ofShared();
