@@ -42,8 +42,15 @@ public final class AllToAll extends NativeResource {
         this.arena = backend == Backend.HOST ? Arena.ofShared() : null;
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, maxBytesPerPeer) : null;
-            if (backend == Backend.HOST)
-                for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(outputBytes(maxBytesPerPeer, group.worldSize()), arena));
+            if (backend == Backend.HOST) {
+                RuntimeException failed = null;
+                try {
+                    for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(outputBytes(maxBytesPerPeer, group.worldSize()), arena));
+                } catch (RuntimeException e) {
+                    failed = e;
+                }
+                group.failTogether("allocating the all-to-all's output", failed);  // else the others would wait in the first exchange
+            }
         } catch (RuntimeException e) {
             close();
             throw e;
@@ -51,22 +58,33 @@ public final class AllToAll extends NativeResource {
     }
 
     /**
-     * The arguments of create, checked before anything is registered or allocated, then compared
-     * across ranks (collective): a rank with another backend or size would otherwise wait forever in
-     * a window allocation the others never make, or exchange with them in the wrong shape.
+     * The arguments of create, checked before anything is registered or allocated, and compared
+     * across ranks (collective; every rank throws together): a rank with another kind of exchange,
+     * backend or size would otherwise wait forever in a window allocation the others never make, or
+     * exchange with them in the wrong shape. {@code kind} tells AllToAll from AllToAllV.
      */
-    static void checkCreate(CommGroup group, long bytesPerPeer, Backend backend, String what) {
-        if (group == null || backend == null) throw new IllegalArgumentException("a communicator group and a backend must be given, got " + group + " / " + backend);
+    static void checkCreate(CommGroup group, long bytesPerPeer, Backend backend, String what, String kind) {
+        if (group == null) throw new IllegalArgumentException("a communicator group must be given");
         group.ensureOpen();
-        if (bytesPerPeer < 1) throw new IllegalArgumentException(what + " must be >= 1, got " + bytesPerPeer);
-        outputBytes(bytesPerPeer, group.worldSize());
-        long[][] mine = new long[group.localCount()][];
-        java.util.Arrays.fill(mine, new long[] {backend.ordinal(), bytesPerPeer});
+        String wrong = backend == null ? "a backend must be given" : bytesPerPeer < 1 ? what + " must be >= 1, got " + bytesPerPeer : null;
+        if (wrong == null) {
+            try {
+                outputBytes(bytesPerPeer, group.worldSize());
+            } catch (IllegalArgumentException e) {
+                wrong = e.getMessage();
+            }
+        }
+        long[][] mine = new long[group.localCount()][];  // the kind as its String.hashCode, which the JLS fixes: the same in every JVM
+        java.util.Arrays.fill(mine, new long[] {kind.hashCode(), backend == null ? -1 : backend.ordinal(), bytesPerPeer, wrong == null ? 0 : 1});
         long[] all = group.allGatherLongs(mine)[0];
+        if (wrong != null) throw new IllegalArgumentException(wrong);
         for (int r = 0; r < group.worldSize(); r++) {
-            if (all[2 * r] != backend.ordinal() || all[2 * r + 1] != bytesPerPeer) {
-                Backend theirs = all[2 * r] >= 0 && all[2 * r] < Backend.values().length ? Backend.values()[(int) all[2 * r]] : null;
-                throw new IllegalArgumentException("rank " + r + " creates this exchange with backend " + theirs + " and " + what + " = " + all[2 * r + 1] + ", rank "
+            if (all[4 * r + 3] != 0) throw new IllegalArgumentException("rank " + r + " refused its arguments for this " + kind + " (it reports why), so every rank stops");
+            if (all[4 * r] != kind.hashCode())
+                throw new IllegalArgumentException("rank " + r + " creates another kind of exchange than this " + kind + "; every rank must create the same one, in the same order");
+            if (all[4 * r + 1] != backend.ordinal() || all[4 * r + 2] != bytesPerPeer) {
+                Backend theirs = Backend.values()[(int) all[4 * r + 1]];
+                throw new IllegalArgumentException("rank " + r + " creates this " + kind + " with backend " + theirs + " and " + what + " = " + all[4 * r + 2] + ", rank "
                         + group.rank(0).rank() + " with " + backend + " and " + bytesPerPeer + "; every rank must create it with the same backend and size");
             }
         }
@@ -83,7 +101,7 @@ public final class AllToAll extends NativeResource {
 
     /** Collective: every rank must create it with the same size and backend. */
     public static AllToAll create(CommGroup group, long maxBytesPerPeer, Backend backend) {
-        checkCreate(group, maxBytesPerPeer, backend, "maxBytesPerPeer");
+        checkCreate(group, maxBytesPerPeer, backend, "maxBytesPerPeer", "all-to-all");
         return new AllToAll(group, backend, maxBytesPerPeer);
     }
 

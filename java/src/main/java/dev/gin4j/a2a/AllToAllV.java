@@ -47,11 +47,17 @@ public final class AllToAllV extends NativeResource {
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, capacityPerPeer) : null;
             if (backend == Backend.HOST) {
-                for (Communicator c : group.ranks()) {
-                    hostOutputs.add(c.device().allocate(AllToAll.outputBytes(capacityPerPeer, group.worldSize()), arena));
-                    hostCounts.add(c.device().allocate(8L * group.worldSize(), arena));
-                    hostSendCounts.add(c.device().allocate(8L * group.worldSize(), arena));
+                RuntimeException failed = null;
+                try {
+                    for (Communicator c : group.ranks()) {
+                        hostOutputs.add(c.device().allocate(AllToAll.outputBytes(capacityPerPeer, group.worldSize()), arena));
+                        hostCounts.add(c.device().allocate(8L * group.worldSize(), arena));
+                        hostSendCounts.add(c.device().allocate(8L * group.worldSize(), arena));
+                    }
+                } catch (RuntimeException e) {
+                    failed = e;
                 }
+                group.failTogether("allocating the all-to-all-v's buffers", failed);  // else the others would wait in the first exchange
             }
         } catch (RuntimeException e) {
             close();
@@ -61,7 +67,7 @@ public final class AllToAllV extends NativeResource {
 
     /** Collective: every rank must create it with the same capacity and backend. */
     public static AllToAllV create(CommGroup group, long capacityPerPeer, Backend backend) {
-        AllToAll.checkCreate(group, capacityPerPeer, backend, "capacityPerPeer");
+        AllToAll.checkCreate(group, capacityPerPeer, backend, "capacityPerPeer", "all-to-all-v");
         return new AllToAllV(group, backend, capacityPerPeer);
     }
 

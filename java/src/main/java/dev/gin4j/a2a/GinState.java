@@ -167,7 +167,15 @@ final class GinState implements AutoCloseable {
         if (group.isSingleProcess()) return false;
         try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
              Arena a = Arena.ofConfined()) {
-            return !PeerTable.resolve(probe, a).allReachable();
+            boolean gin = false;
+            RuntimeException failed = null;
+            try {
+                gin = !PeerTable.resolve(probe, a).allReachable();
+            } catch (RuntimeException e) {
+                failed = e;
+            }
+            group.failTogether("finding where the peers are", failed);  // before the probe's collective deregistration
+            return gin;
         }
     }
 
@@ -182,21 +190,23 @@ final class GinState implements AutoCloseable {
         this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, hybrid));
         DeviceComm dc = null;
         try {
-            this.peers = hybrid ? null : PeerTable.resolve(window, arena);
             if (hybrid) {
                 // 2 signals per (source, chunk): data and ready (KERNELS.md, nccl_gin_a2a.cu)
                 dc = DeviceComm.create(group, new DeviceComm.Requirements(0, 2 * nranks * Plan.MAX_CHUNKS_PER_PEER, 0, true));
             }
             this.ginComm = dc;
+            PeerTable peerTable = null;
             RuntimeException setupFailed = null;
             try {
-                setUpRanks();
+                if (!hybrid) peerTable = PeerTable.resolve(window, arena);
+                setUpRanks(peerTable);
             } catch (RuntimeException e) {
                 setupFailed = e;
             }
             // no rank may start signalling before every rank has zeroed its window (and reset its GIN
             // signals), and a rank whose setup failed must not leave the others waiting here
             group.failTogether("setting up the all-to-all's kernels and buffers", setupFailed);
+            this.peers = peerTable;
         } catch (RuntimeException e) {
             if (dc != null) dc.close();
             close();
@@ -205,7 +215,7 @@ final class GinState implements AutoCloseable {
     }
 
     /** Per local rank: kernels, argument lists, a zeroed window, the peers' receive regions (local work, no collective). */
-    private void setUpRanks() {
+    private void setUpRanks(PeerTable peers) {
         for (Communicator c : group.ranks()) {
             try (Stream s = c.device().createStream()) {
                 Rank r = new Rank(c, c.device().loadKernels("a2a"), arena, s);

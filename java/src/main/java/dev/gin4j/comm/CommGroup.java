@@ -309,6 +309,9 @@ public final class CommGroup extends NativeResource {
      * together instead of the healthy ones waiting forever in the next collective (or in the
      * failing rank's collective clean-up). Returns when every rank succeeded; otherwise throws
      * {@code localFailure} on the ranks that failed and, on the others, an exception naming them.
+     * A rank that cannot take part in the agreement itself (its GPU in an error state, say) aborts
+     * the group, so that its clean-up enters no collective; the others then wait until they are
+     * aborted or stopped, as in any NCCL program.
      */
     public void failTogether(String step, RuntimeException localFailure) {
         long[] mine = new long[ranks.size()];
@@ -317,9 +320,15 @@ public final class CommGroup extends NativeResource {
         try {
             all = allGatherLongs(mine)[0];
         } catch (RuntimeException e) {
-            if (localFailure == null) throw e;
-            localFailure.addSuppressed(e);
-            throw localFailure;
+            RuntimeException thrown = localFailure != null ? localFailure : e;
+            if (localFailure != null) localFailure.addSuppressed(e);
+            try {
+                abort();
+            } catch (RuntimeException q) {
+                thrown.addSuppressed(q);
+            }
+            thrown.addSuppressed(new CommException("rank " + ranks.get(0).rank() + " could not tell the others how " + step + " went, so " + describe() + " was aborted"));
+            throw thrown;
         }
         if (localFailure != null) throw localFailure;
         List<Integer> failed = new ArrayList<>();
@@ -331,7 +340,9 @@ public final class CommGroup extends NativeResource {
     /**
      * Aborts every local communicator (pending work is dropped) and closes the group: from another
      * thread, this ends a wait in a collective or a stream synchronize that will never return. After
-     * {@link #close} has begun it does nothing (the close destroys the communicators itself).
+     * {@link #close} has begun it does nothing (the close destroys the communicators itself). Calls
+     * that start after it are refused; the instances built on the group still need closing (that
+     * frees their memory).
      */
     public void abort() {
         aborted = true;  // read by release(), which close() runs at most once: after a close this does nothing

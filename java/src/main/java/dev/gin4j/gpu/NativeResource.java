@@ -7,7 +7,9 @@ import java.util.concurrent.atomic.AtomicBoolean;
 /**
  * Base of every gin4j object that owns a native handle: idempotent close, use-after-close caught
  * with a message naming the object, and a process-wide registry of live objects so tests can assert
- * that everything they opened was closed.
+ * that everything they opened was closed. The use-after-close check is made when a call starts:
+ * close an object only once no other thread is inside a call on it (or on what is built on it).
+ * {@link dev.gin4j.comm.CommGroup#abort()} is the one close meant for another thread.
  */
 public abstract class NativeResource implements AutoCloseable {
     private static final Map<NativeResource, String> LIVE = new ConcurrentHashMap<>();

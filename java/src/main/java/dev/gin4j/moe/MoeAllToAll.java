@@ -205,16 +205,15 @@ public final class MoeAllToAll extends NativeResource {
             // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
             group.failTogether("loading the MoE kernels", queryFailed);
             this.query = q;
-            if (cfg.backend() == Backend.GIN) {
-                this.window = SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build());
-                this.peers = PeerTable.resolve(window, arena);
-                if (!peers.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
-            } else {
-                this.window = null;
-                this.peers = null;
-            }
+            this.window = cfg.backend() == Backend.GIN
+                    ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build()) : null;
+            PeerTable peerTable = null;
             RuntimeException setupFailed = null;
             try {
+                if (window != null) {
+                    peerTable = PeerTable.resolve(window, arena);
+                    if (!peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
+                }
                 for (Communicator c : group.ranks()) {
                     try (Stream s = c.device().createStream()) {
                         ranks.add(new RankState(c, s));
@@ -230,6 +229,7 @@ public final class MoeAllToAll extends NativeResource {
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
             // failed must not leave the others waiting here (its close below deregisters collectively)
             group.failTogether("setting up the MoE exchange's kernels and buffers", setupFailed);
+            this.peers = peerTable;
         } catch (RuntimeException e) {
             close();
             throw e;

@@ -39,6 +39,11 @@ class AllToAllInputsGpuTest {
             List<Stream> streams = new ArrayList<>();
             try {
                 for (Device d : devs) streams.add(d.createStream());
+                // refused after the ranks compared their arguments: every rank throws together
+                IllegalArgumentException zero = assertThrows(IllegalArgumentException.class, () -> AllToAll.create(g, 0, Backend.GIN));
+                assertTrue(zero.getMessage().contains("maxBytesPerPeer must be >= 1, got 0"), zero.getMessage());
+                IllegalArgumentException noBackend = assertThrows(IllegalArgumentException.class, () -> AllToAllV.create(g, 64, null));
+                assertTrue(noBackend.getMessage().contains("a backend must be given"), noBackend.getMessage());
                 for (Backend backend : Backend.values()) {
                     try (AllToAll a = AllToAll.create(g, 4096, backend); AllToAllV v = AllToAllV.create(g, 4096, backend)) {
                         List<DeviceBuffer> results = new ArrayList<>(), vResults = new ArrayList<>(), in = new ArrayList<>(), counts = new ArrayList<>(), offs = new ArrayList<>();

@@ -46,20 +46,22 @@ class ClosedGroupGpuTest {
                     ids.add(d.allocate(4 * 8 * 2, arena));
                     ws.add(d.allocate(4 * 8 * 2, arena));
                 }
-                CommGroup g = CommGroup.initAll(devs);
-                AllToAll a = AllToAll.create(g, 64, Backend.GIN);
-                AllToAllV v = AllToAllV.create(g, 64, Backend.GIN);
-                MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(64, 8 * n, 2, 8, Backend.GIN));
-                if (abort) g.abort(); else g.close();
-                String closed = g.describe() + " is closed";
-                assertTrue(assertThrows(IllegalStateException.class, () -> a.run(in, 16, streams)).getMessage().contains(closed));
-                assertTrue(assertThrows(IllegalStateException.class, () -> v.run(in, counts, counts, streams)).getMessage().contains(closed));
-                int[] tokens = new int[n];
-                assertTrue(assertThrows(IllegalStateException.class, () -> moe.dispatch(in, ids, ws, tokens, streams)).getMessage().contains(closed));
-                moe.close();  // no collective deregistration on a closed group: these must not throw
-                v.close();
-                a.close();
-                streams.forEach(Stream::close);
+                try (CommGroup g = CommGroup.initAll(devs)) {
+                    AllToAll a = AllToAll.create(g, 64, Backend.GIN);
+                    AllToAllV v = AllToAllV.create(g, 64, Backend.GIN);
+                    MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(64, 8 * n, 2, 8, Backend.GIN));
+                    if (abort) g.abort(); else g.close();
+                    String closed = g.describe() + " is closed";
+                    assertTrue(assertThrows(IllegalStateException.class, () -> a.run(in, 16, streams)).getMessage().contains(closed));
+                    assertTrue(assertThrows(IllegalStateException.class, () -> v.run(in, counts, counts, streams)).getMessage().contains(closed));
+                    int[] tokens = new int[n];
+                    assertTrue(assertThrows(IllegalStateException.class, () -> moe.dispatch(in, ids, ws, tokens, streams)).getMessage().contains(closed));
+                    moe.close();  // no collective deregistration on a closed group: these must not throw
+                    v.close();
+                    a.close();
+                } finally {
+                    streams.forEach(Stream::close);
+                }
             }
         }
         assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
