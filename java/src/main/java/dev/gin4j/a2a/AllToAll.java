@@ -266,10 +266,10 @@ public final class AllToAll extends NativeResource {
         ensureOpen();
         group.checkStreams(streams);
         if (backend != Backend.GIN) {
-            streams.forEach(Stream::synchronize);
+            group.await(streams, "a HOST all-to-all");
             return;
         }
-        KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams);
+        KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams, group);
     }
 
     @Override protected void release() {

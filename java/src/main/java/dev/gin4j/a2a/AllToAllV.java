@@ -168,7 +168,7 @@ public final class AllToAllV extends NativeResource {
         long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][n];
         List<DeviceBuffer> countSend = new ArrayList<>();
         for (int i = 0; i < local; i++) {
-            streams.get(i).synchronize();
+            group.await(streams.get(i), "a HOST all-to-all-v (reading the send counts)");
             sc[i] = sendCounts.get(i).readLongs(n);
             so[i] = sendOffsets.get(i).readLongs(n);
             List<String> clamped = new ArrayList<>();
@@ -184,7 +184,7 @@ public final class AllToAllV extends NativeResource {
         }
         group.allToAll(countSend, hostCounts, 8, streams);   // who sends me how much
         for (int i = 0; i < local; i++) {
-            streams.get(i).synchronize();
+            group.await(streams.get(i), "a HOST all-to-all-v (the count exchange)");
             rc[i] = hostCounts.get(i).readLongs(n);
         }
         group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
@@ -221,7 +221,7 @@ public final class AllToAllV extends NativeResource {
         ensureOpen();
         group.checkStreams(streams);
         if (backend != Backend.GIN) {
-            streams.forEach(Stream::synchronize);
+            group.await(streams, "a HOST all-to-all-v");
             CommException first = null;
             for (int i = 0; i < hostClamped.length; i++) {
                 if (hostClamped[i] == null) continue;
@@ -233,7 +233,7 @@ public final class AllToAllV extends NativeResource {
             if (first != null) throw first;
             return;
         }
-        KernelErrors.checkAll("GIN all-to-all-v", gin.ranks.stream().map(r -> r.errors).toList(), streams);
+        KernelErrors.checkAll("GIN all-to-all-v", gin.ranks.stream().map(r -> r.errors).toList(), streams, group);
     }
 
     @Override protected void release() {

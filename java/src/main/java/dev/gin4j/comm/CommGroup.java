@@ -27,6 +27,7 @@ public final class CommGroup extends NativeResource {
     private final List<Communicator> ranks = new ArrayList<>();
     private final int worldSize;
     private volatile boolean aborted;
+    private volatile long hostWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(defaultHostWaitSeconds(System.getenv()));
 
     private CommGroup(int worldSize) {
         this.worldSize = worldSize;
@@ -293,7 +294,7 @@ public final class CommGroup extends NativeResource {
                 allGather(send, recv, bytes, streams);
                 long[][] out = new long[ranks.size()][];
                 for (int i = 0; i < ranks.size(); i++) {
-                    streams.get(i).synchronize();
+                    await(streams.get(i), "an all-gather of setup values (every rank must make the same collective calls)");
                     out[i] = recv.get(i).readLongs(n * worldSize);
                 }
                 return out;
@@ -301,6 +302,80 @@ public final class CommGroup extends NativeResource {
                 streams.forEach(Stream::close);
             }
         }
+    }
+
+    /** GIN4J_COMM_TIMEOUT_S, default 300 (PyTorch's NCCL default is 600): far beyond any legitimate wait for peers. */
+    static int defaultHostWaitSeconds(java.util.Map<String, String> env) {
+        String v = env.get("GIN4J_COMM_TIMEOUT_S");
+        if (v == null || v.isBlank()) return 300;
+        try {
+            int s = Integer.parseInt(v.trim());
+            if (s > 0) return s;
+        } catch (NumberFormatException e) {
+            // refused below
+        }
+        throw new IllegalArgumentException("GIN4J_COMM_TIMEOUT_S must be a positive number of seconds, got '" + v + "'");
+    }
+
+    /**
+     * How long a host wait for this group's work may take ({@link #await}: HOST exchanges that read
+     * counts, setup agreements, checkErrors) before the group is aborted and the wait throws.
+     */
+    public CommGroup hostWaitTimeout(java.time.Duration timeout) {
+        if (timeout == null || timeout.isNegative() || timeout.isZero()) throw new IllegalArgumentException("the host-wait time-out must be positive, got " + timeout);
+        hostWaitNanos = timeout.toNanos();
+        return this;
+    }
+
+    public java.time.Duration hostWaitTimeout() { return java.time.Duration.ofNanos(hostWaitNanos); }
+
+    /**
+     * Waits until {@code stream}'s work is done, as {@link Stream#synchronize}, but not forever: at
+     * an asynchronous NCCL error, or once {@link #hostWaitTimeout} has passed (a peer that never
+     * joins a collective), it aborts the group (NCCL then drops the pending work) and throws,
+     * naming {@code what} waited. The instances built on the group refuse calls from then on.
+     */
+    public void await(Stream stream, String what) {
+        long start = System.nanoTime();
+        for (int polls = 0; !stream.isIdle(); polls++) {
+            if (polls < 2000) {  // the first ~millisecond: spin, as a synchronize would
+                Thread.onSpinWait();
+                continue;
+            }
+            long waited = System.nanoTime() - start;
+            String asyncError = isClosed() ? null : asyncError();  // closed (aborted elsewhere): its communicators are gone
+            if (asyncError != null || waited > hostWaitNanos) {
+                String why = asyncError != null ? "NCCL reported " + asyncError
+                        : "it was not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.hostWaitTimeout): did a rank not join the collective?";
+                CommException e = new CommException(what + " on " + stream.device() + ": " + why + "; " + describe() + " was aborted");
+                try {
+                    abort();
+                } catch (RuntimeException q) {
+                    e.addSuppressed(q);
+                }
+                throw e;
+            }
+            java.util.concurrent.locks.LockSupport.parkNanos(20_000);
+        }
+    }
+
+    /** {@link #await(Stream, String)} of every stream in the list. */
+    public void await(List<Stream> streams, String what) {
+        for (Stream s : streams) await(s, what);
+    }
+
+    /** The first local communicator's asynchronous error (ncclCommGetAsyncError), or null. */
+    private String asyncError() {
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
+            for (Communicator c : ranks) {
+                MemorySegment h = c.handle();
+                Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, out), h);
+                int rc = out.get(ValueLayout.JAVA_INT, 0);
+                if (rc != 0 && rc != ncclInProgress()) return Nccl.error("an operation of " + c, rc, h).getMessage();
+            }
+        }
+        return null;
     }
 
     /**

@@ -41,6 +41,11 @@ public final class KernelErrors {
     /** Throws naming every bit set, and clears the word so the next operation starts clean. */
     public void check(String operation, Stream stream) {
         stream.synchronize();
+        readAndClear(operation, stream);
+    }
+
+    /** As {@link #check}, after the stream's work is done. */
+    private void readAndClear(String operation, Stream stream) {
         int bits = read();
         if (bits != 0) {
             word.fill((byte) 0, stream);
@@ -54,11 +59,12 @@ public final class KernelErrors {
      * all are read and cleared, so no rank's error is left to be blamed on the next call; throws the
      * first rank's, the others attached as suppressed.
      */
-    public static void checkAll(String operation, List<KernelErrors> words, List<Stream> streams) {
-        RuntimeException first = null;  // a failed synchronize (a sticky fault) must not stop the others' reads either
+    public static void checkAll(String operation, List<KernelErrors> words, List<Stream> streams, CommGroup group) {
+        RuntimeException first = null;  // a failed wait (a sticky fault) must not stop the others' reads either
         for (int i = 0; i < words.size(); i++) {
             try {
-                words.get(i).check(operation, streams.get(i));
+                group.await(streams.get(i), operation);  // not forever: a HOST exchange whose peer never joins
+                words.get(i).readAndClear(operation, streams.get(i));
             } catch (RuntimeException e) {
                 if (first == null) first = e;
                 else first.addSuppressed(e);

@@ -472,7 +472,7 @@ public final class MoeAllToAll extends NativeResource {
         long[][] scw = new long[local][], sow = new long[local][], rcw = new long[local][], row = new long[local][];
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            streams.get(i).synchronize();
+            group.await(streams.get(i), "a HOST MoE dispatch (the count exchange)");
             int[] matrix = r.countMatrix.readInts(nRanks * L);
             int[] expertOffset = r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1);
             int[] rowsTo = r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks).readInts(nRanks);
@@ -738,7 +738,7 @@ public final class MoeAllToAll extends NativeResource {
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         group.checkStreams(streams);
-        KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams);
+        KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams, group);
     }
 
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */

@@ -3,9 +3,12 @@ package dev.gin4j.comm;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.gpu.KernelArgs;
+import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 import dev.gin4j.moe.MoeAllToAll;
@@ -15,6 +18,7 @@ import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
 
 import java.lang.foreign.Arena;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -65,6 +69,45 @@ class ClosedGroupGpuTest {
             }
         }
         assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
+    }
+
+    /**
+     * A host wait for the group's work gives up after its time-out instead of waiting for ever (a
+     * HOST exchange whose peer never joins): the group is aborted, the error names what waited, and
+     * the instances built on the group refuse calls. Here a kernel holds the stream for 2 s.
+     */
+    @Test void hostWaitsGiveUpAfterTheTimeOutAndAbortTheGroup() {
+        GpuRuntime rt = Gpus.runtimeWithDevices(1);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.requireKernels(rt, "basic");
+        Gpus.requireKernels(rt, "a2a");
+        Device dev = rt.device(0);
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+            List<Stream> streams = new ArrayList<>();
+            for (int i = 0; i < rt.devices().size(); i++) streams.add(i == 0 ? s : rt.device(i).createStream());
+            try (CommGroup g = CommGroup.initAll(rt.devices()); AllToAll a = AllToAll.create(g, 64, Backend.HOST)) {
+                assertEquals(Duration.ofSeconds(CommGroup.defaultHostWaitSeconds(System.getenv())), g.hostWaitTimeout());
+                assertThrows(IllegalArgumentException.class, () -> g.hostWaitTimeout(Duration.ZERO));
+                g.await(streams, "an idle wait");  // nothing queued: returns at once
+                g.hostWaitTimeout(Duration.ofMillis(500));
+                DeviceBuffer marks = dev.allocate(8, arena);
+                KernelArgs hold = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64).setPointer(0, marks).setLong(1, 2_000_000_000L);
+                basic.kernel("gin_hold_sms").launch(s, LaunchConfig.of(1, 32), hold);
+                long t0 = System.nanoTime();
+                CommException e = assertThrows(CommException.class, () -> a.checkErrors(streams));
+                double waited = (System.nanoTime() - t0) / 1e9;
+                // the wait gives up at 0.5 s; the abort then frees NCCL's memory, which waits for the
+                // hold to end (a stuck NCCL kernel would be released by the abort instead)
+                assertTrue(waited >= 0.5 && waited < 10, "gave up after " + waited + " s");
+                assertTrue(e.getMessage().contains("a HOST all-to-all") && e.getMessage().contains("not done after 0.5 s") && e.getMessage().contains("was aborted"), e.getMessage());
+                System.out.println("[host wait time-out] after " + waited + " s: " + e.getMessage());
+                assertTrue(g.isClosed(), "the group was aborted");
+                assertThrows(IllegalStateException.class, () -> a.run(List.of(marks), 0, streams));
+                s.synchronize();  // the hold ends by itself
+            } finally {
+                for (int i = 1; i < streams.size(); i++) streams.get(i).close();
+            }
+        }
     }
 
     /** With every rank in step, failTogether returns; a rank's own failure comes back as itself. */

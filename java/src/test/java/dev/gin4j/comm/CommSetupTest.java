@@ -16,6 +16,15 @@ import static org.junit.jupiter.api.Assertions.*;
 
 /** Setup logic that needs no GPU: layouts, rendezvous, version checks. */
 class CommSetupTest {
+    @Test void hostWaitTimeOutComesFromTheEnvironmentAndMustBePositive() {
+        assertEquals(300, CommGroup.defaultHostWaitSeconds(java.util.Map.of()));
+        assertEquals(42, CommGroup.defaultHostWaitSeconds(java.util.Map.of("GIN4J_COMM_TIMEOUT_S", " 42 ")));
+        for (String bad : new String[] {"0", "-5", "ten"}) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CommGroup.defaultHostWaitSeconds(java.util.Map.of("GIN4J_COMM_TIMEOUT_S", bad)));
+            assertTrue(e.getMessage().contains("GIN4J_COMM_TIMEOUT_S") && e.getMessage().contains(bad), e.getMessage());
+        }
+    }
+
     @Test void windowRegionsAreAlignedAndDisjoint() {
         WindowLayout l = WindowLayout.builder().region("signals", 100, 128).region("payload", 4097, 4096).region("counts", 8, 8).build();
         assertEquals(0, l.region("signals").offset());
