@@ -27,10 +27,13 @@ public final class CommGroup extends NativeResource {
     private final List<Communicator> ranks = new ArrayList<>();
     private final int worldSize;
     private volatile boolean aborted;
-    private volatile long hostWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(defaultHostWaitSeconds(System.getenv()));
+    private volatile long hostWaitNanos;
+    private final Object pollLock = new Object();  // asyncError's calls against release(): no poll of a freed communicator
 
-    private CommGroup(int worldSize) {
+    /** hostWaitSeconds: read before the object exists, so a bad GIN4J_COMM_TIMEOUT_S leaves nothing behind. */
+    private CommGroup(int worldSize, int hostWaitSeconds) {
         this.worldSize = worldSize;
+        this.hostWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(hostWaitSeconds);
     }
 
     /** One process, one rank per device, ranks numbered in list order ({@code ncclCommInitAll}). */
@@ -39,7 +42,7 @@ public final class CommGroup extends NativeResource {
         for (int i = 0; i < devices.size(); i++)
             for (int j = 0; j < i; j++)
                 if (devices.get(i) == devices.get(j)) throw new IllegalArgumentException(devices.get(i) + " is listed twice: one rank per device");
-        CommGroup g = new CommGroup(devices.size());
+        CommGroup g = new CommGroup(devices.size(), defaultHostWaitSeconds(System.getenv()));
         try (Arena a = Arena.ofConfined()) {
             MemorySegment comms = a.allocate(ValueLayout.ADDRESS, devices.size());
             MemorySegment list = a.allocate(ValueLayout.JAVA_INT, devices.size());
@@ -68,7 +71,7 @@ public final class CommGroup extends NativeResource {
 
     /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others. */
     public static CommGroup initRank(Device device, Rendezvous rendezvous) {
-        CommGroup g = new CommGroup(rendezvous.worldSize());
+        CommGroup g = new CommGroup(rendezvous.worldSize(), defaultHostWaitSeconds(System.getenv()));
         try (Arena a = Arena.ofConfined()) {
             MemorySegment id = a.allocate(ncclUniqueId.layout());
             if (rendezvous.rank() == 0) Nccl.check("ncclGetUniqueId", ncclGetUniqueId(id), MemorySegment.NULL);
@@ -323,7 +326,11 @@ public final class CommGroup extends NativeResource {
      */
     public CommGroup hostWaitTimeout(java.time.Duration timeout) {
         if (timeout == null || timeout.isNegative() || timeout.isZero()) throw new IllegalArgumentException("the host-wait time-out must be positive, got " + timeout);
-        hostWaitNanos = timeout.toNanos();
+        try {
+            hostWaitNanos = timeout.toNanos();
+        } catch (ArithmeticException e) {
+            hostWaitNanos = Long.MAX_VALUE;  // ~292 years: no limit
+        }
         return this;
     }
 
@@ -333,30 +340,45 @@ public final class CommGroup extends NativeResource {
      * Waits until {@code stream}'s work is done, as {@link Stream#synchronize}, but not forever: at
      * an asynchronous NCCL error, or once {@link #hostWaitTimeout} has passed (a peer that never
      * joins a collective), it aborts the group (NCCL then drops the pending work) and throws,
-     * naming {@code what} waited. The instances built on the group refuse calls from then on.
+     * naming {@code what} waited. A CUDA error while waiting aborts the group too. The instances
+     * built on the group refuse calls from then on. Throws as well when the group is closed or
+     * aborted (by another thread, say) by the time the work is done: NCCL may have dropped it.
      */
     public void await(Stream stream, String what) {
         long start = System.nanoTime();
-        for (int polls = 0; !stream.isIdle(); polls++) {
-            if (polls < 2000) {  // the first ~millisecond: spin, as a synchronize would
-                Thread.onSpinWait();
-                continue;
-            }
-            long waited = System.nanoTime() - start;
-            String asyncError = isClosed() ? null : asyncError();  // closed (aborted elsewhere): its communicators are gone
-            if (asyncError != null || waited > hostWaitNanos) {
-                String why = asyncError != null ? "NCCL reported " + asyncError
-                        : "it was not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.hostWaitTimeout): did a rank not join the collective?";
-                CommException e = new CommException(what + " on " + stream.device() + ": " + why + "; " + describe() + " was aborted");
-                try {
-                    abort();
-                } catch (RuntimeException q) {
-                    e.addSuppressed(q);
+        String failure = null;
+        try {
+            for (int polls = 0; !stream.isIdle(); polls++) {
+                if (polls < 2000) {  // the first few milliseconds: spin, as a synchronize would
+                    Thread.onSpinWait();
+                    continue;
                 }
-                throw e;
+                String asyncError = asyncError();
+                if (asyncError != null) {
+                    failure = "NCCL reported " + asyncError;
+                    break;
+                }
+                if (System.nanoTime() - start > hostWaitNanos) {
+                    failure = "it was not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.hostWaitTimeout): did a rank not join the collective?";
+                    break;
+                }
+                java.util.concurrent.locks.LockSupport.parkNanos(20_000);
             }
-            java.util.concurrent.locks.LockSupport.parkNanos(20_000);
+        } catch (RuntimeException e) {  // the stream query or the NCCL query failed (a sticky CUDA error, say)
+            e.addSuppressed(new CommException(what + " failed while it waited, so " + describe() + " was aborted"));
+            throw abortedBecause(e);
         }
+        if (failure != null) throw abortedBecause(new CommException(what + " on " + stream.device() + ": " + failure + "; " + describe() + " was aborted"));
+        if (isClosed()) throw new CommException(what + " on " + stream.device() + ": " + describe() + " was closed or aborted before the work was done; NCCL may have dropped it");
+    }
+
+    private <E extends RuntimeException> E abortedBecause(E e) {
+        try {
+            abort();
+        } catch (RuntimeException q) {
+            e.addSuppressed(q);
+        }
+        return e;
     }
 
     /** {@link #await(Stream, String)} of every stream in the list. */
@@ -364,8 +386,15 @@ public final class CommGroup extends NativeResource {
         for (Stream s : streams) await(s, what);
     }
 
-    /** The first local communicator's asynchronous error (ncclCommGetAsyncError), or null. */
+    /** The first local communicator's asynchronous error (ncclCommGetAsyncError), or null; null once the group is closed. */
     private String asyncError() {
+        synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
+            if (isClosed()) return null;
+            return asyncErrorOpen();
+        }
+    }
+
+    private String asyncErrorOpen() {
         try (Arena a = Arena.ofConfined()) {
             MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
             for (Communicator c : ranks) {
@@ -385,8 +414,8 @@ public final class CommGroup extends NativeResource {
      * failing rank's collective clean-up). Returns when every rank succeeded; otherwise throws
      * {@code localFailure} on the ranks that failed and, on the others, an exception naming them.
      * A rank that cannot take part in the agreement itself (its GPU in an error state, say) aborts
-     * the group, so that its clean-up enters no collective; the others then wait until they are
-     * aborted or stopped, as in any NCCL program.
+     * the group, so that its clean-up enters no collective; the others' all-gather then ends at
+     * their host-wait time-out ({@link #await}).
      */
     public void failTogether(String step, RuntimeException localFailure) {
         long[] mine = new long[ranks.size()];
@@ -428,11 +457,13 @@ public final class CommGroup extends NativeResource {
     @Override protected void release() {
         boolean abort = aborted;  // read once: the calls and the error text agree
         String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
-        releaseAll(ranks.stream().<Runnable>map(c -> () -> {
-            c.device().makeCurrent();
-            int rc = abort ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
-            if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
-        }).toArray(Runnable[]::new));
+        synchronized (pollLock) {  // waits for at most one ncclCommGetAsyncError round of an await on another thread
+            releaseAll(ranks.stream().<Runnable>map(c -> () -> {
+                c.device().makeCurrent();
+                int rc = abort ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
+                if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
+            }).toArray(Runnable[]::new));
+        }
     }
 
     @Override public String describe() { return "communicator group of " + ranks.size() + " local rank(s) of " + worldSize; }

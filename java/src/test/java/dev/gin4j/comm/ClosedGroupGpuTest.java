@@ -104,6 +104,9 @@ class ClosedGroupGpuTest {
                 assertTrue(g.isClosed(), "the group was aborted");
                 assertThrows(IllegalStateException.class, () -> a.run(List.of(marks), 0, streams));
                 s.synchronize();  // the hold ends by itself
+                // the stream is idle now, but the group was aborted under the exchange: not reported as done
+                CommException after = assertThrows(CommException.class, () -> a.checkErrors(streams));
+                assertTrue(after.getMessage().contains("closed or aborted before the work was done"), after.getMessage());
             } finally {
                 for (int i = 1; i < streams.size(); i++) streams.get(i).close();
             }
