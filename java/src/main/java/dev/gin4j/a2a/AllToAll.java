@@ -184,7 +184,8 @@ public final class AllToAll extends NativeResource {
         if (in.byteSize() < bytesPerPeer * n)
             throw new IllegalArgumentException("input of " + c + " has " + in.byteSize() + " bytes; " + n + " ranks x " + bytesPerPeer + " bytes = " + bytesPerPeer * n + " needed");
         if (in.overlaps(writtenArea(i)))
-            throw new IllegalArgumentException("input of " + c + " overlaps this all-to-all's receive area, which peers write while it is read; copy the result out before sending it on");
+            throw new IllegalArgumentException("input of " + c + " overlaps this all-to-all's receive area, which the exchange writes (with GIN, peers write it while the input is read; "
+                    + "refused on both backends alike); copy the result out before sending it on");
     }
 
     /** Where a call writes on local rank {@code i}: GIN, the whole window (receive slots, staging, signals); HOST, the output buffer. */

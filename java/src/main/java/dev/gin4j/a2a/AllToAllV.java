@@ -115,7 +115,8 @@ public final class AllToAllV extends NativeResource {
             for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
                 for (DeviceBuffer out : writtenAreas(i))
                     if (b.overlaps(out))
-                        throw new IllegalArgumentException("an input, count or offset buffer of " + c + " overlaps this all-to-all-v's receive area, which peers write while it is read; copy the result out before sending it on");
+                        throw new IllegalArgumentException("an input, count or offset buffer of " + c + " overlaps this all-to-all-v's receive area or received counts, which the exchange writes "
+                                + "(with GIN, peers write them while the inputs are read; refused on both backends alike); copy the result out before sending it on");
         }
         if (backend == Backend.HOST) {
             Stream.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");

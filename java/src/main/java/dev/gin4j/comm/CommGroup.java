@@ -345,6 +345,8 @@ public final class CommGroup extends NativeResource {
      * aborted (by another thread, say) by the time the work is done: NCCL may have dropped it.
      */
     public void await(Stream stream, String what) {
+        stream.handle();  // a closed stream, or one that captures, is the caller's mistake: refused without aborting anything
+        if (stream.isCapturing()) throw new IllegalStateException(what + " cannot wait for " + stream.describe() + ": it is capturing a graph");
         long start = System.nanoTime();
         String failure = null;
         try {
@@ -398,7 +400,7 @@ public final class CommGroup extends NativeResource {
         try (Arena a = Arena.ofConfined()) {
             MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
             for (Communicator c : ranks) {
-                MemorySegment h = c.handle();
+                MemorySegment h = c.handleUnchecked();  // under pollLock and not closed: not freed yet
                 Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, out), h);
                 int rc = out.get(ValueLayout.JAVA_INT, 0);
                 if (rc != 0 && rc != ncclInProgress()) return Nccl.error("an operation of " + c, rc, h).getMessage();
@@ -426,13 +428,8 @@ public final class CommGroup extends NativeResource {
         } catch (RuntimeException e) {
             RuntimeException thrown = localFailure != null ? localFailure : e;
             if (localFailure != null) localFailure.addSuppressed(e);
-            try {
-                abort();
-            } catch (RuntimeException q) {
-                thrown.addSuppressed(q);
-            }
             thrown.addSuppressed(new CommException("rank " + ranks.get(0).rank() + " could not tell the others how " + step + " went, so " + describe() + " was aborted"));
-            throw thrown;
+            throw abortedBecause(thrown);
         }
         if (localFailure != null) throw localFailure;
         List<Integer> failed = new ArrayList<>();

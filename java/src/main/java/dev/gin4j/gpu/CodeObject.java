@@ -42,8 +42,7 @@ public final class CodeObject extends NativeResource {
             boolean wrongImage = en.contains("NO_BINARY_FOR_GPU") || en.contains("NoBinaryForGpu") || en.contains("INVALID_IMAGE")
                     || en.contains("InvalidImage") || en.contains("InvalidKernelFile") || en.contains("INVALID_PTX") || en.contains("UNSUPPORTED_PTX_VERSION");
             throw new GpuException("cannot load code object '" + name + "' on " + device + " (architecture " + arch + ")"
-                    + (wrongImage ? ": its image has no code this device can run (built for another architecture?); rebuild it for " + arch
-                            + " (" + KernelLibrary.rebuildHint(arch) + ")" : ""), e);
+                    + (wrongImage ? ": its image has no code this device can run (built for another architecture?); " + KernelLibrary.rebuildHint(arch) : ""), e);
         }
     }
 

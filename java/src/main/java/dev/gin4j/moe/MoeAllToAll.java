@@ -532,6 +532,7 @@ public final class MoeAllToAll extends NativeResource {
         if (expertOut.byteSize() < need) throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
+        requireDisjoint(r, expertOut, "expertOut", r.y, "combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
         return r;
     }
 

@@ -50,17 +50,16 @@ class ClosedGroupGpuTest {
                     ids.add(d.allocate(4 * 8 * 2, arena));
                     ws.add(d.allocate(4 * 8 * 2, arena));
                 }
-                try (CommGroup g = CommGroup.initAll(devs)) {
-                    AllToAll a = AllToAll.create(g, 64, Backend.GIN);
-                    AllToAllV v = AllToAllV.create(g, 64, Backend.GIN);
-                    MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(64, 8 * n, 2, 8, Backend.GIN));
+                try (CommGroup g = CommGroup.initAll(devs); AllToAll a = AllToAll.create(g, 64, Backend.GIN); AllToAllV v = AllToAllV.create(g, 64, Backend.GIN);
+                     MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(64, 8 * n, 2, 8, Backend.GIN))) {
                     if (abort) g.abort(); else g.close();
                     String closed = g.describe() + " is closed";
                     assertTrue(assertThrows(IllegalStateException.class, () -> a.run(in, 16, streams)).getMessage().contains(closed));
                     assertTrue(assertThrows(IllegalStateException.class, () -> v.run(in, counts, counts, streams)).getMessage().contains(closed));
                     int[] tokens = new int[n];
                     assertTrue(assertThrows(IllegalStateException.class, () -> moe.dispatch(in, ids, ws, tokens, streams)).getMessage().contains(closed));
-                    moe.close();  // no collective deregistration on a closed group: these must not throw
+                    // no collective deregistration on a closed group: these must not throw (and again when the try ends)
+                    moe.close();
                     v.close();
                     a.close();
                 } finally {
@@ -89,6 +88,10 @@ class ClosedGroupGpuTest {
                 assertEquals(Duration.ofSeconds(CommGroup.defaultHostWaitSeconds(System.getenv())), g.hostWaitTimeout());
                 assertThrows(IllegalArgumentException.class, () -> g.hostWaitTimeout(Duration.ZERO));
                 g.await(streams, "an idle wait");  // nothing queued: returns at once
+                Stream gone = dev.createStream();
+                gone.close();
+                assertThrows(IllegalStateException.class, () -> g.await(gone, "a wait on a closed stream"));
+                assertFalse(g.isClosed(), "the caller's mistake does not abort the group");
                 g.hostWaitTimeout(Duration.ofMillis(500));
                 DeviceBuffer marks = dev.allocate(8, arena);
                 KernelArgs hold = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64).setPointer(0, marks).setLong(1, 2_000_000_000L);
