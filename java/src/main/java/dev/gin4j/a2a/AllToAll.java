@@ -42,14 +42,10 @@ public final class AllToAll extends NativeResource {
         this.arena = backend == Backend.HOST ? Arena.ofShared() : null;
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, maxBytesPerPeer) : null;
-            if (backend == Backend.HOST) {
-                RuntimeException failed = null;
-                try {
+            if (backend == Backend.HOST) {  // failing together: else the others would wait in the first exchange
+                group.failTogether("allocating the all-to-all's output", () -> {
                     for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(outputBytes(maxBytesPerPeer, group.worldSize()), arena));
-                } catch (RuntimeException e) {
-                    failed = e;
-                }
-                group.failTogether("allocating the all-to-all's output", failed);  // else the others would wait in the first exchange
+                });
             }
         } catch (RuntimeException e) {
             close();
@@ -183,13 +179,9 @@ public final class AllToAll extends NativeResource {
         if (stream.device() != c.device()) throw new IllegalArgumentException("stream of " + c + " is on " + stream.device());
         if (in.byteSize() < bytesPerPeer * n)
             throw new IllegalArgumentException("input of " + c + " has " + in.byteSize() + " bytes; " + n + " ranks x " + bytesPerPeer + " bytes = " + bytesPerPeer * n + " needed");
-        if (in.overlaps(writtenArea(i)))
-            throw new IllegalArgumentException("input of " + c + " overlaps this all-to-all's receive area, which the exchange writes (with GIN, peers write it while the input is read; "
-                    + "refused on both backends alike); copy the result out before sending it on");
+        // GIN writes the whole window (receive slots, staging, signals); HOST its output buffer
+        DeviceBuffer.requireDisjoint(c, "input", in, backend == Backend.GIN ? gin.window.buffer(i) : hostOutputs.get(i), "this all-to-all's receive area");
     }
-
-    /** Where a call writes on local rank {@code i}: GIN, the whole window (receive slots, staging, signals); HOST, the output buffer. */
-    private DeviceBuffer writtenArea(int i) { return backend == Backend.GIN ? gin.window.buffer(i) : hostOutputs.get(i); }
 
     private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
         Plan plan = gin.plan(bytesPerPeer, protocol, i, true);

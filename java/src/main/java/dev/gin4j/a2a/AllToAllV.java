@@ -46,18 +46,14 @@ public final class AllToAllV extends NativeResource {
         this.hostClamped = new String[group.localCount()];
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, capacityPerPeer) : null;
-            if (backend == Backend.HOST) {
-                RuntimeException failed = null;
-                try {
+            if (backend == Backend.HOST) {  // failing together: else the others would wait in the first exchange
+                group.failTogether("allocating the all-to-all-v's buffers", () -> {
                     for (Communicator c : group.ranks()) {
                         hostOutputs.add(c.device().allocate(AllToAll.outputBytes(capacityPerPeer, group.worldSize()), arena));
                         hostCounts.add(c.device().allocate(8L * group.worldSize(), arena));
                         hostSendCounts.add(c.device().allocate(8L * group.worldSize(), arena));
                     }
-                } catch (RuntimeException e) {
-                    failed = e;
-                }
-                group.failTogether("allocating the all-to-all-v's buffers", failed);  // else the others would wait in the first exchange
+                });
             }
         } catch (RuntimeException e) {
             close();
@@ -109,14 +105,12 @@ public final class AllToAllV extends NativeResource {
             if (streams.get(i).device() != c.device()) throw new IllegalArgumentException("stream of " + c + " is on " + streams.get(i).device());
             if (sendCounts.get(i).byteSize() < 8L * n || sendOffsets.get(i).byteSize() < 8L * n)
                 throw new IllegalArgumentException("send counts and offsets of " + c + " must hold " + n + " uint64 values (" + 8 * n + " bytes)");
-            for (DeviceBuffer b : List.of(sendCounts.get(i), sendOffsets.get(i)))  // the kernels load them as uint64
-                if (b.address() % 8 != 0)
-                    throw new IllegalArgumentException("send counts and offsets of " + c + " must be 8-byte aligned (uint64), got address 0x" + Long.toHexString(b.address()));
-            for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
-                for (DeviceBuffer out : writtenAreas(i))
-                    if (b.overlaps(out))
-                        throw new IllegalArgumentException("an input, count or offset buffer of " + c + " overlaps this all-to-all-v's receive area or received counts, which the exchange writes "
-                                + "(with GIN, peers write them while the inputs are read; refused on both backends alike); copy the result out before sending it on");
+            long countsAt = sendCounts.get(i).address(), offsetsAt = sendOffsets.get(i).address();
+            if (countsAt % 8 != 0 || offsetsAt % 8 != 0)  // the kernels load them as uint64
+                throw new IllegalArgumentException("send counts and offsets of " + c + " must be 8-byte aligned (uint64), got addresses 0x" + Long.toHexString(countsAt) + " and 0x" + Long.toHexString(offsetsAt));
+            refuseOverlapWithWritten(i, c, inputs.get(i), "input");
+            refuseOverlapWithWritten(i, c, sendCounts.get(i), "send counts");
+            refuseOverlapWithWritten(i, c, sendOffsets.get(i), "send offsets");
         }
         if (backend == Backend.HOST) {
             Stream.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");
@@ -159,9 +153,15 @@ public final class AllToAllV extends NativeResource {
         }
     }
 
-    /** Where a call writes on local rank {@code i}: GIN, the whole window (receive slots, counts, staging, signals); HOST, the output and count buffers. */
-    private List<DeviceBuffer> writtenAreas(int i) {
-        return backend == Backend.GIN ? List.of(gin.window.buffer(i)) : List.of(hostOutputs.get(i), hostCounts.get(i));
+    /** What a call writes on local rank {@code i}: GIN, the whole window (receive slots, counts, staging, signals); HOST, the output and count buffers. */
+    private void refuseOverlapWithWritten(int i, Communicator c, DeviceBuffer b, String what) {
+        String written = "this all-to-all-v's receive area or received counts";
+        if (backend == Backend.GIN) {
+            DeviceBuffer.requireDisjoint(c, what, b, gin.window.buffer(i), written);
+        } else {
+            DeviceBuffer.requireDisjoint(c, what, b, hostOutputs.get(i), written);
+            DeviceBuffer.requireDisjoint(c, what, b, hostCounts.get(i), written);
+        }
     }
 
     private void runHost(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {

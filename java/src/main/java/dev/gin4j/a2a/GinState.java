@@ -167,15 +167,8 @@ final class GinState implements AutoCloseable {
         if (group.isSingleProcess()) return false;
         try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
              Arena a = Arena.ofConfined()) {
-            boolean gin = false;
-            RuntimeException failed = null;
-            try {
-                gin = !PeerTable.resolve(probe, a).allReachable();
-            } catch (RuntimeException e) {
-                failed = e;
-            }
-            group.failTogether("finding where the peers are", failed);  // before the probe's collective deregistration
-            return gin;
+            // together, before the probe's collective deregistration
+            return group.failTogether("finding where the peers are", () -> !PeerTable.resolve(probe, a).allReachable());
         }
     }
 
@@ -195,18 +188,13 @@ final class GinState implements AutoCloseable {
                 dc = DeviceComm.create(group, new DeviceComm.Requirements(0, 2 * nranks * Plan.MAX_CHUNKS_PER_PEER, 0, true));
             }
             this.ginComm = dc;
-            PeerTable peerTable = null;
-            RuntimeException setupFailed = null;
-            try {
-                if (!hybrid) peerTable = PeerTable.resolve(window, arena);
-                setUpRanks(peerTable);
-            } catch (RuntimeException e) {
-                setupFailed = e;
-            }
             // no rank may start signalling before every rank has zeroed its window (and reset its GIN
             // signals), and a rank whose setup failed must not leave the others waiting here
-            group.failTogether("setting up the all-to-all's kernels and buffers", setupFailed);
-            this.peers = peerTable;
+            this.peers = group.failTogether("setting up the all-to-all's kernels and buffers", () -> {
+                PeerTable peerTable = hybrid ? null : PeerTable.resolve(window, arena);
+                setUpRanks(peerTable);
+                return peerTable;
+            });
         } catch (RuntimeException e) {
             if (dc != null) dc.close();
             close();

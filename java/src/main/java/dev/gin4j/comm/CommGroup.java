@@ -413,11 +413,36 @@ public final class CommGroup extends NativeResource {
      * Collective: every rank says whether its part of {@code step} (work that can fail on some ranks
      * only, such as allocating memory or loading kernels) succeeded, so that the ranks fail
      * together instead of the healthy ones waiting forever in the next collective (or in the
-     * failing rank's collective clean-up). Returns when every rank succeeded; otherwise throws
-     * {@code localFailure} on the ranks that failed and, on the others, an exception naming them.
+     * failing rank's collective clean-up). Runs {@code localWork}, then returns its result when every
+     * rank succeeded; otherwise throws what it threw on the ranks that failed and, on the others, an
+     * exception naming them.
      * A rank that cannot take part in the agreement itself (its GPU in an error state, say) aborts
      * the group, so that its clean-up enters no collective; the others' all-gather then ends at
      * their host-wait time-out ({@link #await}).
+     */
+    public <T> T failTogether(String step, java.util.function.Supplier<T> localWork) {
+        T result = null;
+        RuntimeException failed = null;
+        try {
+            result = localWork.get();
+        } catch (RuntimeException e) {
+            failed = e;
+        }
+        failTogether(step, failed);
+        return result;
+    }
+
+    /** {@link #failTogether(String, java.util.function.Supplier)} of work with no result. */
+    public void failTogether(String step, Runnable localWork) {
+        failTogether(step, () -> {
+            localWork.run();
+            return null;
+        });
+    }
+
+    /**
+     * The agreement itself: {@code localFailure} is this rank's failure of {@code step}, or null.
+     * The overloads above run the step and pass what it threw.
      */
     public void failTogether(String step, RuntimeException localFailure) {
         long[] mine = new long[ranks.size()];

@@ -54,8 +54,8 @@ public final class SymmetricWindow extends NativeResource {
         SymmetricWindow w = new SymmetricWindow(group, layout);
         try {
             try (Arena tmp = Arena.ofConfined()) {
-                RuntimeException allocFailed = null;
-                try {
+                // the registration below is collective: a rank whose memory failed must not leave the others waiting in it
+                group.failTogether("allocating a symmetric window of " + size + " bytes", () -> {
                     for (Communicator c : group.ranks()) {
                         c.device().makeCurrent();
                         MemorySegment out = tmp.allocate(ValueLayout.ADDRESS);
@@ -63,11 +63,7 @@ public final class SymmetricWindow extends NativeResource {
                         long ptr = out.get(ValueLayout.ADDRESS, 0).address();
                         w.buffers.add(DeviceBuffer.wrap(c.device(), MemorySegment.ofAddress(ptr).reinterpret(size, w.arena, null)));
                     }
-                } catch (RuntimeException e) {
-                    allocFailed = e;
-                }
-                // the registration below is collective: a rank whose memory failed must not leave the others waiting in it
-                group.failTogether("allocating a symmetric window of " + size + " bytes", allocFailed);
+                });
                 MemorySegment wins = tmp.allocate(ValueLayout.ADDRESS, group.localCount());  // zeroed: NULL where nothing was registered
                 try {
                     group.inGroup(() -> {

@@ -190,30 +190,23 @@ public final class MoeAllToAll extends NativeResource {
             }
             this.localExperts = cfg.experts() / nRanks;
             this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
-            long[] q = null;
-            RuntimeException queryFailed = null;
-            try {
-                q = queryLayout(group.rank(0).device());
+            // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
+            this.query = group.failTogether("loading the MoE kernels", () -> {
+                long[] q = queryLayout(group.rank(0).device());
                 if (q[Q_WINDOW_BYTES] == 0) {
                     throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
                             + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
                             + " maxTokens x ranks and the receive capacity in rows below 2^31)");
                 }
-            } catch (RuntimeException e) {
-                queryFailed = e;
-            }
-            // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
-            group.failTogether("loading the MoE kernels", queryFailed);
-            this.query = q;
+                return q;
+            });
             this.window = cfg.backend() == Backend.GIN
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build()) : null;
-            PeerTable peerTable = null;
-            RuntimeException setupFailed = null;
-            try {
-                if (window != null) {
-                    peerTable = PeerTable.resolve(window, arena);
-                    if (!peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
-                }
+            // every rank's window is zero before any rank can signal into it, and a rank whose setup
+            // failed must not leave the others waiting here (its close below deregisters collectively)
+            this.peers = group.failTogether("setting up the MoE exchange's kernels and buffers", () -> {
+                PeerTable peerTable = window == null ? null : PeerTable.resolve(window, arena);
+                if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
                 for (Communicator c : group.ranks()) {
                     try (Stream s = c.device().createStream()) {
                         ranks.add(new RankState(c, s));
@@ -223,13 +216,8 @@ public final class MoeAllToAll extends NativeResource {
                         s.synchronize();
                     }
                 }
-            } catch (RuntimeException e) {
-                setupFailed = e;
-            }
-            // every rank's window is zero before any rank can signal into it, and a rank whose setup
-            // failed must not leave the others waiting here (its close below deregisters collectively)
-            group.failTogether("setting up the MoE exchange's kernels and buffers", setupFailed);
-            this.peers = peerTable;
+                return peerTable;
+            });
         } catch (RuntimeException e) {
             close();
             throw e;
@@ -335,12 +323,6 @@ public final class MoeAllToAll extends NativeResource {
             throw new IllegalArgumentException(r.comm + ": " + what + " must be " + bytes + "-byte aligned, its address is 0x" + Long.toHexString(b.address()));
     }
 
-    /** An input the call would read while writing {@code out} (results of an earlier call, say): refused, not corrupted. */
-    private static void requireDisjoint(RankState r, DeviceBuffer in, String what, DeviceBuffer out, String outWhat) {
-        if (in.overlaps(out))
-            throw new IllegalArgumentException(r.comm + ": " + what + " overlaps this instance's " + outWhat + ", which the call writes while it reads " + what + "; copy it elsewhere first");
-    }
-
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
         ensureOpen();
         group.ensureOpen();  // the kernels store through the peer mappings that went with its communicators
@@ -366,10 +348,11 @@ public final class MoeAllToAll extends NativeResource {
         requireDisjointFromDispatchResults(r, w, "topkWeights");
     }
 
+    /** An input the dispatch would read while writing its results (an earlier dispatch's, fed back): refused, not corrupted. */
     private static void requireDisjointFromDispatchResults(RankState r, DeviceBuffer in, String what) {
-        requireDisjoint(r, in, what, r.recvX, "received rows");
-        requireDisjoint(r, in, what, r.recvWeights, "received weights");
-        requireDisjoint(r, in, what, r.recvCounts, "per-expert counts");
+        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvX, "this instance's received rows");
+        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvWeights, "this instance's received weights");
+        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvCounts, "this instance's per-expert counts");
     }
 
     /**
@@ -532,7 +515,7 @@ public final class MoeAllToAll extends NativeResource {
         if (expertOut.byteSize() < need) throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
-        requireDisjoint(r, expertOut, "expertOut", r.y, "combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
+        DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
         return r;
     }
 
@@ -657,7 +640,7 @@ public final class MoeAllToAll extends NativeResource {
         if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException(r.comm + ": rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
-        requireDisjoint(r, rowValues, "rowValues", r.tokenValues, "returned values");
+        DeviceBuffer.requireDisjoint(r.comm, "rowValues", rowValues, r.tokenValues, "this instance's returned values");
         return r;
     }
 

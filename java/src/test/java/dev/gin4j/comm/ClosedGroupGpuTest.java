@@ -121,10 +121,11 @@ class ClosedGroupGpuTest {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
         try (CommGroup g = CommGroup.initAll(rt.devices())) {
-            g.failTogether("a step that worked", null);
+            g.failTogether("a step that worked", (RuntimeException) null);
             IllegalStateException mine = new IllegalStateException("out of memory on this rank");
             assertSame(mine, assertThrows(IllegalStateException.class, () -> g.failTogether("a step", mine)));
-            g.failTogether("the group still works", null);
+            g.failTogether("the group still works", (RuntimeException) null);
+            assertEquals(7, g.failTogether("a step with a result", () -> 7), "the step's result comes back");
         }
     }
 }
