@@ -49,6 +49,11 @@ final class Bench {
         return System.getenv("WORLD_SIZE") != null ? CommGroup.fromEnvironment() : CommGroup.initAll(rt.devices());
     }
 
+    /** A line saying the group is nonblocking (its HOST calls are slower for it), or nothing. */
+    static String modeNote(CommGroup g) {
+        return g.isNonblocking() ? "NCCL communicators: nonblocking (GIN4J_COMM_NONBLOCKING=1): every HOST group call also pays for the thread NCCL starts for it\n" : "";
+    }
+
     /** The slowest rank's value of a per-rank measurement (a no-op with one process). */
     static double slowest(CommGroup g, double mine) {
         if (g.isSingleProcess()) return mine;
@@ -122,6 +127,7 @@ final class Bench {
             }
             rows = merged;
             if (!reports(g)) return 0;
+            out.print(modeNote(g));
             out.println(g.isSingleProcess() ? "(one process drives all " + g.worldSize() + " GPUs)" : "(one process per GPU, " + g.worldSize() + " ranks; times are the slowest rank's)");
         }
         Report.printA2aTable(rows, out);

@@ -97,7 +97,9 @@ final class MoeBench {
         GpuRuntime rt = GpuRuntime.get();
         List<Row> rows = new ArrayList<>();
         double[] floor;
+        String mode;
         try (CommGroup g = Bench.openGroup(rt)) {
+            mode = Bench.modeNote(g);
             floor = launchFloor(g.rank(0).device());
             for (int i = 0; i < floor.length; i++) floor[i] = Bench.slowest(g, floor[i]);
             SHAPES.stream().filter(s -> names.contains(s.name())).findFirst().ifPresent(
@@ -127,6 +129,7 @@ final class MoeBench {
             if (!Bench.reports(g)) return 0;
         }
         out.println();
+        out.print(mode);
         out.println("GIN channels: " + rows.getFirst().channels() + " (grid " + 2 * rows.getFirst().channels() + " blocks of 512 threads, one per SM)"
                 + (channels == 0 ? ", from the GPUs" : ", --channels"));
         out.println("routing: " + routing + (routing.zipfS() == 0 ? "" : " (busiest expert's rows / the mean, this process's tokens: "

@@ -12,6 +12,7 @@ import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
+import dev.gin4j.bindings.nccl.ncclConfig_t;
 import dev.gin4j.bindings.nccl.ncclUniqueId;
 
 import static dev.gin4j.bindings.nccl.nccl_h.*;
@@ -26,35 +27,102 @@ import static dev.gin4j.bindings.nccl.nccl_h.*;
 public final class CommGroup extends NativeResource {
     private final List<Communicator> ranks = new ArrayList<>();
     private final int worldSize;
+    private final boolean nonblocking;
     private volatile boolean aborted;
     private volatile long hostWaitNanos;
-    private final Object pollLock = new Object();  // asyncError's calls against release(): no poll of a freed communicator
+    private final Object pollLock = new Object();  // NCCL state polls against release(): no poll of a freed communicator
 
-    /** hostWaitSeconds: read before the object exists, so a bad GIN4J_COMM_TIMEOUT_S leaves nothing behind. */
-    private CommGroup(int worldSize, int hostWaitSeconds) {
-        this.worldSize = worldSize;
-        this.hostWaitNanos = java.util.concurrent.TimeUnit.SECONDS.toNanos(hostWaitSeconds);
+    /**
+     * How a group is set up, read before it exists (so bad settings leave nothing behind).
+     * {@code hostWaitTimeout}: how long a host wait for the group's work may take ({@link #hostWaitTimeout()}).
+     * {@code nonblocking}: NCCL's nonblocking mode ({@code ncclConfig_t.blocking = 0}), in which NCCL's
+     * own host calls (the communicator's creation, window registration, device communicators, the
+     * HOST exchanges' enqueue, the close) return at once and are polled, so the same time-out bounds
+     * them too: a rank that never makes the matching call ends them with an error instead of a
+     * hang. Its price: NCCL starts a thread for every group call, which the HOST exchanges pay on
+     * each call (README, "Measured"). GPU-initiated calls make no NCCL host call.
+     */
+    public record Options(java.time.Duration hostWaitTimeout, boolean nonblocking) {
+        public Options {
+            if (hostWaitTimeout == null || hostWaitTimeout.isNegative() || hostWaitTimeout.isZero())
+                throw new IllegalArgumentException("the host-wait time-out must be positive, got " + hostWaitTimeout);
+        }
+
+        /**
+         * GIN4J_COMM_TIMEOUT_S (seconds, default 300: PyTorch's NCCL default is 600, far beyond any
+         * legitimate wait for peers) and GIN4J_COMM_NONBLOCKING (1 or 0, default 0).
+         */
+        public static Options fromEnvironment(java.util.Map<String, String> env) {
+            return new Options(java.time.Duration.ofSeconds(timeoutSeconds(env.get("GIN4J_COMM_TIMEOUT_S"))), flag(env.get("GIN4J_COMM_NONBLOCKING")));
+        }
+
+        private static int timeoutSeconds(String v) {
+            if (v == null || v.isBlank()) return 300;
+            try {
+                int s = Integer.parseInt(v.trim());
+                if (s > 0) return s;
+            } catch (NumberFormatException e) {
+                // refused below
+            }
+            throw new IllegalArgumentException("GIN4J_COMM_TIMEOUT_S must be a positive number of seconds, got '" + v + "'");
+        }
+
+        private static boolean flag(String v) {
+            if (v == null || v.isBlank() || v.trim().equals("0")) return false;
+            if (v.trim().equals("1")) return true;
+            throw new IllegalArgumentException("GIN4J_COMM_NONBLOCKING must be 1 (NCCL's nonblocking mode) or 0, got '" + v + "'");
+        }
     }
 
-    /** One process, one rank per device, ranks numbered in list order ({@code ncclCommInitAll}). */
-    public static CommGroup initAll(List<Device> devices) {
+    private CommGroup(int worldSize, Options options) {
+        this.worldSize = worldSize;
+        this.nonblocking = options.nonblocking();
+        hostWaitTimeout(options.hostWaitTimeout());
+    }
+
+    /** One process, one rank per device, ranks numbered in list order; options from the environment ({@link Options#fromEnvironment}). */
+    public static CommGroup initAll(List<Device> devices) { return initAll(devices, Options.fromEnvironment(System.getenv())); }
+
+    /** One process, one rank per device, ranks numbered in list order ({@code ncclCommInitAll}, or one group of nonblocking inits). */
+    public static CommGroup initAll(List<Device> devices, Options options) {
         if (devices.isEmpty()) throw new IllegalArgumentException("initAll needs at least one device");
         for (int i = 0; i < devices.size(); i++)
             for (int j = 0; j < i; j++)
                 if (devices.get(i) == devices.get(j)) throw new IllegalArgumentException(devices.get(i) + " is listed twice: one rank per device");
-        CommGroup g = new CommGroup(devices.size(), defaultHostWaitSeconds(System.getenv()));
+        CommGroup g = new CommGroup(devices.size(), options);
+        int n = devices.size();
+        String call = "ncclCommInitAll(" + n + " devices)";
         try (Arena a = Arena.ofConfined()) {
-            MemorySegment comms = a.allocate(ValueLayout.ADDRESS, devices.size());
-            MemorySegment list = a.allocate(ValueLayout.JAVA_INT, devices.size());
-            for (int i = 0; i < devices.size(); i++) list.setAtIndex(ValueLayout.JAVA_INT, i, devices.get(i).ordinal());
-            devices.getFirst().makeCurrent();
-            Nccl.check("ncclCommInitAll(" + devices.size() + " devices)", ncclCommInitAll(comms, devices.size(), list), MemorySegment.NULL);
-            for (int i = 0; i < devices.size(); i++) {
-                g.ranks.add(new Communicator(g, comms.getAtIndex(ValueLayout.ADDRESS, i), devices.get(i), i, i));
+            MemorySegment comms = a.allocate(ValueLayout.ADDRESS, n);  // zeroed: NULL where no communicator was made
+            int groupEnd = 0;
+            try {
+                if (!g.nonblocking) {
+                    MemorySegment list = a.allocate(ValueLayout.JAVA_INT, n);
+                    for (int i = 0; i < n; i++) list.setAtIndex(ValueLayout.JAVA_INT, i, devices.get(i).ordinal());
+                    devices.getFirst().makeCurrent();
+                    Nccl.check(call, ncclCommInitAll(comms, n, list), MemorySegment.NULL);
+                } else {
+                    MemorySegment id = a.allocate(ncclUniqueId.layout()), config = g.config(a);
+                    Nccl.check("ncclGetUniqueId", ncclGetUniqueId(id), MemorySegment.NULL);
+                    Nccl.check("ncclGroupStart", ncclGroupStart(), MemorySegment.NULL);
+                    int rc = 0;
+                    for (int i = 0; i < n && rc == 0; i++) {
+                        devices.get(i).makeCurrent();
+                        rc = ncclCommInitRankConfig(comms.asSlice(8L * i, 8), n, id, i, config);
+                    }
+                    groupEnd = ncclGroupEnd();  // polled below, once the communicators are in the group (an abort reaches them)
+                    Nccl.check(call, rc, MemorySegment.NULL);
+                }
+            } finally {
+                for (int i = 0; i < n; i++) {
+                    MemorySegment comm = comms.getAtIndex(ValueLayout.ADDRESS, i);
+                    if (comm.address() != 0) g.ranks.add(new Communicator(g, comm, devices.get(i), i, g.ranks.size()));
+                }
             }
+            if (g.ranks.size() != n) throw new CommException(call + " made " + g.ranks.size() + " of " + n + " communicators");
+            g.complete(call, groupEnd);
         } catch (RuntimeException e) {
-            g.close();
-            throw e;
+            throw g.abortedBecause(e);  // a communicator whose creation failed or is still running must be aborted, not destroyed
         }
         return g;
     }
@@ -69,9 +137,13 @@ public final class CommGroup extends NativeResource {
         return initRank(visible.get(r.localRank()), r);
     }
 
+    /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others; options from the environment. */
+    public static CommGroup initRank(Device device, Rendezvous rendezvous) { return initRank(device, rendezvous, Options.fromEnvironment(System.getenv())); }
+
     /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others. */
-    public static CommGroup initRank(Device device, Rendezvous rendezvous) {
-        CommGroup g = new CommGroup(rendezvous.worldSize(), defaultHostWaitSeconds(System.getenv()));
+    public static CommGroup initRank(Device device, Rendezvous rendezvous, Options options) {
+        CommGroup g = new CommGroup(rendezvous.worldSize(), options);
+        String call = "ncclCommInitRank(rank " + rendezvous.rank() + " of " + rendezvous.worldSize() + ")";
         try (Arena a = Arena.ofConfined()) {
             MemorySegment id = a.allocate(ncclUniqueId.layout());
             if (rendezvous.rank() == 0) Nccl.check("ncclGetUniqueId", ncclGetUniqueId(id), MemorySegment.NULL);
@@ -80,17 +152,36 @@ public final class CommGroup extends NativeResource {
             MemorySegment.copy(bytes, 0, id, ValueLayout.JAVA_BYTE, 0, bytes.length);
             MemorySegment comm = a.allocate(ValueLayout.ADDRESS);
             device.makeCurrent();
-            Nccl.check("ncclCommInitRank(rank " + rendezvous.rank() + " of " + rendezvous.worldSize() + ")",
-                    ncclCommInitRank(comm, rendezvous.worldSize(), id, rendezvous.rank()), MemorySegment.NULL);
-            g.ranks.add(new Communicator(g, comm.get(ValueLayout.ADDRESS, 0), device, rendezvous.rank(), 0));
+            int rc = g.nonblocking ? ncclCommInitRankConfig(comm, rendezvous.worldSize(), id, rendezvous.rank(), g.config(a))
+                                   : ncclCommInitRank(comm, rendezvous.worldSize(), id, rendezvous.rank());
+            if (comm.get(ValueLayout.ADDRESS, 0).address() != 0) g.ranks.add(new Communicator(g, comm.get(ValueLayout.ADDRESS, 0), device, rendezvous.rank(), 0));
+            if (rc != ncclInProgress()) Nccl.check(call, rc, MemorySegment.NULL);
+            if (g.ranks.isEmpty()) throw new CommException(call + " returned no communicator");
+            g.complete(call, rc);  // nonblocking: until every peer has joined, or the time-out
         } catch (RuntimeException e) {
-            g.close();
-            throw e;
+            throw g.abortedBecause(e);  // a communicator whose creation failed or is still running must be aborted, not destroyed
         }
         return g;
     }
 
+    /** A nonblocking ncclConfig_t: as NCCL_CONFIG_INITIALIZER makes it (every other attribute NCCL's default), blocking = 0. */
+    private MemorySegment config(Arena a) {
+        MemorySegment c = ncclConfig_t.allocate(a);
+        ncclConfig_t.size(c, ncclConfig_t.sizeof());
+        ncclConfig_t.magic(c, NCCL_API_MAGIC());
+        ncclConfig_t.version(c, NCCL_VERSION_CODE());
+        for (String f : new String[] {"blocking", "cgaClusterSize", "minCTAs", "maxCTAs", "splitShare", "trafficClass", "collnetEnable", "CTAPolicy",
+                "shrinkShare", "nvlsCTAs", "nChannelsPerNetPeer", "nvlinkCentricSched", "graphUsageMode", "numRmaCtx"}) {
+            long offset = ncclConfig_t.layout().byteOffset(java.lang.foreign.MemoryLayout.PathElement.groupElement(f));
+            c.set(ValueLayout.JAVA_INT, offset, NCCL_CONFIG_UNDEF_INT());
+        }  // the two pointers (netName, commName) stay NULL, NCCL_CONFIG_UNDEF_PTR
+        ncclConfig_t.blocking(c, 0);
+        return c;
+    }
+
     public int worldSize() { return worldSize; }
+    /** Whether the communicators are in NCCL's nonblocking mode ({@link Options#nonblocking}). */
+    public boolean isNonblocking() { return nonblocking; }
     /** The ranks this process drives, in local order. */
     public List<Communicator> ranks() { return List.copyOf(ranks); }
     public Communicator rank(int localIndex) {
@@ -114,8 +205,12 @@ public final class CommGroup extends NativeResource {
     public int localCount() { return ranks.size(); }
     public boolean isSingleProcess() { return ranks.size() == worldSize; }
 
-    /** Runs {@code body} inside ncclGroupStart/ncclGroupEnd (needed when one thread drives several ranks). */
-    public void inGroup(Runnable body) {
+    /**
+     * Runs {@code body} inside ncclGroupStart/ncclGroupEnd (needed when one thread drives several
+     * ranks) and returns once NCCL has done the group's host part: for a nonblocking group that is
+     * polled ({@link #complete}), within the host-wait time-out. {@code what} names the calls in errors.
+     */
+    public void inGroup(String what, Runnable body) {
         Nccl.check("ncclGroupStart", ncclGroupStart(), MemorySegment.NULL);
         RuntimeException failure = null;
         try {
@@ -125,10 +220,65 @@ public final class CommGroup extends NativeResource {
         }
         int rc = ncclGroupEnd();
         if (failure != null) {
-            if (rc != 0) failure.addSuppressed(Nccl.error("ncclGroupEnd", rc, MemorySegment.NULL));
+            if (rc == ncclInProgress()) {
+                try {
+                    complete(what, rc);  // what was queued before the failure must finish before the group is used again
+                } catch (RuntimeException e) {
+                    failure.addSuppressed(e);
+                }
+            } else if (rc != 0) {
+                failure.addSuppressed(Nccl.error("ncclGroupEnd", rc, MemorySegment.NULL));
+            }
             throw failure;
         }
-        Nccl.check("ncclGroupEnd", rc, ranks.getFirst().handle());
+        complete(what, rc);
+    }
+
+    /**
+     * Finishes an NCCL call that returned {@code rc}. {@code ncclInProgress} (a nonblocking group: NCCL
+     * goes on on its own thread) is polled on every local communicator until none is in progress; an
+     * error then, or no end within the host-wait time-out (a rank that never made the matching
+     * call), aborts the group and throws. Any other non-zero {@code rc} throws.
+     */
+    void complete(String call, int rc) {
+        if (rc != ncclInProgress()) {
+            Nccl.check(call, rc, ranks.isEmpty() ? MemorySegment.NULL : ranks.getFirst().handleUnchecked());
+            return;
+        }
+        long start = System.nanoTime();
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment state = a.allocate(ValueLayout.JAVA_INT);
+            for (int polls = 0; ; polls++) {
+                String failure;
+                synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
+                    if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
+                    failure = pollStates(state, true);
+                }
+                if (failure == null) return;
+                if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": " + failure + "; " + describe() + " was aborted"));
+                if (System.nanoTime() - start > hostWaitNanos)
+                    throw abortedBecause(new CommException(call + ": NCCL was not done after " + hostWaitNanos / 1e9
+                            + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): did every rank make the same call? " + describe() + " was aborted"));
+                if (polls < 2000) Thread.onSpinWait();  // host work of microseconds to milliseconds: spin first
+                else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
+            }
+        }
+    }
+
+    /**
+     * Every local communicator's ncclCommGetAsyncError, under pollLock and not closed: null when all
+     * are done, an error description, or "" while one is in progress and {@code waitForProgress}.
+     */
+    private String pollStates(MemorySegment state, boolean waitForProgress) {
+        boolean busy = false;
+        for (Communicator c : ranks) {
+            MemorySegment h = c.handleUnchecked();
+            Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, state), h);
+            int rc = state.get(ValueLayout.JAVA_INT, 0);
+            if (rc == ncclInProgress()) busy = true;
+            else if (rc != 0) return "NCCL reported " + Nccl.error("an operation of " + c, rc, h).getMessage();
+        }
+        return busy && waitForProgress ? "" : null;
     }
 
     private <T> void checkPerRank(List<T> list, String what) {
@@ -174,7 +324,7 @@ public final class CommGroup extends NativeResource {
         long need = total(bytesPerPeer, worldSize, "bytes per peer");
         checkEveryRank(send, recv, streams, need, need, "all-to-all of " + bytesPerPeer + " bytes per peer over " + worldSize + " ranks");
         boolean native_ = hasAlltoAll();
-        inGroup(() -> {
+        inGroup("a HOST all-to-all (" + (native_ ? "ncclAlltoAll" : "ncclSend/ncclRecv") + ")", () -> {
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
                 long s = send.get(i).address(), r = recv.get(i).address(), st = streams.get(i).handle();
@@ -216,7 +366,7 @@ public final class CommGroup extends NativeResource {
             checkCounts(c, sendCounts[i], sendOffsets[i], send.get(i).byteSize(), "send");
             checkCounts(c, recvCounts[i], recvOffsets[i], recv.get(i).byteSize(), "receive");
         }
-        inGroup(() -> {
+        inGroup("a HOST all-to-all-v (ncclSend/ncclRecv)", () -> {
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
                 long s = send.get(i).address(), r = recv.get(i).address(), st = streams.get(i).handle();
@@ -240,7 +390,7 @@ public final class CommGroup extends NativeResource {
     /** Host-initiated all-gather of {@code bytes} per rank from send into recv (recv holds worldSize * bytes). */
     public void allGather(List<DeviceBuffer> send, List<DeviceBuffer> recv, long bytes, List<Stream> streams) {
         checkEveryRank(send, recv, streams, bytes, total(bytes, worldSize, "all-gather bytes"), "all-gather of " + bytes + " bytes per rank");
-        inGroup(() -> {
+        inGroup("ncclAllGather", () -> {
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
                 Nccl.check("ncclAllGather", ncclAllGather(MemorySegment.ofAddress(send.get(i).address()), MemorySegment.ofAddress(recv.get(i).address()),
@@ -253,7 +403,7 @@ public final class CommGroup extends NativeResource {
     public void allReduceSumFloat(List<DeviceBuffer> send, List<DeviceBuffer> recv, long count, List<Stream> streams) {
         long bytes = total(count, 4, "float count");
         checkEveryRank(send, recv, streams, bytes, bytes, "all-reduce of " + count + " floats");
-        inGroup(() -> {
+        inGroup("ncclAllReduce", () -> {
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
                 Nccl.check("ncclAllReduce", ncclAllReduce(MemorySegment.ofAddress(send.get(i).address()), MemorySegment.ofAddress(recv.get(i).address()),
@@ -305,19 +455,6 @@ public final class CommGroup extends NativeResource {
                 streams.forEach(Stream::close);
             }
         }
-    }
-
-    /** GIN4J_COMM_TIMEOUT_S, default 300 (PyTorch's NCCL default is 600): far beyond any legitimate wait for peers. */
-    static int defaultHostWaitSeconds(java.util.Map<String, String> env) {
-        String v = env.get("GIN4J_COMM_TIMEOUT_S");
-        if (v == null || v.isBlank()) return 300;
-        try {
-            int s = Integer.parseInt(v.trim());
-            if (s > 0) return s;
-        } catch (NumberFormatException e) {
-            // refused below
-        }
-        throw new IllegalArgumentException("GIN4J_COMM_TIMEOUT_S must be a positive number of seconds, got '" + v + "'");
     }
 
     /**
@@ -398,15 +535,8 @@ public final class CommGroup extends NativeResource {
 
     private String asyncErrorOpen() {
         try (Arena a = Arena.ofConfined()) {
-            MemorySegment out = a.allocate(ValueLayout.JAVA_INT);
-            for (Communicator c : ranks) {
-                MemorySegment h = c.handleUnchecked();  // under pollLock and not closed: not freed yet
-                Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, out), h);
-                int rc = out.get(ValueLayout.JAVA_INT, 0);
-                if (rc != 0 && rc != ncclInProgress()) return Nccl.error("an operation of " + c, rc, h).getMessage();
-            }
+            return pollStates(a.allocate(ValueLayout.JAVA_INT), false);
         }
-        return null;
     }
 
     /**
@@ -475,16 +605,52 @@ public final class CommGroup extends NativeResource {
         close();
     }
 
-    /** Destroys (or, after {@link #abort}, aborts) every local communicator, each even if one before it fails. */
+    /**
+     * Destroys (or, after {@link #abort}, aborts) every local communicator, each even if one before it
+     * fails. A nonblocking group is finalized first (NCCL flushes its work on its own thread), within
+     * the host-wait time-out; if that fails or does not end, its communicators are aborted instead.
+     */
     @Override protected void release() {
-        boolean abort = aborted;  // read once: the calls and the error text agree
-        String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
-        synchronized (pollLock) {  // waits for at most one ncclCommGetAsyncError round of an await on another thread
-            releaseAll(ranks.stream().<Runnable>map(c -> () -> {
+        synchronized (pollLock) {  // waits for at most one poll round of an await or a complete on another thread
+            RuntimeException finalizeFailure = aborted || !nonblocking ? null : finalizeAll();
+            boolean abort = aborted || finalizeFailure != null;
+            String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
+            try {
+                releaseAll(ranks.stream().<Runnable>map(c -> () -> {
+                    c.device().makeCurrent();
+                    int rc = abort ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
+                    if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
+                }).toArray(Runnable[]::new));
+            } catch (RuntimeException e) {
+                if (finalizeFailure != null) e.addSuppressed(finalizeFailure);
+                throw e;
+            }
+            if (finalizeFailure != null) throw finalizeFailure;
+        }
+    }
+
+    /** ncclCommFinalize of every local communicator, polled until done; the failure (then aborted), or null. */
+    private RuntimeException finalizeAll() {
+        long start = System.nanoTime();
+        try (Arena a = Arena.ofConfined()) {
+            for (Communicator c : ranks) {
                 c.device().makeCurrent();
-                int rc = abort ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
-                if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
-            }).toArray(Runnable[]::new));
+                int rc = ncclCommFinalize(c.handleUnchecked());
+                if (rc != 0 && rc != ncclInProgress()) return Nccl.error("ncclCommFinalize (" + c + ")", rc, c.handleUnchecked());
+            }
+            MemorySegment state = a.allocate(ValueLayout.JAVA_INT);
+            for (int polls = 0; ; polls++) {
+                String failure = pollStates(state, true);
+                if (failure == null) return null;
+                if (!failure.isEmpty()) return new CommException("closing " + describe() + ": " + failure + "; its communicators were aborted");
+                if (System.nanoTime() - start > hostWaitNanos)
+                    return new CommException("closing " + describe() + ": ncclCommFinalize was not done after " + hostWaitNanos / 1e9
+                            + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): work that never ends (a peer that never joined?); its communicators were aborted");
+                if (polls < 2000) Thread.onSpinWait();
+                else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
+            }
+        } catch (RuntimeException e) {
+            return e;
         }
     }
 

@@ -53,7 +53,7 @@ public final class DeviceComm extends NativeResource {
         try {
             MemorySegment reqs = abi.requirements(dc.arena, fields);
             for (int i = 0; i < group.localCount(); i++) dc.structs.add(dc.arena.allocate(Math.max(abi.devCommSize(), 8), Math.max(abi.devCommAlign(), 8)));
-            group.inGroup(() -> {
+            group.inGroup("ncclDevCommCreate", () -> {
                 for (Communicator c : group.ranks()) {
                     c.device().makeCurrent();
                     Nccl.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());

@@ -66,7 +66,7 @@ public final class SymmetricWindow extends NativeResource {
                 });
                 MemorySegment wins = tmp.allocate(ValueLayout.ADDRESS, group.localCount());  // zeroed: NULL where nothing was registered
                 try {
-                    group.inGroup(() -> {
+                    group.inGroup("ncclCommWindowRegister", () -> {
                         for (Communicator c : group.ranks()) {
                             c.device().makeCurrent();
                             Nccl.check("ncclCommWindowRegister", ncclCommWindowRegister(c.handle(), MemorySegment.ofAddress(w.buffers.get(c.localIndex()).address()),
@@ -115,7 +115,7 @@ public final class SymmetricWindow extends NativeResource {
     @Override protected void release() {
         List<Runnable> steps = new ArrayList<>();
         if (!group.isClosed() && handles.stream().anyMatch(h -> h.address() != 0)) {
-            steps.add(() -> group.inGroup(() -> {
+            steps.add(() -> group.inGroup("ncclCommWindowDeregister", () -> {
                 for (Communicator c : group.ranks()) {
                     MemorySegment h = handles.get(c.localIndex());
                     if (h.address() == 0) continue;

@@ -12,6 +12,7 @@ import org.junit.jupiter.api.Test;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.time.Duration;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.SplittableRandom;
@@ -22,7 +23,8 @@ import static org.junit.jupiter.api.Assertions.*;
  * Inputs the kernels could not read safely are refused before anything is queued, on both
  * backends: a result fed straight back (peers write it during the call) and, for all-to-all-v,
  * count or offset arrays the kernels could not load as uint64. The exchange still works after.
- * Runs on one GPU (every local GPU where there are more).
+ * On a blocking and on a nonblocking group (NCCL's host calls polled: window registration, device
+ * communicators, the HOST enqueue, the close). Runs on one GPU (every local GPU where there are more).
  */
 @Tag("gpu")
 class AllToAllInputsGpuTest {
@@ -33,9 +35,15 @@ class AllToAllInputsGpuTest {
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
         Gpus.requireKernels(rt, "a2a");
         List<Device> devs = rt.devices();
-        int n = devs.size();
         long perPeer = 256;
-        try (CommGroup g = CommGroup.initAll(devs); Arena arena = Arena.ofShared()) {
+        for (boolean nonblocking : new boolean[] {false, true}) {
+            exchangeAfterRefusals(devs, perPeer, new CommGroup.Options(Duration.ofSeconds(120), nonblocking));
+        }
+    }
+
+    private void exchangeAfterRefusals(List<Device> devs, long perPeer, CommGroup.Options options) {
+        int n = devs.size();
+        try (CommGroup g = CommGroup.initAll(devs, options); Arena arena = Arena.ofShared()) {
             List<Stream> streams = new ArrayList<>();
             try {
                 for (Device d : devs) streams.add(d.createStream());
@@ -65,7 +73,7 @@ class AllToAllInputsGpuTest {
                             counts.add(cb);
                             offs.add(ob);
                         }
-                        String what = backend + ": ";
+                        String what = backend + (options.nonblocking() ? ", nonblocking" : "") + ": ";
                         IllegalArgumentException fedBack = assertThrows(IllegalArgumentException.class, () -> a.run(results, perPeer, streams), what);
                         assertTrue(fedBack.getMessage().contains("overlaps this all-to-all's receive area"), what + fedBack.getMessage());
                         List<DeviceBuffer> aligned = counts.stream().map(b -> b.slice(8, 8L * n)).toList(), alignedOffs = offs.stream().map(b -> b.slice(8, 8L * n)).toList();

@@ -27,7 +27,8 @@ import static org.junit.jupiter.api.Assertions.*;
 /**
  * A group closed (or aborted) under the instances built on it: their GIN kernels would store
  * through peer mappings that went with its communicators, so every call is refused by name, and
- * closing them afterwards frees their memory without an error. Runs on one GPU.
+ * closing them afterwards frees their memory without an error. Also the time-outs that end waits
+ * for peers that never come. Runs on one GPU.
  */
 @Tag("gpu")
 class ClosedGroupGpuTest {
@@ -85,7 +86,7 @@ class ClosedGroupGpuTest {
             List<Stream> streams = new ArrayList<>();
             for (int i = 0; i < rt.devices().size(); i++) streams.add(i == 0 ? s : rt.device(i).createStream());
             try (CommGroup g = CommGroup.initAll(rt.devices()); AllToAll a = AllToAll.create(g, 64, Backend.HOST)) {
-                assertEquals(Duration.ofSeconds(CommGroup.defaultHostWaitSeconds(System.getenv())), g.hostWaitTimeout());
+                assertEquals(CommGroup.Options.fromEnvironment(System.getenv()).hostWaitTimeout(), g.hostWaitTimeout());
                 assertThrows(IllegalArgumentException.class, () -> g.hostWaitTimeout(Duration.ZERO));
                 g.await(streams, "an idle wait");  // nothing queued: returns at once
                 Stream gone = dev.createStream();
@@ -114,6 +115,38 @@ class ClosedGroupGpuTest {
                 for (int i = 1; i < streams.size(); i++) streams.get(i).close();
             }
         }
+    }
+
+    /**
+     * A nonblocking group's creation ends at its time-out when a peer never calls
+     * ncclCommInitRank (here rank 1 of 2 takes part in the rendezvous only, as a process that died
+     * right after it would): the communicator is aborted and nothing is left open. A blocking
+     * group would wait there for ever (NCCL's bootstrap has no time-out).
+     */
+    @Test void aNonblockingInitGivesUpWhenAPeerNeverJoins() throws Exception {
+        GpuRuntime rt = Gpus.runtimeWithDevices(1);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        int live = NativeResource.liveCount();
+        int port;
+        try (java.net.ServerSocket free = new java.net.ServerSocket(0)) {
+            port = free.getLocalPort();
+        }
+        java.util.concurrent.ExecutorService pool = java.util.concurrent.Executors.newSingleThreadExecutor();
+        try {
+            java.util.concurrent.Future<byte[]> peer = pool.submit(() -> new Rendezvous(1, 2, 1, "127.0.0.1", port, Duration.ofSeconds(60)).exchange(null));
+            Rendezvous rank0 = new Rendezvous(0, 2, 0, "127.0.0.1", port, Duration.ofSeconds(60));
+            long t0 = System.nanoTime();
+            CommException e = assertThrows(CommException.class, () -> CommGroup.initRank(rt.device(0), rank0, new CommGroup.Options(Duration.ofSeconds(2), true)));
+            double waited = (System.nanoTime() - t0) / 1e9;
+            System.out.println("[nonblocking init time-out] after " + waited + " s: " + e.getMessage());
+            assertTrue(waited >= 2 && waited < 60, "gave up after " + waited + " s");
+            assertTrue(e.getMessage().contains("ncclCommInitRank(rank 0 of 2)") && e.getMessage().contains("not done after 2.0 s")
+                    && e.getMessage().contains("was aborted"), e.getMessage());
+            assertEquals(128, peer.get(60, java.util.concurrent.TimeUnit.SECONDS).length, "the peer got the unique id and never used it");
+        } finally {
+            pool.shutdownNow();
+        }
+        assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
     }
 
     /** With every rank in step, failTogether returns; a rank's own failure comes back as itself. */

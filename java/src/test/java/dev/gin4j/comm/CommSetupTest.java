@@ -16,13 +16,24 @@ import static org.junit.jupiter.api.Assertions.*;
 
 /** Setup logic that needs no GPU: layouts, rendezvous, version checks. */
 class CommSetupTest {
-    @Test void hostWaitTimeOutComesFromTheEnvironmentAndMustBePositive() {
-        assertEquals(300, CommGroup.defaultHostWaitSeconds(java.util.Map.of()));
-        assertEquals(42, CommGroup.defaultHostWaitSeconds(java.util.Map.of("GIN4J_COMM_TIMEOUT_S", " 42 ")));
+    @Test void groupOptionsComeFromTheEnvironmentAndBadValuesAreNamed() {
+        CommGroup.Options defaults = CommGroup.Options.fromEnvironment(Map.of());
+        assertEquals(Duration.ofSeconds(300), defaults.hostWaitTimeout());
+        assertFalse(defaults.nonblocking());
+        CommGroup.Options set = CommGroup.Options.fromEnvironment(Map.of("GIN4J_COMM_TIMEOUT_S", " 42 ", "GIN4J_COMM_NONBLOCKING", "1"));
+        assertEquals(Duration.ofSeconds(42), set.hostWaitTimeout());
+        assertTrue(set.nonblocking());
+        assertFalse(CommGroup.Options.fromEnvironment(Map.of("GIN4J_COMM_NONBLOCKING", "0")).nonblocking());
         for (String bad : new String[] {"0", "-5", "ten"}) {
-            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CommGroup.defaultHostWaitSeconds(java.util.Map.of("GIN4J_COMM_TIMEOUT_S", bad)));
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CommGroup.Options.fromEnvironment(Map.of("GIN4J_COMM_TIMEOUT_S", bad)));
             assertTrue(e.getMessage().contains("GIN4J_COMM_TIMEOUT_S") && e.getMessage().contains(bad), e.getMessage());
         }
+        for (String bad : new String[] {"yes", "2", "true"}) {
+            IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CommGroup.Options.fromEnvironment(Map.of("GIN4J_COMM_NONBLOCKING", bad)));
+            assertTrue(e.getMessage().contains("GIN4J_COMM_NONBLOCKING must be 1") && e.getMessage().contains(bad), e.getMessage());
+        }
+        assertThrows(IllegalArgumentException.class, () -> new CommGroup.Options(Duration.ZERO, true));
+        assertThrows(IllegalArgumentException.class, () -> new CommGroup.Options(null, false));
     }
 
     @Test void windowRegionsAreAlignedAndDisjoint() {
