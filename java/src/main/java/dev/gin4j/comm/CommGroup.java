@@ -50,11 +50,28 @@ public final class CommGroup extends NativeResource {
 
         /**
          * GIN4J_COMM_TIMEOUT_S (seconds, default 300: PyTorch's NCCL default is 600, far beyond any
-         * legitimate wait for peers) and GIN4J_COMM_NONBLOCKING (1 or 0, default 0).
+         * legitimate wait for peers) and GIN4J_COMM_NONBLOCKING (1 or 0; unset: as NCCL_COMM_BLOCKING
+         * says, which NCCL obeys over the configuration, else 0).
          */
         public static Options fromEnvironment(java.util.Map<String, String> env) {
-            return new Options(java.time.Duration.ofSeconds(timeoutSeconds(env.get("GIN4J_COMM_TIMEOUT_S"))), flag(env.get("GIN4J_COMM_NONBLOCKING")));
+            String mode = env.get("GIN4J_COMM_NONBLOCKING");
+            boolean nonblocking = mode != null && !mode.isBlank() ? flag(mode) : "0".equals(trimmed(env.get("NCCL_COMM_BLOCKING")));
+            return new Options(java.time.Duration.ofSeconds(timeoutSeconds(env.get("GIN4J_COMM_TIMEOUT_S"))), nonblocking);
         }
+
+        /**
+         * Refuses a mode that NCCL_COMM_BLOCKING would overturn: NCCL obeys it over the configuration,
+         * so gin4j would either not bound what it promised to or meet ncclInProgress it did not expect.
+         */
+        void checkAgainst(java.util.Map<String, String> env) {
+            String nccl = trimmed(env.get("NCCL_COMM_BLOCKING"));
+            if (nccl == null || nccl.isEmpty()) return;
+            if (nccl.equals(nonblocking ? "1" : "0") || !(nccl.equals("0") || nccl.equals("1")))
+                throw new IllegalArgumentException("NCCL_COMM_BLOCKING=" + nccl + " in the environment overrides this group's " + (nonblocking ? "nonblocking" : "blocking")
+                        + " mode (GIN4J_COMM_NONBLOCKING, CommGroup.Options): unset it, or ask for the same mode in both");
+        }
+
+        private static String trimmed(String v) { return v == null ? null : v.trim(); }
 
         private static int timeoutSeconds(String v) {
             if (v == null || v.isBlank()) return 300;
@@ -89,6 +106,7 @@ public final class CommGroup extends NativeResource {
         for (int i = 0; i < devices.size(); i++)
             for (int j = 0; j < i; j++)
                 if (devices.get(i) == devices.get(j)) throw new IllegalArgumentException(devices.get(i) + " is listed twice: one rank per device");
+        options.checkAgainst(System.getenv());
         CommGroup g = new CommGroup(devices.size(), options);
         int n = devices.size();
         String call = "ncclCommInitAll(" + n + " devices)";
@@ -100,18 +118,21 @@ public final class CommGroup extends NativeResource {
                     MemorySegment list = a.allocate(ValueLayout.JAVA_INT, n);
                     for (int i = 0; i < n; i++) list.setAtIndex(ValueLayout.JAVA_INT, i, devices.get(i).ordinal());
                     devices.getFirst().makeCurrent();
-                    Nccl.check(call, ncclCommInitAll(comms, n, list), MemorySegment.NULL);
+                    groupEnd = ncclCommInitAll(comms, n, list);  // checked below, as the nonblocking result
                 } else {
                     MemorySegment id = a.allocate(ncclUniqueId.layout()), config = g.config(a);
                     Nccl.check("ncclGetUniqueId", ncclGetUniqueId(id), MemorySegment.NULL);
                     Nccl.check("ncclGroupStart", ncclGroupStart(), MemorySegment.NULL);
                     int rc = 0;
-                    for (int i = 0; i < n && rc == 0; i++) {
-                        devices.get(i).makeCurrent();
-                        rc = ncclCommInitRankConfig(comms.asSlice(8L * i, 8), n, id, i, config);
+                    try {
+                        for (int i = 0; i < n && (rc == 0 || rc == ncclInProgress()); i++) {
+                            devices.get(i).makeCurrent();
+                            rc = ncclCommInitRankConfig(comms.asSlice(8L * i, 8), n, id, i, config);
+                        }
+                    } finally {
+                        groupEnd = ncclGroupEnd();  // also after a failure: an open group would swallow the abort below
                     }
-                    groupEnd = ncclGroupEnd();  // polled below, once the communicators are in the group (an abort reaches them)
-                    Nccl.check(call, rc, MemorySegment.NULL);
+                    if (rc != ncclInProgress()) Nccl.check(call, rc, MemorySegment.NULL);
                 }
             } finally {
                 for (int i = 0; i < n; i++) {
@@ -120,7 +141,7 @@ public final class CommGroup extends NativeResource {
                 }
             }
             if (g.ranks.size() != n) throw new CommException(call + " made " + g.ranks.size() + " of " + n + " communicators");
-            g.complete(call, groupEnd);
+            g.complete(call, groupEnd);  // nonblocking: polled until every communicator is made, or the time-out
         } catch (RuntimeException e) {
             throw g.abortedBecause(e);  // a communicator whose creation failed or is still running must be aborted, not destroyed
         }
@@ -142,6 +163,7 @@ public final class CommGroup extends NativeResource {
 
     /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others. */
     public static CommGroup initRank(Device device, Rendezvous rendezvous, Options options) {
+        options.checkAgainst(System.getenv());
         CommGroup g = new CommGroup(rendezvous.worldSize(), options);
         String call = "ncclCommInitRank(rank " + rendezvous.rank() + " of " + rendezvous.worldSize() + ")";
         try (Arena a = Arena.ofConfined()) {
@@ -255,7 +277,7 @@ public final class CommGroup extends NativeResource {
                     failure = pollStates(state, true);
                 }
                 if (failure == null) return;
-                if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": " + failure + "; " + describe() + " was aborted"));
+                if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": NCCL reported " + failure + "; " + describe() + " was aborted"));
                 if (System.nanoTime() - start > hostWaitNanos)
                     throw abortedBecause(new CommException(call + ": NCCL was not done after " + hostWaitNanos / 1e9
                             + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): did every rank make the same call? " + describe() + " was aborted"));
@@ -276,7 +298,7 @@ public final class CommGroup extends NativeResource {
             Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, state), h);
             int rc = state.get(ValueLayout.JAVA_INT, 0);
             if (rc == ncclInProgress()) busy = true;
-            else if (rc != 0) return "NCCL reported " + Nccl.error("an operation of " + c, rc, h).getMessage();
+            else if (rc != 0) return Nccl.error("an operation of " + c, rc, h).getMessage();
         }
         return busy && waitForProgress ? "" : null;
     }
@@ -595,23 +617,26 @@ public final class CommGroup extends NativeResource {
 
     /**
      * Aborts every local communicator (pending work is dropped) and closes the group: from another
-     * thread, this ends a wait in a collective or a stream synchronize that will never return. After
-     * {@link #close} has begun it does nothing (the close destroys the communicators itself). Calls
-     * that start after it are refused; the instances built on the group still need closing (that
-     * frees their memory).
+     * thread, this ends a wait in a collective or a stream synchronize that will never return. A
+     * close already under way destroys the communicators itself (a nonblocking group's close, still
+     * finalizing, aborts them instead). Returns once they are gone. Calls that start after it are
+     * refused; the instances built on the group still need closing (that frees their memory).
      */
     public void abort() {
-        aborted = true;  // read by release(), which close() runs at most once: after a close this does nothing
-        close();
+        aborted = true;  // read by release() (run at most once) and each round of a nonblocking close's finalize
+        synchronized (pollLock) {  // a poll on another thread sees the group closed only once NCCL's own threads are done with it
+            close();
+        }
     }
 
     /**
      * Destroys (or, after {@link #abort}, aborts) every local communicator, each even if one before it
      * fails. A nonblocking group is finalized first (NCCL flushes its work on its own thread), within
-     * the host-wait time-out; if that fails or does not end, its communicators are aborted instead.
+     * the host-wait time-out; if that fails, does not end, or {@link #abort} is called meanwhile, its
+     * communicators are aborted instead.
      */
     @Override protected void release() {
-        synchronized (pollLock) {  // waits for at most one poll round of an await or a complete on another thread
+        synchronized (pollLock) {  // waits for at most one poll round of an await or a complete on another thread; abort() holds it already
             RuntimeException finalizeFailure = aborted || !nonblocking ? null : finalizeAll();
             boolean abort = aborted || finalizeFailure != null;
             String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
@@ -640,9 +665,10 @@ public final class CommGroup extends NativeResource {
             }
             MemorySegment state = a.allocate(ValueLayout.JAVA_INT);
             for (int polls = 0; ; polls++) {
+                if (aborted) return new CommException("closing " + describe() + ": aborted (CommGroup.abort) while NCCL finalized it");
                 String failure = pollStates(state, true);
                 if (failure == null) return null;
-                if (!failure.isEmpty()) return new CommException("closing " + describe() + ": " + failure + "; its communicators were aborted");
+                if (!failure.isEmpty()) return new CommException("closing " + describe() + ": NCCL reported " + failure + "; its communicators were aborted");
                 if (System.nanoTime() - start > hostWaitNanos)
                     return new CommException("closing " + describe() + ": ncclCommFinalize was not done after " + hostWaitNanos / 1e9
                             + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): work that never ends (a peer that never joined?); its communicators were aborted");

@@ -123,9 +123,11 @@ class ClosedGroupGpuTest {
      * right after it would): the communicator is aborted and nothing is left open. A blocking
      * group would wait there for ever (NCCL's bootstrap has no time-out).
      */
-    @Test void aNonblockingInitGivesUpWhenAPeerNeverJoins() throws Exception {
+    @Test @org.junit.jupiter.api.Timeout(value = 120, threadMode = org.junit.jupiter.api.Timeout.ThreadMode.SEPARATE_THREAD)  // a blocking init would hang: fail instead
+    void aNonblockingInitGivesUpWhenAPeerNeverJoins() throws Exception {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.skipUnless(System.getenv("NCCL_COMM_BLOCKING") == null, "NCCL_COMM_BLOCKING is set: NCCL would obey it over the nonblocking configuration");
         int live = NativeResource.liveCount();
         int port;
         try (java.net.ServerSocket free = new java.net.ServerSocket(0)) {

@@ -32,6 +32,15 @@ class CommSetupTest {
             IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> CommGroup.Options.fromEnvironment(Map.of("GIN4J_COMM_NONBLOCKING", bad)));
             assertTrue(e.getMessage().contains("GIN4J_COMM_NONBLOCKING must be 1") && e.getMessage().contains(bad), e.getMessage());
         }
+        // NCCL obeys NCCL_COMM_BLOCKING over the configuration: followed when gin4j's own variable is unset, refused when they disagree
+        assertTrue(CommGroup.Options.fromEnvironment(Map.of("NCCL_COMM_BLOCKING", "0")).nonblocking());
+        assertFalse(CommGroup.Options.fromEnvironment(Map.of("NCCL_COMM_BLOCKING", "1")).nonblocking());
+        CommGroup.Options.fromEnvironment(Map.of("NCCL_COMM_BLOCKING", "0")).checkAgainst(Map.of("NCCL_COMM_BLOCKING", "0"));
+        set.checkAgainst(Map.of());
+        IllegalArgumentException overturned = assertThrows(IllegalArgumentException.class, () -> set.checkAgainst(Map.of("NCCL_COMM_BLOCKING", "1")));
+        assertTrue(overturned.getMessage().contains("NCCL_COMM_BLOCKING=1") && overturned.getMessage().contains("nonblocking mode"), overturned.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> defaults.checkAgainst(Map.of("NCCL_COMM_BLOCKING", "0")));
+        assertThrows(IllegalArgumentException.class, () -> defaults.checkAgainst(Map.of("NCCL_COMM_BLOCKING", "yes")));
         assertThrows(IllegalArgumentException.class, () -> new CommGroup.Options(Duration.ZERO, true));
         assertThrows(IllegalArgumentException.class, () -> new CommGroup.Options(null, false));
     }
