@@ -31,6 +31,7 @@ public final class CommGroup extends NativeResource {
     private volatile boolean aborted;
     private volatile long hostWaitNanos;
     private final Object pollLock = new Object();  // NCCL state polls against release(): no poll of a freed communicator
+    private final MemorySegment asyncState = Arena.ofAuto().allocate(ValueLayout.JAVA_INT);  // ncclCommGetAsyncError's result, used under pollLock
 
     /**
      * How a group is set up, read before it exists (so bad settings leave nothing behind).
@@ -268,35 +269,32 @@ public final class CommGroup extends NativeResource {
             return;
         }
         long start = System.nanoTime();
-        try (Arena a = Arena.ofConfined()) {
-            MemorySegment state = a.allocate(ValueLayout.JAVA_INT);
-            for (int polls = 0; ; polls++) {
-                String failure;
-                synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
-                    if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
-                    failure = pollStates(state, true);
-                }
-                if (failure == null) return;
-                if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": NCCL reported " + failure + "; " + describe() + " was aborted"));
-                if (System.nanoTime() - start > hostWaitNanos)
-                    throw abortedBecause(new CommException(call + ": NCCL was not done after " + hostWaitNanos / 1e9
-                            + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): did every rank make the same call? " + describe() + " was aborted"));
-                if (polls < 2000) Thread.onSpinWait();  // host work of microseconds to milliseconds: spin first
-                else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
+        for (int polls = 0; ; polls++) {
+            String failure;
+            synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
+                if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
+                failure = pollStates(true);
             }
+            if (failure == null) return;
+            if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": NCCL reported " + failure + "; " + describe() + " was aborted"));
+            if (System.nanoTime() - start > hostWaitNanos)
+                throw abortedBecause(new CommException(call + ": NCCL was not done after " + hostWaitNanos / 1e9
+                        + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): did every rank make the same call? " + describe() + " was aborted"));
+            if (polls < 2000) Thread.onSpinWait();  // host work of microseconds to milliseconds: spin first
+            else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
         }
     }
 
     /**
-     * Every local communicator's ncclCommGetAsyncError, under pollLock and not closed: null when all
-     * are done, an error description, or "" while one is in progress and {@code waitForProgress}.
+     * Every local communicator's ncclCommGetAsyncError, under pollLock and not freed yet: null when
+     * all are done, an error description, or "" while one is in progress and {@code waitForProgress}.
      */
-    private String pollStates(MemorySegment state, boolean waitForProgress) {
+    private String pollStates(boolean waitForProgress) {
         boolean busy = false;
         for (Communicator c : ranks) {
             MemorySegment h = c.handleUnchecked();
-            Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, state), h);
-            int rc = state.get(ValueLayout.JAVA_INT, 0);
+            Nccl.check("ncclCommGetAsyncError", ncclCommGetAsyncError(h, asyncState), h);
+            int rc = asyncState.get(ValueLayout.JAVA_INT, 0);
             if (rc == ncclInProgress()) busy = true;
             else if (rc != 0) return Nccl.error("an operation of " + c, rc, h).getMessage();
         }
@@ -550,14 +548,7 @@ public final class CommGroup extends NativeResource {
     /** The first local communicator's asynchronous error (ncclCommGetAsyncError), or null; null once the group is closed. */
     private String asyncError() {
         synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
-            if (isClosed()) return null;
-            return asyncErrorOpen();
-        }
-    }
-
-    private String asyncErrorOpen() {
-        try (Arena a = Arena.ofConfined()) {
-            return pollStates(a.allocate(ValueLayout.JAVA_INT), false);
+            return isClosed() ? null : pollStates(false);
         }
     }
 
@@ -657,16 +648,15 @@ public final class CommGroup extends NativeResource {
     /** ncclCommFinalize of every local communicator, polled until done; the failure (then aborted), or null. */
     private RuntimeException finalizeAll() {
         long start = System.nanoTime();
-        try (Arena a = Arena.ofConfined()) {
+        try {
             for (Communicator c : ranks) {
                 c.device().makeCurrent();
                 int rc = ncclCommFinalize(c.handleUnchecked());
                 if (rc != 0 && rc != ncclInProgress()) return Nccl.error("ncclCommFinalize (" + c + ")", rc, c.handleUnchecked());
             }
-            MemorySegment state = a.allocate(ValueLayout.JAVA_INT);
             for (int polls = 0; ; polls++) {
                 if (aborted) return new CommException("closing " + describe() + ": aborted (CommGroup.abort) while NCCL finalized it");
-                String failure = pollStates(state, true);
+                String failure = pollStates(true);
                 if (failure == null) return null;
                 if (!failure.isEmpty()) return new CommException("closing " + describe() + ": NCCL reported " + failure + "; its communicators were aborted");
                 if (System.nanoTime() - start > hostWaitNanos)
