@@ -9,6 +9,7 @@ import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.List;
 import java.util.Random;
@@ -28,6 +29,7 @@ public final class RankMain {
                 case "exchange" -> exchange(g, rank, seed, arena);
                 case "mismatch" -> mismatch(g, rank);
                 case "alltoall" -> allToAll(g, rank, seed, arena);
+                case "oneRankFails" -> oneRankFails(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
@@ -118,6 +120,62 @@ public final class RankMain {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /**
+     * A collective step that fails on rank 1 only: every rank throws at once (none waits in the next
+     * collective), rank 1 its own error and the others one naming rank 1, and the group still works.
+     */
+    private static void oneRankFails(CommGroup g, int rank, long seed, Arena arena) {
+        IllegalStateException mine = new IllegalStateException("rank 1's own failure");
+        try {
+            g.failTogether("a step that fails on rank 1", rank == 1 ? mine : null);
+            throw new AssertionError("rank 1 failed, yet failTogether returned on rank " + rank);
+        } catch (IllegalStateException e) {
+            if (e != mine) throw new AssertionError("rank " + rank + " got another failure than its own: " + e, e);
+        } catch (CommException e) {
+            if (rank == 1 || !e.getMessage().contains("a step that fails on rank 1 failed on rank(s) [1]"))
+                throw new AssertionError("rank " + rank + ": unclear message: " + e.getMessage(), e);
+        }
+        // a window whose memory rank 1 cannot get: rank 1 fills its GPU first (1 GiB at a time)
+        Device d = g.rank(0).device();
+        long windowBytes = 4L << 30;
+        try (Arena hog = Arena.ofShared()) {
+            List<DeviceBuffer> held = new ArrayList<>();
+            if (rank == 1) {
+                try {
+                    while (true) held.add(d.allocate(1L << 30, hog));
+                } catch (RuntimeException full) {
+                    System.out.println("rank 1 holds " + held.size() + " GiB: " + full.getMessage());
+                }
+            }
+            g.allGatherLongs(new long[] {held.size()});  // rank 1 is full before any rank allocates the window
+            try {
+                SymmetricWindow.allocate(g, WindowLayout.builder().region("payload", windowBytes, 4096).build()).close();
+                throw new AssertionError("rank 1 had no room for " + windowBytes + " bytes, yet the window was made on rank " + rank);
+            } catch (CommException e) {
+                String expected = rank == 1 ? "ncclMemAlloc(" + windowBytes + " bytes)" : "failed on rank(s) [1]";
+                if (!e.getMessage().contains(expected)) throw new AssertionError("rank " + rank + ": expected '" + expected + "' in: " + e.getMessage(), e);
+                System.out.println("rank " + rank + " window refused together: " + e.getMessage());
+            }
+        }
+        // the group still works: a HOST all-to-all, checked against every rank's data
+        int world = g.worldSize();
+        long perPeer = 4099;
+        byte[] sendBytes = dataOf(seed + 11, rank, (int) (perPeer * world));
+        try (Stream s = d.createStream()) {
+            DeviceBuffer send = d.allocate(perPeer * world, arena), recv = d.allocate(perPeer * world, arena);
+            send.copyFromHost(MemorySegment.ofArray(sendBytes));
+            recv.fill((byte) 0x3c, s);
+            g.allToAll(List.of(send), List.of(recv), perPeer, List.of(s));
+            g.await(s, "the all-to-all after the failed steps");
+            byte[] r = recv.toByteArray();
+            for (int src = 0; src < world; src++) {
+                byte[] theirs = dataOf(seed + 11, src, (int) (perPeer * world));
+                if (!Arrays.equals(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer), r, (int) (src * perPeer), (int) ((src + 1) * perPeer)))
+                    throw new AssertionError("all-to-all after the failed steps: rank " + rank + " got wrong bytes from " + src);
             }
         }
     }

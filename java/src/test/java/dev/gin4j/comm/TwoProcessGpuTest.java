@@ -76,6 +76,12 @@ class TwoProcessGpuTest {
         runRanks(2, RankMain.class.getName(), "alltoall");
     }
 
+    @Test void aStepThatFailsOnOneRankStopsEveryRankAndTheGroupStillWorks() throws Exception {
+        requireTwoGpus();
+        List<String> out = runRanks(2, RankMain.class.getName(), "oneRankFails");
+        for (String o : out) assertTrue(o.contains("window refused together"), o);
+    }
+
     @Test void mismatchedWindowsAndMoeConfigsAreRefusedOnEveryRank() throws Exception {
         requireTwoGpus();
         List<String> out = runRanks(2, RankMain.class.getName(), "mismatch");
