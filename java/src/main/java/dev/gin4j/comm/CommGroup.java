@@ -141,6 +141,7 @@ public final class CommGroup extends NativeResource {
                     if (comm.address() != 0) g.ranks.add(new Communicator(g, comm, devices.get(i), i, g.ranks.size()));
                 }
             }
+            if (groupEnd != ncclInProgress()) Nccl.check(call, groupEnd, MemorySegment.NULL);  // NCCL's own error first
             if (g.ranks.size() != n) throw new CommException(call + " made " + g.ranks.size() + " of " + n + " communicators");
             g.complete(call, groupEnd);  // nonblocking: polled until every communicator is made, or the time-out
         } catch (RuntimeException e) {
@@ -545,7 +546,7 @@ public final class CommGroup extends NativeResource {
         for (Stream s : streams) await(s, what);
     }
 
-    /** The first local communicator's asynchronous error (ncclCommGetAsyncError), or null; null once the group is closed. */
+    /** A local communicator's asynchronous error (ncclCommGetAsyncError), or null; null once the group is closed. */
     private String asyncError() {
         synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
             return isClosed() ? null : pollStates(false);
