@@ -21,6 +21,11 @@ import static org.junit.jupiter.api.Assertions.*;
 class TwoProcessGpuTest {
 
     static List<String> runRanks(int world, String mainClass, String scenario) throws Exception {
+        return runRanks(world, mainClass, scenario, Map.of());
+    }
+
+    /** Starts {@code world} ranks of {@code mainClass scenario}, {@code env} added to each one's environment, and checks that each printed "RANK r OK". */
+    static List<String> runRanks(int world, String mainClass, String scenario, Map<String, String> env) throws Exception {
         int port;
         try (ServerSocket s = new ServerSocket(0)) { port = s.getLocalPort(); }
         String java = ProcessHandle.current().info().command().orElse("java");
@@ -33,6 +38,7 @@ class TwoProcessGpuTest {
             ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), mainClass, scenario);
             pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "LOCAL_RANK", "" + r, "MASTER_ADDR", "127.0.0.1",
                     "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60"));
+            pb.environment().putAll(env);
             pb.redirectErrorStream(true).redirectOutput(log.toFile());
             procs.add(pb.start());
         }
@@ -74,6 +80,12 @@ class TwoProcessGpuTest {
     @Test void ginAndHostAllToAllAcrossProcesses() throws Exception {
         requireTwoGpus();
         runRanks(2, RankMain.class.getName(), "alltoall");
+    }
+
+    /** The same across processes whose communicators are nonblocking (every NCCL host call polled). */
+    @Test void ginAndHostAllToAllAcrossNonblockingProcesses() throws Exception {
+        requireTwoGpus();
+        runRanks(2, RankMain.class.getName(), "alltoall", Map.of("GIN4J_COMM_NONBLOCKING", "1"));
     }
 
     @Test void aStepThatFailsOnOneRankStopsEveryRankAndTheGroupStillWorks() throws Exception {
