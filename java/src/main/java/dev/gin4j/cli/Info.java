@@ -1,6 +1,7 @@
 package dev.gin4j.cli;
 
 import dev.gin4j.comm.Capabilities;
+import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.GpuRuntime;
 import dev.gin4j.gpu.KernelLibrary;
@@ -12,6 +13,17 @@ import java.util.List;
 final class Info {
     private Info() {}
 
+    /** How CommGroup will make communicators here (from the environment), or what is wrong with the settings. */
+    static String communicatorSettings(java.util.Map<String, String> env) {
+        try {
+            CommGroup.Options o = CommGroup.Options.fromEnvironment(env);
+            return "communicators: " + (o.nonblocking() ? "nonblocking, every NCCL host call bounded" : "blocking (GIN4J_COMM_NONBLOCKING=1 bounds NCCL's own host calls too)")
+                    + "; host waits end after " + o.hostWaitTimeout().toSeconds() + " s (GIN4J_COMM_TIMEOUT_S)";
+        } catch (IllegalArgumentException e) {
+            return "communicator settings refused: " + e.getMessage();
+        }
+    }
+
     static int run(PrintStream out) {
         GpuRuntime.Discovery d = GpuRuntime.discover();
         out.println("gin4j " + version());
@@ -22,6 +34,7 @@ final class Info {
             d.notes().forEach(n -> out.println("  - " + n));
             out.println();
             out.println("Collective library: " + Capabilities.describeLibrary());
+            out.println("  " + communicatorSettings(System.getenv()));
             out.println();
             printKernels(out, kernels, null);
             out.println();
@@ -44,6 +57,7 @@ final class Info {
         out.println();
         out.println("Collective library: " + Capabilities.describeLibrary());
         Capabilities.probe(devices).report().lines().forEach(l -> out.println("  " + l));
+        out.println("  " + communicatorSettings(System.getenv()));
         out.println();
         printKernels(out, kernels, devices);
         return 0;

@@ -18,6 +18,15 @@ class MainTest {
         return new Result(status, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
     }
 
+    @Test void infoSaysHowCommunicatorsWillBeMade() {
+        String defaults = Info.communicatorSettings(java.util.Map.of());
+        assertTrue(defaults.contains("communicators: blocking") && defaults.contains("after 300 s"), defaults);
+        String nonblocking = Info.communicatorSettings(java.util.Map.of("GIN4J_COMM_NONBLOCKING", "1", "GIN4J_COMM_TIMEOUT_S", "30"));
+        assertTrue(nonblocking.contains("communicators: nonblocking") && nonblocking.contains("after 30 s"), nonblocking);
+        String bad = Info.communicatorSettings(java.util.Map.of("GIN4J_COMM_TIMEOUT_S", "soon"));
+        assertTrue(bad.contains("refused") && bad.contains("GIN4J_COMM_TIMEOUT_S must be a positive number of seconds, got 'soon'"), bad);
+    }
+
     @Test void benchHelpAnywhereInTheArguments() {
         for (String[] args : new String[][] {{"bench"}, {"bench", "--help"}, {"bench", "moe", "--help"}, {"bench", "a2a", "--min", "4K", "-h"}}) {
             Result r = run(args);
