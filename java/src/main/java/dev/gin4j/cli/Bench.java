@@ -51,7 +51,7 @@ final class Bench {
 
     /** A line saying the group is nonblocking (its HOST calls are slower for it), or nothing. */
     static String modeNote(CommGroup g) {
-        return g.isNonblocking() ? "NCCL communicators: nonblocking (GIN4J_COMM_NONBLOCKING=1): every HOST group call also pays for the thread NCCL starts for it\n" : "";
+        return g.isNonblocking() ? "NCCL communicators: nonblocking (GIN4J_COMM_NONBLOCKING=1 or NCCL_COMM_BLOCKING=0): every HOST group call also pays for the thread NCCL starts for it\n" : "";
     }
 
     /** The slowest rank's value of a per-rank measurement (a no-op with one process). */

@@ -17,7 +17,7 @@ final class Info {
     static String communicatorSettings(java.util.Map<String, String> env) {
         try {
             CommGroup.Options o = CommGroup.Options.fromEnvironment(env);
-            return "communicators: " + (o.nonblocking() ? "nonblocking, every NCCL host call bounded" : "blocking (GIN4J_COMM_NONBLOCKING=1 bounds NCCL's own host calls too)")
+            return "communicators: " + (o.nonblocking() ? "nonblocking, NCCL's collective host calls bounded too" : "blocking (GIN4J_COMM_NONBLOCKING=1 bounds NCCL's collective host calls too)")
                     + "; host waits end after " + o.hostWaitTimeout().toSeconds() + " s (GIN4J_COMM_TIMEOUT_S)";
         } catch (IllegalArgumentException e) {
             return "communicator settings refused: " + e.getMessage();

@@ -35,29 +35,40 @@ public final class CommGroup extends NativeResource {
 
     /**
      * How a group is set up, read before it exists (so bad settings leave nothing behind).
-     * {@code hostWaitTimeout}: how long a host wait for the group's work may take ({@link #hostWaitTimeout()}).
-     * {@code nonblocking}: NCCL's nonblocking mode ({@code ncclConfig_t.blocking = 0}), in which NCCL's
-     * own host calls (the communicator's creation, window registration, device communicators, the
-     * HOST exchanges' enqueue, the close) return at once and are polled, so the same time-out bounds
-     * them too: a rank that never makes the matching call ends them with an error instead of a
-     * hang. Its price: NCCL starts a thread for every group call, which the HOST exchanges pay on
-     * each call (README, "Measured"). GPU-initiated calls make no NCCL host call.
+     * {@code hostWaitTimeout}: how long a host wait for the group's work may take
+     * ({@link CommGroup#hostWaitTimeout()}). {@code nonblocking}: NCCL's nonblocking mode
+     * ({@code ncclConfig_t.blocking = 0}), in which NCCL's collective host calls (the communicator's
+     * creation, window registration, device communicators, the HOST exchanges' enqueue, the close's
+     * finalize) return at once and are polled, so the same time-out bounds them too: a rank that
+     * never makes the matching call ends them with an error instead of a hang. Its price: NCCL
+     * starts a thread for every group call, which the HOST exchanges pay on each call (README,
+     * "Using it"). GPU-initiated calls make no NCCL host call.
      */
     public record Options(java.time.Duration hostWaitTimeout, boolean nonblocking) {
         public Options {
-            if (hostWaitTimeout == null || hostWaitTimeout.isNegative() || hostWaitTimeout.isZero())
+            java.util.Objects.requireNonNull(hostWaitTimeout, "hostWaitTimeout");
+            if (hostWaitTimeout.isNegative() || hostWaitTimeout.isZero())
                 throw new IllegalArgumentException("the host-wait time-out must be positive, got " + hostWaitTimeout);
         }
+
+        /** NCCL's default, blocking mode: its own host calls wait inside NCCL without a time-out. */
+        public static Options blocking(java.time.Duration hostWaitTimeout) { return new Options(hostWaitTimeout, false); }
+
+        /** NCCL's nonblocking mode: its collective host calls are polled and end at {@code hostWaitTimeout} too. */
+        public static Options nonblocking(java.time.Duration hostWaitTimeout) { return new Options(hostWaitTimeout, true); }
 
         /**
          * GIN4J_COMM_TIMEOUT_S (seconds, default 300: PyTorch's NCCL default is 600, far beyond any
          * legitimate wait for peers) and GIN4J_COMM_NONBLOCKING (1 or 0; unset: as NCCL_COMM_BLOCKING
          * says, which NCCL obeys over the configuration, else 0).
+         * @throws IllegalArgumentException naming a bad value, or GIN4J_COMM_NONBLOCKING and NCCL_COMM_BLOCKING set apart
          */
         public static Options fromEnvironment(java.util.Map<String, String> env) {
             String mode = env.get("GIN4J_COMM_NONBLOCKING");
             boolean nonblocking = mode != null && !mode.isBlank() ? flag(mode) : "0".equals(trimmed(env.get("NCCL_COMM_BLOCKING")));
-            return new Options(java.time.Duration.ofSeconds(timeoutSeconds(env.get("GIN4J_COMM_TIMEOUT_S"))), nonblocking);
+            Options o = new Options(java.time.Duration.ofSeconds(timeoutSeconds(env.get("GIN4J_COMM_TIMEOUT_S"))), nonblocking);
+            o.checkAgainst(env);
+            return o;
         }
 
         /**
@@ -101,7 +112,11 @@ public final class CommGroup extends NativeResource {
     /** One process, one rank per device, ranks numbered in list order; options from the environment ({@link Options#fromEnvironment}). */
     public static CommGroup initAll(List<Device> devices) { return initAll(devices, Options.fromEnvironment(System.getenv())); }
 
-    /** One process, one rank per device, ranks numbered in list order ({@code ncclCommInitAll}, or one group of nonblocking inits). */
+    /**
+     * One process, one rank per device, ranks numbered in list order ({@code ncclCommInitAll}, or one
+     * group of nonblocking inits).
+     * @throws IllegalArgumentException when NCCL_COMM_BLOCKING in the environment would overturn {@code options}' mode
+     */
     public static CommGroup initAll(List<Device> devices, Options options) {
         if (devices.isEmpty()) throw new IllegalArgumentException("initAll needs at least one device");
         for (int i = 0; i < devices.size(); i++)
@@ -150,20 +165,29 @@ public final class CommGroup extends NativeResource {
         return g;
     }
 
+    /**
+     * One rank per process, from RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; the device is
+     * LOCAL_RANK; options from the environment too ({@link Options#fromEnvironment}).
+     */
+    public static CommGroup fromEnvironment() { return fromEnvironment(Options.fromEnvironment(System.getenv())); }
+
     /** One rank per process, from RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; the device is LOCAL_RANK. */
-    public static CommGroup fromEnvironment() {
+    public static CommGroup fromEnvironment(Options options) {
         Rendezvous r = Rendezvous.fromEnvironment();
         List<Device> visible = GpuRuntime.get().devices();
         if (r.localRank() >= visible.size())
             throw new IllegalArgumentException("LOCAL_RANK " + r.localRank() + " names the GPU this process drives, but it sees " + visible.size()
                     + " GPU(s) (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES limit them)");
-        return initRank(visible.get(r.localRank()), r);
+        return initRank(visible.get(r.localRank()), r, options);
     }
 
     /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others; options from the environment. */
     public static CommGroup initRank(Device device, Rendezvous rendezvous) { return initRank(device, rendezvous, Options.fromEnvironment(System.getenv())); }
 
-    /** One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others. */
+    /**
+     * One rank per process: rank 0 makes the unique id, the rendezvous hands it to the others.
+     * @throws IllegalArgumentException when NCCL_COMM_BLOCKING in the environment would overturn {@code options}' mode
+     */
     public static CommGroup initRank(Device device, Rendezvous rendezvous, Options options) {
         options.checkAgainst(System.getenv());
         CommGroup g = new CommGroup(rendezvous.worldSize(), options);
@@ -232,7 +256,8 @@ public final class CommGroup extends NativeResource {
     /**
      * Runs {@code body} inside ncclGroupStart/ncclGroupEnd (needed when one thread drives several
      * ranks) and returns once NCCL has done the group's host part: for a nonblocking group that is
-     * polled ({@link #complete}), within the host-wait time-out. {@code what} names the calls in errors.
+     * polled, within the host-wait time-out (then the group is aborted). {@code what} names the calls
+     * in errors.
      */
     public void inGroup(String what, Runnable body) {
         Nccl.check("ncclGroupStart", ncclGroupStart(), MemorySegment.NULL);
@@ -280,7 +305,7 @@ public final class CommGroup extends NativeResource {
             if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": NCCL reported " + failure + "; " + describe() + " was aborted"));
             if (System.nanoTime() - start > hostWaitNanos)
                 throw abortedBecause(new CommException(call + ": NCCL was not done after " + hostWaitNanos / 1e9
-                        + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): did every rank make the same call? " + describe() + " was aborted"));
+                        + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout): did every rank make the same call? " + describe() + " was aborted"));
             if (polls < 2000) Thread.onSpinWait();  // host work of microseconds to milliseconds: spin first
             else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
         }
@@ -480,7 +505,8 @@ public final class CommGroup extends NativeResource {
 
     /**
      * How long a host wait for this group's work may take ({@link #await}: HOST exchanges that read
-     * counts, setup agreements, checkErrors) before the group is aborted and the wait throws.
+     * counts, setup agreements, checkErrors; in a nonblocking group also NCCL's polled host calls and
+     * the close's finalize) before the group is aborted and the wait throws.
      */
     public CommGroup hostWaitTimeout(java.time.Duration timeout) {
         if (timeout == null || timeout.isNegative() || timeout.isZero()) throw new IllegalArgumentException("the host-wait time-out must be positive, got " + timeout);
@@ -519,7 +545,7 @@ public final class CommGroup extends NativeResource {
                     break;
                 }
                 if (System.nanoTime() - start > hostWaitNanos) {
-                    failure = "it was not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.hostWaitTimeout): did a rank not join the collective?";
+                    failure = "it was not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout): did a rank not join the collective?";
                     break;
                 }
                 java.util.concurrent.locks.LockSupport.parkNanos(20_000);
@@ -609,13 +635,15 @@ public final class CommGroup extends NativeResource {
 
     /**
      * Aborts every local communicator (pending work is dropped) and closes the group: from another
-     * thread, this ends a wait in a collective or a stream synchronize that will never return. A
-     * close already under way destroys the communicators itself (a nonblocking group's close, still
-     * finalizing, aborts them instead). Returns once they are gone. Calls that start after it are
-     * refused; the instances built on the group still need closing (that frees their memory).
+     * thread, this ends a wait in a collective or a stream synchronize that will never return, and
+     * returns once the communicators are gone. A close already under way is left to end them: a
+     * nonblocking group's close, still finalizing, aborts them instead; a blocking one destroys
+     * them; this returns at once then. Calls that start after it are refused; the instances built
+     * on the group still need closing (that frees their memory).
      */
     public void abort() {
         aborted = true;  // read by release() (run at most once) and each round of a nonblocking close's finalize
+        if (isClosed()) return;  // a close under way: waiting for its lock could mean waiting for a destroy that never ends
         synchronized (pollLock) {  // a poll on another thread sees the group closed only once NCCL's own threads are done with it
             close();
         }
@@ -625,7 +653,7 @@ public final class CommGroup extends NativeResource {
      * Destroys (or, after {@link #abort}, aborts) every local communicator, each even if one before it
      * fails. A nonblocking group is finalized first (NCCL flushes its work on its own thread), within
      * the host-wait time-out; if that fails, does not end, or {@link #abort} is called meanwhile, its
-     * communicators are aborted instead.
+     * communicators are aborted instead, and the close throws why once everything is freed.
      */
     @Override protected void release() {
         synchronized (pollLock) {  // waits for at most one poll round of an await or a complete on another thread; abort() holds it already
@@ -662,7 +690,7 @@ public final class CommGroup extends NativeResource {
                 if (!failure.isEmpty()) return new CommException("closing " + describe() + ": NCCL reported " + failure + "; its communicators were aborted");
                 if (System.nanoTime() - start > hostWaitNanos)
                     return new CommException("closing " + describe() + ": ncclCommFinalize was not done after " + hostWaitNanos / 1e9
-                            + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options): work that never ends (a peer that never joined?); its communicators were aborted");
+                            + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout): work that never ends (a peer that never joined?); its communicators were aborted");
                 if (polls < 2000) Thread.onSpinWait();
                 else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
             }

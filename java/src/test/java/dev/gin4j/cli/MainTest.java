@@ -25,6 +25,8 @@ class MainTest {
         assertTrue(nonblocking.contains("communicators: nonblocking") && nonblocking.contains("after 30 s"), nonblocking);
         String bad = Info.communicatorSettings(java.util.Map.of("GIN4J_COMM_TIMEOUT_S", "soon"));
         assertTrue(bad.contains("refused") && bad.contains("GIN4J_COMM_TIMEOUT_S must be a positive number of seconds, got 'soon'"), bad);
+        String apart = Info.communicatorSettings(java.util.Map.of("GIN4J_COMM_NONBLOCKING", "1", "NCCL_COMM_BLOCKING", "1"));
+        assertTrue(apart.contains("refused") && apart.contains("NCCL_COMM_BLOCKING=1"), apart);
     }
 
     @Test void benchHelpAnywhereInTheArguments() {

@@ -138,7 +138,7 @@ class ClosedGroupGpuTest {
             java.util.concurrent.Future<byte[]> peer = pool.submit(() -> new Rendezvous(1, 2, 1, "127.0.0.1", port, Duration.ofSeconds(60)).exchange(null));
             Rendezvous rank0 = new Rendezvous(0, 2, 0, "127.0.0.1", port, Duration.ofSeconds(60));
             long t0 = System.nanoTime();
-            CommException e = assertThrows(CommException.class, () -> CommGroup.initRank(rt.device(0), rank0, new CommGroup.Options(Duration.ofSeconds(2), true)));
+            CommException e = assertThrows(CommException.class, () -> CommGroup.initRank(rt.device(0), rank0, CommGroup.Options.nonblocking(Duration.ofSeconds(2))));
             double waited = (System.nanoTime() - t0) / 1e9;
             System.out.println("[nonblocking init time-out] after " + waited + " s: " + e.getMessage());
             assertTrue(waited >= 2 && waited < 60, "gave up after " + waited + " s");

@@ -41,8 +41,12 @@ class CommSetupTest {
         assertTrue(overturned.getMessage().contains("NCCL_COMM_BLOCKING=1") && overturned.getMessage().contains("nonblocking mode"), overturned.getMessage());
         assertThrows(IllegalArgumentException.class, () -> defaults.checkAgainst(Map.of("NCCL_COMM_BLOCKING", "0")));
         assertThrows(IllegalArgumentException.class, () -> defaults.checkAgainst(Map.of("NCCL_COMM_BLOCKING", "yes")));
-        assertThrows(IllegalArgumentException.class, () -> new CommGroup.Options(Duration.ZERO, true));
-        assertThrows(IllegalArgumentException.class, () -> new CommGroup.Options(null, false));
+        assertThrows(IllegalArgumentException.class, () -> CommGroup.Options.nonblocking(Duration.ZERO));
+        assertThrows(NullPointerException.class, () -> CommGroup.Options.blocking(null));
+        assertTrue(CommGroup.Options.nonblocking(Duration.ofSeconds(5)).nonblocking());
+        IllegalArgumentException apart = assertThrows(IllegalArgumentException.class,
+                () -> CommGroup.Options.fromEnvironment(Map.of("GIN4J_COMM_NONBLOCKING", "0", "NCCL_COMM_BLOCKING", "0")));
+        assertTrue(apart.getMessage().contains("NCCL_COMM_BLOCKING=0") && apart.getMessage().contains("blocking mode"), apart.getMessage());
     }
 
     @Test void windowRegionsAreAlignedAndDisjoint() {

@@ -139,16 +139,21 @@ public final class RankMain {
             if (rank == 1 || !e.getMessage().contains("a step that fails on rank 1 failed on rank(s) [1]"))
                 throw new AssertionError("rank " + rank + ": unclear message: " + e.getMessage(), e);
         }
-        // a window whose memory rank 1 cannot get: rank 1 fills its GPU first (1 GiB at a time)
+        // a window whose memory rank 1 cannot get: rank 1 fills its GPU first (1 GiB at a time), then
+        // gives 2 GiB back, room for the small collectives below but not for the window's 4 GiB
         Device d = g.rank(0).device();
         long windowBytes = 4L << 30;
         try (Arena hog = Arena.ofShared()) {
             List<DeviceBuffer> held = new ArrayList<>();
             if (rank == 1) {
-                try {
-                    while (true) held.add(d.allocate(1L << 30, hog));
-                } catch (RuntimeException full) {
-                    System.out.println("rank 1 holds " + held.size() + " GiB: " + full.getMessage());
+                try (Arena spare = Arena.ofShared()) {
+                    d.allocate(1L << 30, spare);
+                    d.allocate(1L << 30, spare);
+                    try {
+                        while (true) held.add(d.allocate(1L << 30, hog));
+                    } catch (RuntimeException full) {
+                        System.out.println("rank 1 holds " + held.size() + " GiB and frees 2: " + full.getMessage());
+                    }
                 }
             }
             g.allGatherLongs(new long[] {held.size()});  // rank 1 is full before any rank allocates the window

@@ -37,7 +37,8 @@ class TwoProcessGpuTest {
             logs.add(log);
             ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), mainClass, scenario);
             pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "LOCAL_RANK", "" + r, "MASTER_ADDR", "127.0.0.1",
-                    "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60"));
+                    "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60",
+                    "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the 180 s below
             pb.environment().putAll(env);
             pb.redirectErrorStream(true).redirectOutput(log.toFile());
             procs.add(pb.start());
