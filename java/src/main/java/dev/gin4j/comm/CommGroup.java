@@ -46,9 +46,7 @@ public final class CommGroup extends NativeResource {
      */
     public record Options(java.time.Duration hostWaitTimeout, boolean nonblocking) {
         public Options {
-            java.util.Objects.requireNonNull(hostWaitTimeout, "hostWaitTimeout");
-            if (hostWaitTimeout.isNegative() || hostWaitTimeout.isZero())
-                throw new IllegalArgumentException("the host-wait time-out must be positive, got " + hostWaitTimeout);
+            requirePositive(hostWaitTimeout);
         }
 
         /** NCCL's default, blocking mode: its own host calls wait inside NCCL without a time-out. */
@@ -97,7 +95,7 @@ public final class CommGroup extends NativeResource {
         }
 
         private static boolean flag(String v) {
-            if (v == null || v.isBlank() || v.trim().equals("0")) return false;
+            if (v.trim().equals("0")) return false;
             if (v.trim().equals("1")) return true;
             throw new IllegalArgumentException("GIN4J_COMM_NONBLOCKING must be 1 (NCCL's nonblocking mode) or 0, got '" + v + "'");
         }
@@ -294,21 +292,44 @@ public final class CommGroup extends NativeResource {
             Nccl.check(call, rc, ranks.isEmpty() ? MemorySegment.NULL : ranks.getFirst().handleUnchecked());
             return;
         }
+        String failure = pollToEnd(() -> {
+            if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
+            return null;
+        }, "did every rank make the same call?");
+        if (failure != null) throw abortedBecause(new CommException(call + ": " + failure + "; " + describe() + " was aborted"));
+    }
+
+    /**
+     * Polls every local communicator until none is in progress, under pollLock (release() takes it
+     * too: a communicator is never polled after it was freed): null once all are done, else why
+     * not: what {@code stop} says (checked each round; it may throw instead), an NCCL error, or the
+     * host-wait time-out ({@code hint} says what may have caused it).
+     */
+    private String pollToEnd(java.util.function.Supplier<String> stop, String hint) {
         long start = System.nanoTime();
         for (int polls = 0; ; polls++) {
             String failure;
-            synchronized (pollLock) {  // release() takes it too: a communicator is never polled after it was freed
-                if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
+            synchronized (pollLock) {
+                String stopped = stop.get();
+                if (stopped != null) return stopped;
                 failure = pollStates(true);
             }
-            if (failure == null) return;
-            if (!failure.isEmpty()) throw abortedBecause(new CommException(call + ": NCCL reported " + failure + "; " + describe() + " was aborted"));
-            if (System.nanoTime() - start > hostWaitNanos)
-                throw abortedBecause(new CommException(call + ": NCCL was not done after " + hostWaitNanos / 1e9
-                        + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout): did every rank make the same call? " + describe() + " was aborted"));
-            if (polls < 2000) Thread.onSpinWait();  // host work of microseconds to milliseconds: spin first
-            else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
+            if (failure == null) return null;
+            if (!failure.isEmpty()) return "NCCL reported " + failure;
+            if (System.nanoTime() - start > hostWaitNanos) return "NCCL was " + notDoneInTime() + ": " + hint;
+            pause(polls);
         }
+    }
+
+    /** "not done after T s (the knobs that set T)", for time-out messages. */
+    private String notDoneInTime() {
+        return "not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout)";
+    }
+
+    /** Between polls: spin for the first ~2,000 (host work of microseconds to milliseconds, as a synchronize would), then park 20 µs. */
+    private static void pause(int polls) {
+        if (polls < 2000) Thread.onSpinWait();
+        else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
     }
 
     /**
@@ -509,7 +530,7 @@ public final class CommGroup extends NativeResource {
      * the close's finalize) before the group is aborted and the wait throws.
      */
     public CommGroup hostWaitTimeout(java.time.Duration timeout) {
-        if (timeout == null || timeout.isNegative() || timeout.isZero()) throw new IllegalArgumentException("the host-wait time-out must be positive, got " + timeout);
+        requirePositive(timeout);
         try {
             hostWaitNanos = timeout.toNanos();
         } catch (ArithmeticException e) {
@@ -519,6 +540,11 @@ public final class CommGroup extends NativeResource {
     }
 
     public java.time.Duration hostWaitTimeout() { return java.time.Duration.ofNanos(hostWaitNanos); }
+
+    private static void requirePositive(java.time.Duration timeout) {
+        java.util.Objects.requireNonNull(timeout, "the host-wait time-out");
+        if (timeout.isNegative() || timeout.isZero()) throw new IllegalArgumentException("the host-wait time-out must be positive, got " + timeout);
+    }
 
     /**
      * Waits until {@code stream}'s work is done, as {@link Stream#synchronize}, but not forever: at
@@ -534,21 +560,17 @@ public final class CommGroup extends NativeResource {
         long start = System.nanoTime();
         String failure = null;
         try {
-            for (int polls = 0; !stream.isIdle(); polls++) {
-                if (polls < 2000) {  // the first few milliseconds: spin, as a synchronize would
-                    Thread.onSpinWait();
-                    continue;
-                }
+            for (int polls = 0; !stream.isIdle(); pause(polls++)) {
+                if (polls < 2000) continue;  // the first few milliseconds: the stream only, as a synchronize would
                 String asyncError = asyncError();
                 if (asyncError != null) {
                     failure = "NCCL reported " + asyncError;
                     break;
                 }
                 if (System.nanoTime() - start > hostWaitNanos) {
-                    failure = "it was not done after " + hostWaitNanos / 1e9 + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout): did a rank not join the collective?";
+                    failure = "it was " + notDoneInTime() + ": did a rank not join the collective?";
                     break;
                 }
-                java.util.concurrent.locks.LockSupport.parkNanos(20_000);
             }
         } catch (RuntimeException e) {  // the stream query or the NCCL query failed (a sticky CUDA error, say)
             e.addSuppressed(new CommException(what + " failed while it waited, so " + describe() + " was aborted"));
@@ -676,24 +698,15 @@ public final class CommGroup extends NativeResource {
 
     /** ncclCommFinalize of every local communicator, polled until done; the failure (then aborted), or null. */
     private RuntimeException finalizeAll() {
-        long start = System.nanoTime();
         try {
             for (Communicator c : ranks) {
                 c.device().makeCurrent();
                 int rc = ncclCommFinalize(c.handleUnchecked());
                 if (rc != 0 && rc != ncclInProgress()) return Nccl.error("ncclCommFinalize (" + c + ")", rc, c.handleUnchecked());
             }
-            for (int polls = 0; ; polls++) {
-                if (aborted) return new CommException("closing " + describe() + ": aborted (CommGroup.abort) while NCCL finalized it");
-                String failure = pollStates(true);
-                if (failure == null) return null;
-                if (!failure.isEmpty()) return new CommException("closing " + describe() + ": NCCL reported " + failure + "; its communicators were aborted");
-                if (System.nanoTime() - start > hostWaitNanos)
-                    return new CommException("closing " + describe() + ": ncclCommFinalize was not done after " + hostWaitNanos / 1e9
-                            + " s (GIN4J_COMM_TIMEOUT_S, CommGroup.Options, CommGroup.hostWaitTimeout): work that never ends (a peer that never joined?); its communicators were aborted");
-                if (polls < 2000) Thread.onSpinWait();
-                else java.util.concurrent.locks.LockSupport.parkNanos(20_000);
-            }
+            String failure = pollToEnd(() -> aborted ? "aborted (CommGroup.abort) while NCCL finalized it" : null,
+                    "work that never ends (a peer that never joined?)");
+            return failure == null ? null : new CommException("closing " + describe() + " (ncclCommFinalize): " + failure + "; its communicators were aborted");
         } catch (RuntimeException e) {
             return e;
         }

@@ -18,6 +18,13 @@ class MainTest {
         return new Result(status, out.toString(StandardCharsets.UTF_8), err.toString(StandardCharsets.UTF_8));
     }
 
+    /** The command exits with status 2 (a usage error) and its error message contains every expected piece. */
+    private static void assertRefused(String[] args, String... expected) {
+        Result r = run(args);
+        assertEquals(2, r.status(), String.join(" ", args) + ": " + r.err());
+        for (String e : expected) assertTrue(r.err().contains(e), r.err());
+    }
+
     @Test void infoSaysHowCommunicatorsWillBeMade() {
         String defaults = Info.communicatorSettings(java.util.Map.of());
         assertTrue(defaults.contains("communicators: blocking") && defaults.contains("after 300 s"), defaults);
@@ -38,36 +45,16 @@ class MainTest {
     }
 
     @Test void unknownCommandsAndBenchmarksSayWhatIsExpected() {
-        Result r = run("frobnicate");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("unknown command 'frobnicate'") && r.err().contains("usage: gin4j"), r.err());
-        r = run("bench", "nccl");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("expected a2a or moe"), r.err());
+        assertRefused(new String[] {"frobnicate"}, "unknown command 'frobnicate'", "usage: gin4j");
+        assertRefused(new String[] {"bench", "nccl"}, "expected a2a or moe");
         assertEquals(0, run("help").status());
-        r = run("bench", "moe", "--routing", "zipf:0");  // refused before any GPU is looked for
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("--routing zipf:0") && r.err().contains("(0, 4]"), r.err());
-        r = run("bench", "moe", "--channels", "200");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("--channels 200: expected 0 (half the SMs) or 1 to 128"), r.err());
-        r = run("bench", "moe", "--shapes", "deepseek-v3,gpt-oss");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("unknown shape 'gpt-oss'") && r.err().contains("qwen3-30b-a3b"), r.err());
-        r = run("bench", "moe", "--iter", "5");  // misspelt: refused, not run with the defaults
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("unknown option '--iter'") && r.err().contains("--iters"), r.err());
-        r = run("bench", "moe", "--iters", "0");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("--iters >= 1"), r.err());
-        r = run("bench", "a2a", "--factor", "four");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("--factor expects an integer, got 'four'"), r.err());
-        r = run("bench", "moe", "--tokens", "128,x");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("--tokens expects comma-separated integers"), r.err());
-        r = run("bench", "a2a", "--iters");
-        assertEquals(2, r.status());
-        assertTrue(r.err().contains("--iters needs a value"), r.err());
+        assertRefused(new String[] {"bench", "moe", "--routing", "zipf:0"}, "--routing zipf:0", "(0, 4]");  // refused before any GPU is looked for
+        assertRefused(new String[] {"bench", "moe", "--channels", "200"}, "--channels 200: expected 0 (half the SMs) or 1 to 128");
+        assertRefused(new String[] {"bench", "moe", "--shapes", "deepseek-v3,gpt-oss"}, "unknown shape 'gpt-oss'", "qwen3-30b-a3b");
+        assertRefused(new String[] {"bench", "moe", "--iter", "5"}, "unknown option '--iter'", "--iters");  // misspelt: refused, not run with the defaults
+        assertRefused(new String[] {"bench", "moe", "--iters", "0"}, "--iters >= 1");
+        assertRefused(new String[] {"bench", "a2a", "--factor", "four"}, "--factor expects an integer, got 'four'");
+        assertRefused(new String[] {"bench", "moe", "--tokens", "128,x"}, "--tokens expects comma-separated integers");
+        assertRefused(new String[] {"bench", "a2a", "--iters"}, "--iters needs a value");
     }
 }
