@@ -189,8 +189,7 @@ public final class AllToAll extends NativeResource {
         lastBytesPerPeer[i] = bytesPerPeer;
         int n = gin.nranks;
         s.noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
-        s.noteUse(group);
-        s.noteUse(in);
+        s.noteUse(group);  // the input is noted with each launch's arguments (KernelArgs.setPointer)
         if (gin.hybrid) {
             // peers on other nodes: LSA stores inside the node, GIN puts with signals across (never run here: no RDMA device)
             r.hybridArgs.setPointer(2, in).setLong(3, bytesPerPeer).setLong(4, gin.offset("recv")).setLong(5, bytesPerPeer)

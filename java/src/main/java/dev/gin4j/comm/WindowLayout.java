@@ -12,13 +12,19 @@ public final class WindowLayout {
     public record Region(String name, long offset, long size) {}
 
     private final Map<String, Region> regions;
-    private final java.util.List<Region> regionsInOrder;
     private final long size;
+    private final long fingerprint;
 
     private WindowLayout(Map<String, Region> regions, long size) {
         this.regions = Map.copyOf(regions);
-        this.regionsInOrder = java.util.List.copyOf(regions.values());  // the builder's insertion order
         this.size = size;
+        long h = 1125899906842597L;
+        for (Region r : regions.values()) {  // the builder's insertion order
+            h = 31 * h + r.name().hashCode();
+            h = 31 * h + r.offset();
+            h = 31 * h + r.size();
+        }
+        this.fingerprint = h;
     }
 
     public static Builder builder() { return new Builder(); }
@@ -30,15 +36,7 @@ public final class WindowLayout {
      * A hash of the regions (names, offsets, sizes, in order), the same in every JVM: ranks compare
      * it so that two layouts of equal size but different regions are not taken for one another.
      */
-    public long fingerprint() {
-        long h = 1125899906842597L;
-        for (Region r : regionsInOrder) {
-            h = 31 * h + r.name().hashCode();
-            h = 31 * h + r.offset();
-            h = 31 * h + r.size();
-        }
-        return h;
-    }
+    public long fingerprint() { return fingerprint; }
 
     public Region region(String name) {
         Region r = regions.get(name);
