@@ -1,10 +1,8 @@
 package dev.gin4j.gpu;
 
 import java.lang.foreign.MemorySegment;
-import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.LinkedHashSet;
-import java.util.List;
 import java.util.Map;
 import java.util.Set;
 
@@ -22,13 +20,12 @@ final class CapturedUses {
     synchronized void add(NativeResource resource) { resources.add(resource); }
 
     synchronized void add(MemorySegment memory, Object what) {
-        if (!scopes.containsKey(memory.scope())) scopes.put(memory.scope(), what.toString());
+        scopes.computeIfAbsent(memory.scope(), s -> what.toString());
     }
 
     /** The uses as arrays, for the check on every replay; the sets are emptied (events and joined streams may still hold this object). */
     synchronized Frozen freeze() {
-        List<String> names = new ArrayList<>(scopes.values());
-        Frozen f = new Frozen(resources.toArray(NativeResource[]::new), scopes.keySet().toArray(MemorySegment.Scope[]::new), names.toArray(String[]::new));
+        Frozen f = new Frozen(resources.toArray(NativeResource[]::new), scopes.keySet().toArray(MemorySegment.Scope[]::new), scopes.values().toArray(String[]::new));
         resources.clear();
         scopes.clear();
         return f;

@@ -18,16 +18,11 @@ public final class CodeObject extends NativeResource {
     CodeObject(Device device, String name, byte[] image) {
         this.device = device;
         this.name = name;
-        long m;
-        try {
+        this.module = created(() -> {
             Objects.requireNonNull(image, () -> "code object '" + name + "': image is null");
             if (image.length == 0) throw new IllegalArgumentException("code object '" + name + "' is empty");
-            m = load(device, name, image);
-        } catch (Throwable t) {
-            constructionFailed();
-            throw t;
-        }
-        this.module = m;
+            return load(device, name, image);
+        });
     }
 
     private static long load(Device device, String name, byte[] image) {

@@ -11,14 +11,7 @@ public final class Event extends NativeResource {
     Event(Device device, boolean timing) {
         this.device = device;
         this.timing = timing;
-        long h;
-        try {
-            h = device.driver().eventCreate(device.ordinal(), timing);
-        } catch (Throwable t) {
-            constructionFailed();
-            throw t;
-        }
-        this.handle = h;
+        this.handle = created(() -> device.driver().eventCreate(device.ordinal(), timing));
     }
 
     public Device device() { return device; }
@@ -34,9 +27,6 @@ public final class Event extends NativeResource {
         recorded = true;
         capture = stream.activeCapture();  // no note of the event itself: a plain record adds no event to the graph
     }
-
-    /** true once {@link #record} succeeded on some stream. */
-    public boolean isRecorded() { return recorded; }
 
     public void synchronize() { device.driver().eventSynchronize(device.ordinal(), handle()); }
     public boolean isComplete() { return device.driver().eventQuery(device.ordinal(), handle()); }

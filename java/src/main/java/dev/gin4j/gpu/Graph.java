@@ -11,19 +11,18 @@ public final class Graph extends NativeResource {
         this.device = device;
         this.graph = graph;
         this.uses = uses;
-        long e;
-        try {
-            e = device.driver().graphInstantiate(device.ordinal(), graph);
-        } catch (Throwable t) {
-            constructionFailed();
+        this.exec = created(() -> {
             try {
-                device.driver().graphDestroy(device.ordinal(), graph);
-            } catch (Throwable d) {
-                t.addSuppressed(d); // the instantiation failure is the one to report
+                return device.driver().graphInstantiate(device.ordinal(), graph);
+            } catch (Throwable t) {
+                try {
+                    device.driver().graphDestroy(device.ordinal(), graph);
+                } catch (Throwable d) {
+                    t.addSuppressed(d); // the instantiation failure is the one to report
+                }
+                throw t;
             }
-            throw t;
-        }
-        this.exec = e;
+        });
     }
 
     public Device device() { return device; }

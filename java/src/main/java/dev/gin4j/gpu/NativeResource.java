@@ -20,11 +20,24 @@ public abstract class NativeResource implements AutoCloseable {
     }
 
     /**
+     * For a constructor whose native handle is made by {@code make}: returns the handle, or, when
+     * {@code make} throws, takes the object out of the live registry (this base class registered it
+     * first) and rethrows. {@code make} frees whatever it had created before its failure itself.
+     */
+    protected final long created(java.util.function.LongSupplier make) {
+        try {
+            return make.getAsLong();
+        } catch (Throwable t) {
+            constructionFailed();
+            throw t;
+        }
+    }
+
+    /**
      * For a constructor that fails after this base class registered the object (it does so first):
      * takes the object out of the live registry and marks it closed, without calling
-     * {@link #release()}, since the handle it would release was never created. The constructor
-     * frees whatever it had created before the failure itself. Use:
-     * {@code catch (Throwable t) { constructionFailed(); throw t; }}
+     * {@link #release()}, since the handle it would release was never created. {@link #created}
+     * does this for the usual case.
      */
     protected final void constructionFailed() {
         if (closed.compareAndSet(false, true)) LIVE.remove(this);

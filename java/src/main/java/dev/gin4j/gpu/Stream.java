@@ -11,14 +11,7 @@ public final class Stream extends NativeResource {
 
     Stream(Device device) {
         this.device = device;
-        long h;
-        try {
-            h = device.driver().streamCreate(device.ordinal());
-        } catch (Throwable t) {
-            constructionFailed();
-            throw t;
-        }
-        this.handle = h;
+        this.handle = created(() -> device.driver().streamCreate(device.ordinal()));
     }
 
     public Device device() { return device; }

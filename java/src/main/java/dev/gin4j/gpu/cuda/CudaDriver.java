@@ -355,13 +355,12 @@ public final class CudaDriver implements Driver {
         makeCurrent(dev);
         try (Arena a = Arena.ofConfined()) {
             MemorySegment offset = a.allocate(ValueLayout.JAVA_LONG), size = a.allocate(ValueLayout.JAVA_LONG);
-            long[] sizes = new long[0];
+            java.util.stream.LongStream.Builder sizes = java.util.stream.LongStream.builder();
             for (int i = 0; i < MAX_KERNEL_PARAMS; i++) {  // the index one past the last parameter is refused as an invalid value
                 int rc = cuFuncGetParamInfo(MemorySegment.ofAddress(function), i, offset, size);
-                if (rc == CUDA_ERROR_INVALID_VALUE()) return sizes;
+                if (rc == CUDA_ERROR_INVALID_VALUE()) return sizes.build().toArray();
                 if (rc != CUDA_SUCCESS()) return null;  // the check is optional: an answer it cannot use skips it
-                sizes = java.util.Arrays.copyOf(sizes, i + 1);
-                sizes[i] = size.get(ValueLayout.JAVA_LONG, 0);
+                sizes.add(size.get(ValueLayout.JAVA_LONG, 0));
             }
             return null;
         }
