@@ -60,6 +60,12 @@ public final class DeviceComm extends NativeResource {
                     dc.created[c.localIndex()] = true;  // this rank's is destroyed on close, even if another rank's create fails
                 }
             });
+        } catch (CommException e) {
+            dc.close();
+            // NCCL's own words ("does not support symmetric memory", say) do not tell a user what to change
+            throw new CommException(e.getMessage() + "; NCCL made no device communicator for " + group.describe()
+                    + ", which GPU-initiated kernels (Backend.GIN) need: NCCL makes one where it can map every rank's memory"
+                    + " (ranks in one NVLink domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none", e);
         } catch (RuntimeException e) {
             dc.close();
             throw e;

@@ -1,25 +1,43 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.a2a.AllToAll;
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.Protocol;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.Stream;
+import dev.gin4j.moe.MoeAllToAll;
+import dev.gin4j.moe.MoeConfig;
+import dev.gin4j.moe.MoeDispatch;
+import dev.gin4j.moe.MoeReference;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.Random;
+import java.util.SplittableRandom;
 
 /**
  * One rank of the one-process-per-GPU tests, started by {@link TwoProcessGpuTest} with RANK,
- * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and GIN4J_TEST_SEED set. Exits 0 and prints
- * "RANK r OK" when its checks pass.
+ * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, GIN4J_TEST_SEED and GIN4J_TEST_PLACEMENT set.
+ * Exits 0 and prints "RANK r OK" when its checks pass.
  */
 public final class RankMain {
+    /**
+     * Every rank on the one GPU, each posing as its own host (TwoProcessGpuTest.Placement): NCCL
+     * links them by sockets and has no device communicator for them, so the GPU-initiated paths
+     * must be refused, clearly, on every rank, and the host-initiated ones must work.
+     */
+    static final boolean ONE_GPU_AS_HOSTS = "one-gpu-as-hosts".equals(System.getenv("GIN4J_TEST_PLACEMENT"));
+
     public static void main(String[] args) throws Exception {
         String scenario = args.length > 0 ? args[0] : "exchange";
         long seed = Long.parseLong(System.getenv().getOrDefault("GIN4J_TEST_SEED", "1"));
@@ -30,11 +48,46 @@ public final class RankMain {
                 case "mismatch" -> mismatch(g, rank);
                 case "alltoall" -> allToAll(g, rank, seed, arena);
                 case "oneRankFails" -> oneRankFails(g, rank, seed, arena);
+                case "moe" -> moe(g, rank, seed, arena);
+                case "peerDies" -> peerDies(g, rank, seed, arena, true);
+                case "peerDiesBeforeConnecting" -> peerDies(g, rank, seed, arena, false);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
         System.out.println("RANK " + rank + " OK");
         System.exit(0);
+    }
+
+    /** On ranks posing as hosts: {@code what} must be refused on this rank with the reason and the way out. */
+    private static void expectNoDeviceComm(String what, Runnable attempt) {
+        try {
+            attempt.run();
+        } catch (CommException e) {
+            if (!e.getMessage().contains("NCCL made no device communicator") || !e.getMessage().contains("Backend.HOST needs none"))
+                throw new AssertionError(what + ": unclear refusal: " + e.getMessage(), e);
+            System.out.println(what + " refused as expected: " + e.getMessage());
+            return;
+        }
+        throw new AssertionError(what + " was set up although NCCL links these ranks only by sockets");
+    }
+
+    /** A HOST all-to-all of {@code perPeer} bytes per peer, poisoned first and checked against every rank's data. */
+    private static void hostAllToAll(CommGroup g, int rank, long tag, long perPeer, Arena arena, String what) {
+        Device d = g.rank(0).device();
+        int world = g.worldSize();
+        try (Stream s = d.createStream()) {
+            DeviceBuffer send = d.allocate(perPeer * world, arena), recv = d.allocate(perPeer * world, arena);
+            send.copyFromHost(MemorySegment.ofArray(dataOf(tag, rank, (int) (perPeer * world))));
+            recv.fill((byte) 0x3c, s);
+            g.allToAll(List.of(send), List.of(recv), perPeer, List.of(s));
+            g.await(s, what);
+            byte[] r = recv.toByteArray();
+            for (int src = 0; src < world; src++) {
+                byte[] theirs = dataOf(tag, src, (int) (perPeer * world));
+                if (!Arrays.equals(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer), r, (int) (src * perPeer), (int) ((src + 1) * perPeer)))
+                    throw new AssertionError(what + ": rank " + rank + " got wrong bytes from " + src);
+            }
+        }
     }
 
     /** Every rank derives every rank's data from the shared seed, so it can check what arrived. */
@@ -49,6 +102,11 @@ public final class RankMain {
         int world = g.worldSize();
         WindowLayout layout = WindowLayout.builder().region("payload", 1 << 20, 4096).build();
         try (SymmetricWindow w = SymmetricWindow.allocate(g, layout); Stream s = d.createStream()) {
+            if (ONE_GPU_AS_HOSTS) {
+                expectNoDeviceComm("the peer table", () -> PeerTable.resolve(w, arena));
+                hostAllToAll(g, rank, seed + 7, 10_007, arena, "host all-to-all");
+                return;
+            }
             PeerTable peers = PeerTable.resolve(w, arena);
             if (!peers.allReachable()) throw new AssertionError("not every peer is load/store reachable: " + Arrays.toString(peers.bases(0)));
             w.region(0, "payload").fill((byte) 0xee, s);
@@ -74,37 +132,33 @@ public final class RankMain {
                 int v = got.getAtIndex(java.lang.foreign.ValueLayout.JAVA_INT_UNALIGNED, k);
                 if (e != v) throw new AssertionError("rank " + rank + " word " + k + ": expected " + e + " got " + v);
             }
-            // host baseline all-to-all across processes
-            long perPeer = 10_007;
-            byte[] sendBytes = dataOf(seed + 7, rank, (int) (perPeer * world));
-            DeviceBuffer send = d.allocate(perPeer * world, arena), recv = d.allocate(perPeer * world, arena);
-            send.copyFromHost(MemorySegment.ofArray(sendBytes));
-            recv.fill((byte) 0x11, s);
-            g.allToAll(List.of(send), List.of(recv), perPeer, List.of(s));
-            s.synchronize();
-            byte[] r = recv.toByteArray();
-            for (int src = 0; src < world; src++) {
-                byte[] theirs = dataOf(seed + 7, src, (int) (perPeer * world));
-                if (!Arrays.equals(Arrays.copyOfRange(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer)),
-                        Arrays.copyOfRange(r, (int) (src * perPeer), (int) ((src + 1) * perPeer)))) {
-                    throw new AssertionError("host all-to-all: rank " + rank + " got wrong bytes from " + src);
-                }
-            }
+            hostAllToAll(g, rank, seed + 7, 10_007, arena, "host all-to-all");
         }
     }
 
-    /** GIN (by size, and through the copy engines) and HOST uniform all-to-all across processes, several sizes, checked against every rank's data. */
+    /**
+     * GIN (by size, and through the copy engines) and HOST uniform all-to-all across processes,
+     * several sizes, checked against every rank's data; on ranks posing as hosts GIN is refused.
+     */
     private static void allToAll(CommGroup g, int rank, long seed, Arena arena) {
         Device d = g.rank(0).device();
         int world = g.worldSize();
+        if (ONE_GPU_AS_HOSTS)
+            expectNoDeviceComm("the GIN all-to-all", () -> AllToAll.create(g, 1 << 22, Backend.GIN).close());
         try (Stream s = d.createStream();
-             dev.gin4j.a2a.AllToAll gin = dev.gin4j.a2a.AllToAll.create(g, 1 << 22, dev.gin4j.a2a.Backend.GIN);
-             dev.gin4j.a2a.AllToAll host = dev.gin4j.a2a.AllToAll.create(g, 1 << 22, dev.gin4j.a2a.Backend.HOST)) {
+             AllToAll gin = ONE_GPU_AS_HOSTS ? null : AllToAll.create(g, 1 << 22, Backend.GIN);
+             AllToAll host = AllToAll.create(g, 1 << 22, Backend.HOST)) {
+            // GIN by size, GIN through the copy engines (peer windows mapped by NCCL in this process), HOST
+            Map<String, AllToAll> variants = new LinkedHashMap<>();
+            if (gin != null) {
+                variants.put("GIN", gin.protocol(Protocol.AUTO));
+                variants.put("GIN (copy engines)", gin.protocol(Protocol.COPY_ENGINE));
+            }
+            variants.put("HOST", host);
             int call = 0;
             for (long perPeer : new long[] {1, 4095, 65536, 1 << 22}) {
-                // GIN by size, GIN through the copy engines (peer windows mapped by NCCL in this process), HOST
-                for (int variant = 0; variant < 3; variant++) {
-                    dev.gin4j.a2a.AllToAll a = variant == 2 ? host : gin.protocol(variant == 0 ? dev.gin4j.a2a.Protocol.AUTO : dev.gin4j.a2a.Protocol.COPY_ENGINE);
+                for (var v : variants.entrySet()) {
+                    AllToAll a = v.getValue();
                     long tag = seed + 1000 * (++call);
                     byte[] mine = dataOf(tag, rank, (int) (perPeer * world));
                     DeviceBuffer in = d.allocate(mine.length, arena);
@@ -116,7 +170,7 @@ public final class RankMain {
                     for (int src = 0; src < world; src++) {
                         byte[] theirs = dataOf(tag, src, (int) (perPeer * world));
                         if (!Arrays.equals(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer), got, (int) (src * perPeer), (int) ((src + 1) * perPeer))) {
-                            throw new AssertionError(a.backend() + (variant == 1 ? " (copy engines)" : "") + " all-to-all of " + perPeer + " bytes per peer: rank " + rank + " got wrong bytes from " + src);
+                            throw new AssertionError(v.getKey() + " all-to-all of " + perPeer + " bytes per peer: rank " + rank + " got wrong bytes from " + src);
                         }
                     }
                 }
@@ -140,7 +194,8 @@ public final class RankMain {
                 throw new AssertionError("rank " + rank + ": unclear message: " + e.getMessage(), e);
         }
         // a window whose memory rank 1 cannot get: rank 1 fills its GPU first (1 GiB at a time), then
-        // gives 2 GiB back, room for the small collectives below but not for the window's 4 GiB
+        // gives 2 GiB back, room for the small collectives below but not for the window's 4 GiB (on
+        // one GPU shared by the ranks, no rank gets it: each then throws its own error)
         Device d = g.rank(0).device();
         long windowBytes = 4L << 30;
         try (Arena hog = Arena.ofShared()) {
@@ -161,27 +216,98 @@ public final class RankMain {
                 SymmetricWindow.allocate(g, WindowLayout.builder().region("payload", windowBytes, 4096).build()).close();
                 throw new AssertionError("rank 1 had no room for " + windowBytes + " bytes, yet the window was made on rank " + rank);
             } catch (CommException e) {
-                String expected = rank == 1 ? "ncclMemAlloc(" + windowBytes + " bytes)" : "failed on rank(s) [1]";
+                String expected = rank == 1 || ONE_GPU_AS_HOSTS ? "ncclMemAlloc(" + windowBytes + " bytes)" : "failed on rank(s) [1]";
                 if (!e.getMessage().contains(expected)) throw new AssertionError("rank " + rank + ": expected '" + expected + "' in: " + e.getMessage(), e);
                 System.out.println("rank " + rank + " window refused together: " + e.getMessage());
             }
         }
-        // the group still works: a HOST all-to-all, checked against every rank's data
-        int world = g.worldSize();
-        long perPeer = 4099;
-        byte[] sendBytes = dataOf(seed + 11, rank, (int) (perPeer * world));
-        try (Stream s = d.createStream()) {
-            DeviceBuffer send = d.allocate(perPeer * world, arena), recv = d.allocate(perPeer * world, arena);
-            send.copyFromHost(MemorySegment.ofArray(sendBytes));
-            recv.fill((byte) 0x3c, s);
-            g.allToAll(List.of(send), List.of(recv), perPeer, List.of(s));
-            g.await(s, "the all-to-all after the failed steps");
-            byte[] r = recv.toByteArray();
-            for (int src = 0; src < world; src++) {
-                byte[] theirs = dataOf(seed + 11, src, (int) (perPeer * world));
-                if (!Arrays.equals(theirs, (int) (rank * perPeer), (int) ((rank + 1) * perPeer), r, (int) (src * perPeer), (int) ((src + 1) * perPeer)))
-                    throw new AssertionError("all-to-all after the failed steps: rank " + rank + " got wrong bytes from " + src);
+        hostAllToAll(g, rank, seed + 11, 4099, arena, "the all-to-all after the failed steps");  // the group still works
+    }
+
+    /**
+     * MoE dispatch, fake experts and combine across processes, on each backend that can run here
+     * (HOST; GIN too on a GPU each, where the two layouts must be identical), against the CPU
+     * reference: every rank draws every rank's inputs from the shared seed. The ranks send unequal
+     * token counts, some slots masked; hidden 200 is no multiple of 16 (the element paths).
+     */
+    private static void moe(CommGroup g, int rank, long seed, Arena arena) {
+        int world = g.worldSize(), hidden = 200, experts = 4 * world, k = 3, maxTokens = 64;
+        MoeReference.Input[] in = new MoeReference.Input[world];
+        for (int r = 0; r < world; r++)
+            in[r] = MoeReference.input(new SplittableRandom(seed * 31 + r), r, world, r == 0 ? maxTokens : 37, hidden, experts, k, MoeReference.Routing.SOME_MASKED);
+        List<Backend> backends = ONE_GPU_AS_HOSTS ? List.of(Backend.HOST) : List.of(Backend.GIN, Backend.HOST);
+        if (ONE_GPU_AS_HOSTS)
+            expectNoDeviceComm("the GIN MoE exchange", () -> MoeAllToAll.create(g, MoeConfig.bf16(hidden, experts, k, maxTokens, Backend.GIN)).close());
+        Device d = g.rank(0).device();
+        byte[] firstRows = null;
+        for (Backend b : backends) {
+            try (MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(hidden, experts, k, maxTokens, b)); Stream s = d.createStream()) {
+                int rowBytes = (int) moe.config().dispatchRowBytes();
+                MoeDispatch h = moe.dispatch(0, upload(d, arena, in[rank].x()), upload(d, arena, in[rank].idx()), upload(d, arena, in[rank].w()), in[rank].tokens(), s);
+                moe.checkErrors(List.of(s));
+                MoeReference.Layout exp = MoeReference.expected(in, rank, rowBytes, experts, k);
+                int rows = exp.rows().size();
+                int[] counts = new int[moe.localExperts()];
+                MemorySegment.copy(MemorySegment.ofArray(h.counts().toByteArray()), ValueLayout.JAVA_INT_UNALIGNED, 0, counts, 0, counts.length);
+                if (!Arrays.equals(exp.counts(), counts))
+                    throw new AssertionError(b + ": per-expert counts on rank " + rank + ": expected " + Arrays.toString(exp.counts()) + " got " + Arrays.toString(counts));
+                byte[] got = h.rows().slice(0, (long) rows * rowBytes).toByteArray();
+                float[] weights = new float[rows];
+                MemorySegment.copy(MemorySegment.ofArray(h.weights().slice(0, 4L * rows).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, weights, 0, rows);
+                for (int r = 0; r < rows; r++) {
+                    int[] o = exp.origin().get(r);
+                    if (!Arrays.equals(exp.rows().get(r), 0, rowBytes, got, r * rowBytes, (r + 1) * rowBytes) || exp.weights().get(r) != weights[r])
+                        throw new AssertionError(b + ": rank " + rank + " row " + r + " (source " + o[0] + " token " + o[1] + " expert " + o[2] + ") or its weight differs");
+                }
+                if (firstRows != null && !Arrays.equals(firstRows, got)) throw new AssertionError("GIN and HOST layouts differ on rank " + rank);
+                firstRows = got;
+                DeviceBuffer out = upload(d, arena, MoeReference.expertOut(in, exp, hidden, moe.capacityRows()));
+                DeviceBuffer y = moe.combine(h, out, s);
+                moe.checkErrors(List.of(s));
+                String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.toByteArray()), hidden, k, true);
+                if (off != null) throw new AssertionError(b + ": y on rank " + rank + " " + off);
+                System.out.println("rank " + rank + " MoE " + b + ": " + rows + " rows received, y checked");
             }
+        }
+    }
+
+    private static DeviceBuffer upload(Device d, Arena arena, Object array) {
+        MemorySegment host = switch (array) {
+            case byte[] b -> MemorySegment.ofArray(b);
+            case int[] i -> MemorySegment.ofArray(i);
+            case float[] f -> MemorySegment.ofArray(f);
+            case short[] h -> MemorySegment.ofArray(h);
+            default -> throw new IllegalArgumentException("not an array: " + array);
+        };
+        DeviceBuffer b = d.allocate(Math.max(host.byteSize(), 16), arena);
+        if (host.byteSize() > 0) b.slice(0, host.byteSize()).copyFromHost(host);
+        return b;
+    }
+
+    /**
+     * Rank 0 dies (halts, closing nothing) after a HOST all-to-all with rank 1, or, when
+     * {@code connected} is false, before the ranks ever exchanged anything point to point. Rank 1's
+     * next HOST all-to-all must then fail within the host-wait time-out (GIN4J_COMM_TIMEOUT_S),
+     * naming the wait, and leave the group closed; nothing may hang.
+     */
+    private static void peerDies(CommGroup g, int rank, long seed, Arena arena, boolean connected) throws InterruptedException {
+        if (connected) hostAllToAll(g, rank, seed + 13, 4099, arena, "the all-to-all before rank 0 dies");
+        g.allGatherLongs(new long[] {rank});  // rank 1 is past every earlier collective before rank 0 goes
+        if (rank == 0) {
+            System.out.println("RANK 0 OK (halting without closing anything)");
+            System.out.flush();
+            Runtime.getRuntime().halt(0);
+        }
+        Thread.sleep(1000);  // rank 0 is gone
+        long timeout = g.hostWaitTimeout().toNanos(), start = System.nanoTime();
+        try {
+            hostAllToAll(g, rank, seed + 17, 4099, arena, "the all-to-all after rank 0 died");
+            throw new AssertionError("an all-to-all with a dead rank returned");
+        } catch (CommException e) {
+            long took = System.nanoTime() - start;
+            System.out.printf("rank %d: the all-to-all with a dead peer failed after %.1f s: %s%n", rank, took / 1e9, e.getMessage());
+            if (took > timeout + 20_000_000_000L) throw new AssertionError("it failed only after " + took / 1e9 + " s, the time-out is " + timeout / 1e9 + " s", e);
+            if (!g.isClosed()) throw new AssertionError("the group is still open after a peer died", e);
         }
     }
 

@@ -12,20 +12,59 @@ import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.TimeUnit;
 
 import static org.junit.jupiter.api.Assertions.*;
 
-/** One process per GPU over loopback, started the way torchrun would (RANK, WORLD_SIZE, ...). */
+/**
+ * One process per rank, started the way torchrun would (RANK, WORLD_SIZE, ...): one GPU each where
+ * the machine has two, or else both on its one GPU, each posing as its own host ({@link Placement}).
+ */
 @Tag("gpu")
 class TwoProcessGpuTest {
 
-    static List<String> runRanks(int world, String mainClass, String scenario) throws Exception {
-        return runRanks(world, mainClass, scenario, Map.of());
+    /** Where the ranks run. */
+    enum Placement {
+        /** A GPU per rank (LOCAL_RANK = rank), the way a node runs them. */
+        GPU_EACH,
+        /**
+         * Every rank on GPU 0, each with its own NCCL_HOSTID: NCCL takes them for separate hosts
+         * (it refuses two ranks of one host on one GPU) and links them by sockets on loopback. The
+         * host-initiated paths and every cross-process agreement then run on a one-GPU machine; the
+         * GPU-initiated ones must be refused (RankMain.ONE_GPU_AS_HOSTS).
+         */
+        ONE_GPU_AS_HOSTS;
+
+        Map<String, String> env(int rank) {
+            return this == GPU_EACH ? Map.of("LOCAL_RANK", "" + rank, "GIN4J_TEST_PLACEMENT", "gpu-each")
+                    : Map.of("LOCAL_RANK", "0", "GIN4J_TEST_PLACEMENT", "one-gpu-as-hosts", "NCCL_HOSTID", "gin4j-test-host-" + rank,
+                             "NCCL_SOCKET_IFNAME", "lo", "NCCL_IB_DISABLE", "1");
+        }
     }
 
-    /** Starts {@code world} ranks of {@code mainClass scenario}, {@code env} added to each one's environment, and checks that each printed "RANK r OK". */
-    static List<String> runRanks(int world, String mainClass, String scenario, Map<String, String> env) throws Exception {
+    private static final Set<Placement> SAID = ConcurrentHashMap.newKeySet();
+
+    /** Two ranks: on two GPUs where there are two, else both on the one GPU (skipped without a GPU, NCCL or the kernels). */
+    static Placement twoRanks() throws IOException {
+        GpuRuntime rt = Gpus.runtimeWithDevices(1);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.requireKernels(rt, "nccl_peers");
+        Placement p = rt.devices().size() >= 2 ? Placement.GPU_EACH : Placement.ONE_GPU_AS_HOSTS;
+        if (p == Placement.ONE_GPU_AS_HOSTS && SAID.add(p))
+            System.err.println("TwoProcessGpuTest: one GPU, so both ranks run on it, each posing as its own host (NCCL over loopback sockets;"
+                    + " the GPU-initiated paths are checked to be refused, the host-initiated ones to work)");
+        return p;
+    }
+
+    static List<String> runRanks(Placement placement, String scenario) throws Exception {
+        return runRanks(placement, scenario, Map.of());
+    }
+
+    /** Starts two ranks of {@link RankMain} {@code scenario} placed as given, {@code env} added to each one's environment, and checks that each printed "RANK r OK". */
+    static List<String> runRanks(Placement placement, String scenario, Map<String, String> env) throws Exception {
+        int world = 2;
         int port;
         try (ServerSocket s = new ServerSocket(0)) { port = s.getLocalPort(); }
         String java = ProcessHandle.current().info().command().orElse("java");
@@ -35,10 +74,11 @@ class TwoProcessGpuTest {
         for (int r = 0; r < world; r++) {
             Path log = Files.createTempFile("gin4j-rank" + r, ".log");
             logs.add(log);
-            ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), mainClass, scenario);
-            pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "LOCAL_RANK", "" + r, "MASTER_ADDR", "127.0.0.1",
+            ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), RankMain.class.getName(), scenario);
+            pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "MASTER_ADDR", "127.0.0.1",
                     "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60",
                     "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the 180 s below
+            pb.environment().putAll(placement.env(r));
             pb.environment().putAll(env);
             pb.redirectErrorStream(true).redirectOutput(log.toFile());
             procs.add(pb.start());
@@ -67,37 +107,56 @@ class TwoProcessGpuTest {
         return String.join(java.io.File.pathSeparator, parts);
     }
 
-    static void requireTwoGpus() throws IOException {
-        GpuRuntime rt = Gpus.runtimeWithDevices(2);
-        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
-        Gpus.requireKernels(rt, "nccl_peers");
-    }
-
     @Test void windowsPeerStoresAndHostAllToAllAcrossProcesses() throws Exception {
-        requireTwoGpus();
-        runRanks(2, RankMain.class.getName(), "exchange");
+        runRanks(twoRanks(), "exchange");
     }
 
     @Test void ginAndHostAllToAllAcrossProcesses() throws Exception {
-        requireTwoGpus();
-        runRanks(2, RankMain.class.getName(), "alltoall");
+        runRanks(twoRanks(), "alltoall");
     }
 
     /** The same across processes whose communicators are nonblocking (every NCCL host call polled). */
     @Test void ginAndHostAllToAllAcrossNonblockingProcesses() throws Exception {
-        requireTwoGpus();
-        runRanks(2, RankMain.class.getName(), "alltoall", Map.of("GIN4J_COMM_NONBLOCKING", "1"));
+        runRanks(twoRanks(), "alltoall", Map.of("GIN4J_COMM_NONBLOCKING", "1"));
     }
 
     @Test void aStepThatFailsOnOneRankStopsEveryRankAndTheGroupStillWorks() throws Exception {
-        requireTwoGpus();
-        List<String> out = runRanks(2, RankMain.class.getName(), "oneRankFails");
+        List<String> out = runRanks(twoRanks(), "oneRankFails");
         for (String o : out) assertTrue(o.contains("window refused together"), o);
     }
 
+    /** MoE dispatch and combine across processes against the CPU reference: HOST, and GIN where each rank has a GPU. */
+    @Test void moeExchangeAcrossProcesses() throws Exception {
+        List<String> out = runRanks(twoRanks(), "moe");
+        for (String o : out) assertTrue(o.contains("MoE HOST: "), o);
+    }
+
+    /**
+     * Rank 0 halts, closing nothing, after a HOST all-to-all with rank 1: rank 1's next one fails
+     * within the host-wait time-out (measured on one GPU: NCCL reports the closed socket at once),
+     * blocking or not, and its group is aborted.
+     */
+    @Test void aPeerThatDiesIsReportedAndNothingHangs() throws Exception {
+        Placement p = twoRanks();
+        for (String nonblocking : List.of("0", "1")) {
+            List<String> out = runRanks(p, "peerDies", Map.of("GIN4J_COMM_TIMEOUT_S", "15", "GIN4J_COMM_NONBLOCKING", nonblocking));
+            assertTrue(out.get(1).contains("with a dead peer failed"), out.get(1));
+        }
+    }
+
+    /**
+     * Rank 0 halts before the ranks ever exchanged point to point: NCCL then sets the connection up
+     * inside rank 1's ncclGroupEnd, which waits for the dead peer. A nonblocking group bounds that
+     * wait by its time-out; a blocking one waits there for ever (measured on one GPU), so only the
+     * nonblocking mode is tested.
+     */
+    @Test void aPeerThatDiesBeforeConnectingIsReportedWithinTheTimeoutWhenNonblocking() throws Exception {
+        List<String> out = runRanks(twoRanks(), "peerDiesBeforeConnecting", Map.of("GIN4J_COMM_TIMEOUT_S", "15", "GIN4J_COMM_NONBLOCKING", "1"));
+        assertTrue(out.get(1).contains("with a dead peer failed"), out.get(1));
+    }
+
     @Test void mismatchedWindowsAndMoeConfigsAreRefusedOnEveryRank() throws Exception {
-        requireTwoGpus();
-        List<String> out = runRanks(2, RankMain.class.getName(), "mismatch");
+        List<String> out = runRanks(twoRanks(), "mismatch");
         for (String o : out) assertTrue(o.contains("refused as expected") && o.contains("MoE GIN refused") && o.contains("MoE HOST refused"), o);
     }
 }

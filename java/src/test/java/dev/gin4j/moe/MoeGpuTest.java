@@ -27,6 +27,10 @@ import java.util.Arrays;
 import java.util.List;
 import java.util.SplittableRandom;
 
+import dev.gin4j.moe.MoeReference.Input;
+import dev.gin4j.moe.MoeReference.Layout;
+import dev.gin4j.moe.MoeReference.Routing;
+
 import static org.junit.jupiter.api.Assertions.*;
 
 /**
@@ -69,51 +73,8 @@ class MoeGpuTest {
 
     static float f32(short b) { return Bf16.toFloat(b); }
 
-    /**
-     * One rank's inputs: the dispatched rows as bytes (bf16, or scaled fp8 rows), the values they
-     * stand for ([T][H], what the fake experts and the combine reference use), the routing, and x,
-     * what the dispatch is handed (the rows themselves, or the bf16 rows an fp8 dispatch quantizes).
-     * bf16 rows carry their source rank and token index in the first elements.
-     */
-    record Input(int tokens, byte[] rows, float[] values, int[] idx, float[] w, byte[] x) {
-        Input(int tokens, byte[] rows, float[] values, int[] idx, float[] w) { this(tokens, rows, values, idx, w, rows); }
-    }
-
-    enum Routing { UNIFORM, ONE_EXPERT, NOTHING_TO_LAST_RANK, ALL_MASKED, SOME_MASKED }
-
     Input input(int rank, int tokens, int hidden, int experts, int k, Routing routing) {
-        short[] x = new short[tokens * hidden];
-        for (int t = 0; t < tokens; t++) {
-            for (int h = 0; h < hidden; h++) x[t * hidden + h] = bf16((float) (random.nextInt(64) - 32) / 8);
-            x[t * hidden] = bf16(rank);
-            if (hidden > 1) x[t * hidden + 1] = bf16(t % 256);
-            if (hidden > 2) x[t * hidden + 2] = bf16(t / 256);
-        }
-        int[] idx = new int[tokens * k];
-        float[] w = new float[tokens * k];
-        int perRank = experts / n;
-        for (int t = 0; t < tokens; t++) {
-            int[] pool = switch (routing) {
-                case NOTHING_TO_LAST_RANK -> java.util.stream.IntStream.range(0, experts - perRank).toArray();
-                default -> java.util.stream.IntStream.range(0, experts).toArray();
-            };
-            for (int i = pool.length - 1; i > 0; i--) { int j = random.nextInt(i + 1); int tmp = pool[i]; pool[i] = pool[j]; pool[j] = tmp; }
-            for (int s = 0; s < k; s++) {
-                int e = switch (routing) {
-                    case ONE_EXPERT -> s == 0 ? 3 % experts : -1;
-                    case ALL_MASKED -> -1;
-                    case SOME_MASKED -> random.nextInt(3) == 0 ? -1 : pool[s];
-                    default -> s < pool.length ? pool[s] : -1;  // one rank: no expert outside the last rank
-                };
-                idx[t * k + s] = e;
-                w[t * k + s] = e < 0 ? 0f : random.nextFloat();
-            }
-        }
-        byte[] rows = new byte[2 * x.length];
-        MemorySegment.copy(x, 0, MemorySegment.ofArray(rows), ValueLayout.JAVA_SHORT_UNALIGNED, 0, x.length);
-        float[] values = new float[x.length];
-        for (int i = 0; i < x.length; i++) values[i] = f32(x[i]);
-        return new Input(tokens, rows, values, idx, w);
+        return MoeReference.input(random, rank, n, tokens, hidden, experts, k, routing);
     }
 
     /**
@@ -131,33 +92,6 @@ class MoeGpuTest {
         }
         float[] values = Fp8RowsGpuTest.decode(rows, bf.tokens(), hidden, devs.get(rank).arch().startsWith("gfx"));
         return new Input(bf.tokens(), rows, values, bf.idx(), bf.w(), fromBf16 ? bf.rows() : rows);
-    }
-
-    /** Expected expert-major layout on rank d: rows, weights, per-expert counts, and each row's (source, token, expert, k). */
-    record Layout(List<byte[]> rows, List<Float> weights, int[] counts, List<int[]> origin) {}
-
-    Layout expected(Input[] in, int d, int rowBytes, int experts, int k) {
-        int L = experts / n;
-        List<byte[]> rows = new ArrayList<>();
-        List<Float> weights = new ArrayList<>();
-        List<int[]> origin = new ArrayList<>();
-        int[] counts = new int[L];
-        for (int e = 0; e < L; e++) {
-            int ge = d * L + e;
-            for (int s = 0; s < n; s++) {
-                for (int t = 0; t < in[s].tokens; t++) {
-                    for (int q = 0; q < k; q++) {
-                        if (in[s].idx[t * k + q] == ge) {
-                            rows.add(Arrays.copyOfRange(in[s].rows, t * rowBytes, (t + 1) * rowBytes));
-                            weights.add(in[s].w[t * k + q]);
-                            origin.add(new int[] {s, t, ge, q});
-                            counts[e]++;
-                        }
-                    }
-                }
-            }
-        }
-        return new Layout(rows, weights, counts, origin);
     }
 
     /** A received row's value for returnRowValues, from its origin (source, token, -, k): exact in f32 for these tests' sizes. */
@@ -197,10 +131,10 @@ class MoeGpuTest {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>();
             int[] tokens = new int[n];
             for (int i = 0; i < n; i++) {
-                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].x)));
-                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].idx)));
-                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].w)));
-                tokens[i] = in[i].tokens;
+                xs.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].x())));
+                ids.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].idx())));
+                ws.add(upload(devs.get(i), a, MemorySegment.ofArray(in[i].w())));
+                tokens[i] = in[i].tokens();
             }
             List<MoeDispatch> handles = moe.dispatch(xs, ids, ws, tokens, streams);
             // once the dispatch is queued the caller may reuse its routing buffers (the next layer's
@@ -213,7 +147,7 @@ class MoeGpuTest {
             byte[][] received = new byte[n][];
             List<DeviceBuffer> outs = new ArrayList<>(), rowValues = new ArrayList<>();
             for (int d = 0; d < n; d++) {
-                Layout exp = expected(in, d, rowBytes, experts, k);
+                Layout exp = MoeReference.expected(in, d, rowBytes, experts, k);
                 MoeDispatch h = handles.get(d);
                 int[] counts = new int[moe.localExperts()];
                 MemorySegment.copy(MemorySegment.ofArray(h.counts().toByteArray()), ValueLayout.JAVA_INT_UNALIGNED, 0, counts, 0, counts.length);
@@ -223,18 +157,15 @@ class MoeGpuTest {
                 received[d] = got;
                 float[] gw = new float[rows];
                 MemorySegment.copy(MemorySegment.ofArray(h.weights().slice(0, 4L * rows).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, gw, 0, rows);
-                short[] expertOut = new short[(int) (moe.capacityRows() * hidden)];
                 for (int r = 0; r < rows; r++) {
                     byte[] want = exp.rows().get(r);
                     int[] o = exp.origin().get(r);
                     int mismatch = Arrays.mismatch(want, 0, rowBytes, got, r * rowBytes, (r + 1) * rowBytes);
                     if (mismatch >= 0) fail(what + ": rank " + d + " row " + r + " (source " + o[0] + " token " + o[1] + " expert " + o[2]
                             + ") byte " + mismatch + ": expected " + want[mismatch] + " got " + got[r * rowBytes + mismatch]);
-                    // fake expert: out = value * (1 + expert), bf16
-                    for (int h2 = 0; h2 < hidden; h2++) expertOut[r * hidden + h2] = bf16(in[o[0]].values[o[1] * hidden + h2] * (1 + o[2]));
                     assertEquals(exp.weights().get(r), gw[r], what + ": weight of row " + r + " on rank " + d);
                 }
-                outs.add(upload(devs.get(d), a, MemorySegment.ofArray(expertOut)));
+                outs.add(upload(devs.get(d), a, MemorySegment.ofArray(MoeReference.expertOut(in, exp, hidden, moe.capacityRows()))));
                 float[] values = new float[(int) moe.capacityRows()];
                 for (int r = 0; r < rows; r++) values[r] = rowValue(exp.origin().get(r), k);
                 rowValues.add(upload(devs.get(d), a, MemorySegment.ofArray(values)));
@@ -242,34 +173,18 @@ class MoeGpuTest {
             List<DeviceBuffer> ys = weighted ? moe.combine(handles, outs, streams) : moe.combineUnweighted(handles, outs, streams);
             moe.checkErrors(streams);
             for (int s = 0; s < n; s++) {
-                MemorySegment y = MemorySegment.ofArray(ys.get(s).toByteArray());
-                for (int t = 0; t < in[s].tokens; t++) {
-                    for (int h2 = 0; h2 < hidden; h2++) {
-                        double ref = 0, mag = 0;
-                        for (int q = 0; q < k; q++) {
-                            int e = in[s].idx[t * k + q];
-                            if (e < 0) continue;
-                            double w = weighted ? in[s].w[t * k + q] : 1.0;
-                            double term = w * f32(bf16(in[s].values[t * hidden + h2] * (1 + e)));
-                            ref += term;
-                            mag += Math.abs(term);
-                        }
-                        float v = f32(y.getAtIndex(ValueLayout.JAVA_SHORT_UNALIGNED, (long) t * hidden + h2));
-                        if (!(Math.abs(v - ref) <= 0.016 * mag + 1e-6)) {
-                            fail(what + (weighted ? "" : " (unweighted)") + ": y on rank " + s + " token " + t + " element " + h2 + ": expected " + ref + " got " + v);
-                        }
-                    }
-                }
+                String off = MoeReference.combineMismatch(in[s], MemorySegment.ofArray(ys.get(s).toByteArray()), hidden, k, weighted);
+                if (off != null) fail(what + (weighted ? "" : " (unweighted)") + ": y on rank " + s + " " + off);
             }
             // each row's value back to its (token, k): the value names them, masked slots get 0
             List<DeviceBuffer> back = moe.returnRowValues(handles, rowValues, streams);
             moe.checkErrors(streams);
             for (int s = 0; s < n; s++) {
-                float[] g = new float[in[s].tokens * k];
+                float[] g = new float[in[s].tokens() * k];
                 MemorySegment.copy(MemorySegment.ofArray(back.get(s).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, g, 0, g.length);
-                for (int t = 0; t < in[s].tokens; t++)
+                for (int t = 0; t < in[s].tokens(); t++)
                     for (int q = 0; q < k; q++) {
-                        float want = in[s].idx[t * k + q] < 0 ? 0f : rowValue(new int[] {s, t, -1, q}, k);
+                        float want = in[s].idx()[t * k + q] < 0 ? 0f : rowValue(new int[] {s, t, -1, q}, k);
                         if (g[t * k + q] != want) fail(what + ": returnRowValues on rank " + s + " token " + t + " k " + q + ": expected " + want + " got " + g[t * k + q]);
                     }
             }
