@@ -11,6 +11,13 @@ public class CommException extends RuntimeException {
         this.code = code;
     }
 
+    /** {@code failure}'s call and code, with more said about it. */
+    public CommException(String message, CommException failure) {
+        super(message, failure);
+        this.call = failure.call;
+        this.code = failure.code;
+    }
+
     public CommException(String message) {
         super(message);
         this.call = "";

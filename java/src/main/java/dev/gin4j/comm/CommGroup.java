@@ -289,8 +289,11 @@ public final class CommGroup extends NativeResource {
      */
     void complete(String call, int rc) {
         if (rc != ncclInProgress()) {
-            Nccl.check(call, rc, ranks.isEmpty() ? MemorySegment.NULL : ranks.getFirst().handleUnchecked());
-            return;
+            if (rc == 0) return;
+            CommException e = Nccl.error(call, rc, ranks.isEmpty() ? MemorySegment.NULL : ranks.getFirst().handleUnchecked());
+            // a peer or the network failed, or NCCL itself: the communicators cannot be used again (a
+            // refused argument or usage leaves them as they were)
+            throw Nccl.leavesCommunicatorBroken(rc) ? abortedBecause(e) : e;
         }
         String failure = pollToEnd(() -> {
             if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
@@ -680,7 +683,9 @@ public final class CommGroup extends NativeResource {
     @Override protected void release() {
         synchronized (pollLock) {  // waits for at most one poll round of an await or a complete on another thread; abort() holds it already
             RuntimeException finalizeFailure = aborted || !nonblocking ? null : finalizeAll();
-            boolean abort = aborted || finalizeFailure != null;
+            // a blocking communicator NCCL reports an error on (a peer that died, say) is aborted too:
+            // ncclCommDestroy would wait for its work, which may never end
+            boolean abort = aborted || finalizeFailure != null || (!nonblocking && reportsError());
             String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
             try {
                 releaseAll(ranks.stream().<Runnable>map(c -> () -> {
@@ -693,6 +698,15 @@ public final class CommGroup extends NativeResource {
                 throw e;
             }
             if (finalizeFailure != null) throw finalizeFailure;
+        }
+    }
+
+    /** Whether NCCL reports an asynchronous error on some local communicator (or cannot be asked). */
+    private boolean reportsError() {
+        try {
+            return pollStates(false) != null;
+        } catch (RuntimeException e) {
+            return true;
         }
     }
 

@@ -53,19 +53,21 @@ public final class DeviceComm extends NativeResource {
         try {
             MemorySegment reqs = abi.requirements(dc.arena, fields);
             for (int i = 0; i < group.localCount(); i++) dc.structs.add(dc.arena.allocate(Math.max(abi.devCommSize(), 8), Math.max(abi.devCommAlign(), 8)));
-            group.inGroup("ncclDevCommCreate", () -> {
-                for (Communicator c : group.ranks()) {
-                    c.device().makeCurrent();
-                    Nccl.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());
-                    dc.created[c.localIndex()] = true;  // this rank's is destroyed on close, even if another rank's create fails
-                }
-            });
-        } catch (CommException e) {
-            dc.close();
-            // NCCL's own words ("does not support symmetric memory", say) do not tell a user what to change
-            throw new CommException(e.getMessage() + "; NCCL made no device communicator for " + group.describe()
-                    + ", which GPU-initiated kernels (Backend.GIN) need: NCCL makes one where it can map every rank's memory"
-                    + " (ranks in one NVLink domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none", e);
+            try {
+                group.inGroup("ncclDevCommCreate", () -> {
+                    for (Communicator c : group.ranks()) {
+                        c.device().makeCurrent();
+                        Nccl.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());
+                        dc.created[c.localIndex()] = true;  // this rank's is destroyed on close, even if another rank's create fails
+                    }
+                });
+            } catch (CommException e) {
+                if (group.isClosed()) throw e;  // a time-out or a peer's failure: not a matter of the backend
+                // NCCL's own words ("does not support symmetric memory", say) do not tell a user what to change
+                throw new CommException(e.getMessage() + "; NCCL made no device communicator for " + group.describe()
+                        + ", which GPU-initiated kernels (Backend.GIN) need: NCCL makes one where it can map every rank's memory"
+                        + " (ranks of one NVLink / xGMI domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none", e);
+            }
         } catch (RuntimeException e) {
             dc.close();
             throw e;

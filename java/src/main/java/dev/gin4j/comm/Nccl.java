@@ -48,6 +48,11 @@ public final class Nccl {
         if (rc != 0) throw error(call, rc, comm);
     }
 
+    /** ncclSystemError, ncclInternalError, ncclRemoteError: the communicator must be aborted (NCCL's docs), unlike after a refused argument or usage. */
+    static boolean leavesCommunicatorBroken(int rc) {
+        return rc == 2 || rc == 3 || rc == 6;
+    }
+
     static CommException error(String call, int rc, MemorySegment comm) {
         String name = rc >= 0 && rc < RESULT_NAMES.length ? RESULT_NAMES[rc] : "ncclResult_t " + rc;
         String detail;

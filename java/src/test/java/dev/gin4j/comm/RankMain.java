@@ -1,6 +1,7 @@
 package dev.gin4j.comm;
 
 import dev.gin4j.a2a.AllToAll;
+import dev.gin4j.a2a.AllToAllV;
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.a2a.Protocol;
 import dev.gin4j.gpu.CodeObject;
@@ -51,6 +52,7 @@ public final class RankMain {
                 case "moe" -> moe(g, rank, seed, arena);
                 case "peerDies" -> peerDies(g, rank, seed, arena, true);
                 case "peerDiesBeforeConnecting" -> peerDies(g, rank, seed, arena, false);
+                case "peerDiesThenClose" -> peerDiesThenClose(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
@@ -176,6 +178,56 @@ public final class RankMain {
                 }
             }
         }
+        allToAllV(g, rank, seed, arena);
+    }
+
+    /**
+     * All-to-all-v (counts on the device) on each backend that can run here, rounds of zero counts,
+     * one peer taking everything, tiny and random counts; every rank derives every rank's counts
+     * and bytes from the shared seed and checks what it received and the counts it was told.
+     */
+    private static void allToAllV(CommGroup g, int rank, long seed, Arena arena) {
+        Device d = g.rank(0).device();
+        int n = g.worldSize();
+        long cap = 300_000;
+        try (Stream s = d.createStream();
+             AllToAllV gin = ONE_GPU_AS_HOSTS ? null : AllToAllV.create(g, cap, Backend.GIN);
+             AllToAllV host = AllToAllV.create(g, cap, Backend.HOST)) {
+            for (int round = 0; round < 5; round++) {
+                SplittableRandom random = new SplittableRandom(seed * 7919 + round);
+                long[][] cnt = new long[n][n];
+                for (int i = 0; i < n; i++) for (int p = 0; p < n; p++) {
+                    cnt[i][p] = switch (round) {
+                        case 0 -> 0;
+                        case 1 -> p == 0 ? cap : 0;  // one peer takes everything
+                        case 2 -> random.nextInt(64);
+                        default -> random.nextInt(4) == 0 ? 0 : random.nextLong(cap + 1);
+                    };
+                }
+                long[][] off = new long[n][n];
+                byte[][] data = new byte[n][];
+                for (int i = 0; i < n; i++) {
+                    long total = 0;
+                    for (int p = 0; p < n; p++) { off[i][p] = total; total += cnt[i][p]; }
+                    data[i] = dataOf(seed + 5000 + round, i, (int) total + 1);
+                }
+                for (AllToAllV v : gin == null ? List.of(host) : List.of(gin, host)) {
+                    v.output(0).fill((byte) 0xcd, s);
+                    v.receivedCounts(0).fill((byte) 0xee, s);
+                    v.run(List.of(upload(d, arena, data[rank])), List.of(upload(d, arena, cnt[rank])), List.of(upload(d, arena, off[rank])), List.of(s));
+                    v.checkErrors(List.of(s));
+                    byte[] got = v.output(0).toByteArray();
+                    long[] told = new long[n];
+                    MemorySegment.copy(MemorySegment.ofArray(v.receivedCounts(0).toByteArray()), ValueLayout.JAVA_LONG_UNALIGNED, 0, told, 0, n);
+                    for (int src = 0; src < n; src++) {
+                        int from = Math.toIntExact(off[src][rank]), count = (int) cnt[src][rank];
+                        if (told[src] != count || !Arrays.equals(data[src], from, from + count, got, (int) (src * cap), (int) (src * cap) + count))
+                            throw new AssertionError(v.backend() + " all-to-all-v round " + round + ": rank " + rank + " got " + told[src]
+                                    + " bytes from " + src + " (expected " + count + ") or wrong bytes");
+                    }
+                }
+            }
+        }
     }
 
     /**
@@ -277,6 +329,7 @@ public final class RankMain {
             case int[] i -> MemorySegment.ofArray(i);
             case float[] f -> MemorySegment.ofArray(f);
             case short[] h -> MemorySegment.ofArray(h);
+            case long[] l -> MemorySegment.ofArray(l);
             default -> throw new IllegalArgumentException("not an array: " + array);
         };
         DeviceBuffer b = d.allocate(Math.max(host.byteSize(), 16), arena);
@@ -308,7 +361,43 @@ public final class RankMain {
             System.out.printf("rank %d: the all-to-all with a dead peer failed after %.1f s: %s%n", rank, took / 1e9, e.getMessage());
             if (took > timeout + 20_000_000_000L) throw new AssertionError("it failed only after " + took / 1e9 + " s, the time-out is " + timeout / 1e9 + " s", e);
             if (!g.isClosed()) throw new AssertionError("the group is still open after a peer died", e);
+            if (!e.getMessage().contains("all-to-all")) throw new AssertionError("the error does not say what failed: " + e.getMessage(), e);
+            // over sockets NCCL sees the closed connection: reported, not left to the time-out
+            if (connected && ONE_GPU_AS_HOSTS && (!e.getMessage().contains("ncclRemoteError") || took > timeout / 2))
+                throw new AssertionError("NCCL's report of the dead peer was expected well before the time-out: " + e.getMessage(), e);
         }
+    }
+
+    /**
+     * Rank 0 halts after an all-to-all with rank 1; rank 1 queues another, does not wait for it, and
+     * closes the group: the close must end (NCCL has reported the dead peer by then), not wait for
+     * the exchange that never completes.
+     */
+    private static void peerDiesThenClose(CommGroup g, int rank, long seed, Arena arena) throws InterruptedException {
+        hostAllToAll(g, rank, seed + 19, 4099, arena, "the all-to-all before rank 0 dies");
+        g.allGatherLongs(new long[] {rank});
+        if (rank == 0) {
+            System.out.println("RANK 0 OK (halting without closing anything)");
+            System.out.flush();
+            Runtime.getRuntime().halt(0);
+        }
+        Thread.sleep(1000);  // rank 0 is gone
+        Device d = g.rank(0).device();
+        Stream s = d.createStream();
+        DeviceBuffer send = d.allocate(2 * 4099, arena), recv = d.allocate(2 * 4099, arena);
+        g.allToAll(List.of(send), List.of(recv), 4099, List.of(s));
+        Thread.sleep(3000);  // NCCL's proxy sees the closed socket meanwhile
+        long start = System.nanoTime();
+        try {
+            g.close();  // blocking: aborted at NCCL's report; nonblocking: the finalize ends at it and throws
+            System.out.printf("rank %d: the group closed in %.1f s%n", rank, (System.nanoTime() - start) / 1e9);
+        } catch (CommException e) {
+            System.out.printf("rank %d: the close threw after %.1f s: %s%n", rank, (System.nanoTime() - start) / 1e9, e.getMessage());
+        }
+        long took = System.nanoTime() - start;
+        if (took > g.hostWaitTimeout().toNanos() + 20_000_000_000L) throw new AssertionError("the close took " + took / 1e9 + " s");
+        if (!g.isClosed()) throw new AssertionError("the group is still open");
+        s.close();
     }
 
     private static void mismatch(CommGroup g, int rank) {

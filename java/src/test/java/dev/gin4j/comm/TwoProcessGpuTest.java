@@ -71,28 +71,39 @@ class TwoProcessGpuTest {
         List<Process> procs = new ArrayList<>();
         List<Path> logs = new ArrayList<>();
         long seed = System.nanoTime();
-        for (int r = 0; r < world; r++) {
-            Path log = Files.createTempFile("gin4j-rank" + r, ".log");
-            logs.add(log);
-            ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), RankMain.class.getName(), scenario);
-            pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "MASTER_ADDR", "127.0.0.1",
-                    "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60",
-                    "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the 180 s below
-            pb.environment().putAll(placement.env(r));
-            pb.environment().putAll(env);
-            pb.redirectErrorStream(true).redirectOutput(log.toFile());
-            procs.add(pb.start());
+        try {
+            for (int r = 0; r < world; r++) {
+                Path log = Files.createTempFile("gin4j-rank" + r, ".log");
+                logs.add(log);
+                ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), RankMain.class.getName(), scenario);
+                pb.environment().remove("NCCL_COMM_BLOCKING");  // the test's own GIN4J_COMM_NONBLOCKING decides
+                pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "MASTER_ADDR", "127.0.0.1",
+                        "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60",
+                        "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the 180 s below
+                pb.environment().putAll(placement.env(r));
+                pb.environment().putAll(env);
+                pb.redirectErrorStream(true).redirectOutput(log.toFile());
+                procs.add(pb.start());
+            }
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(180);
+            for (Process p : procs) p.waitFor(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+        } finally {
+            // no rank outlives the test: one left behind could hold the GPU, or wait in NCCL, under every later test
+            for (Process p : procs) {
+                if (p.isAlive()) {
+                    p.destroyForcibly();
+                    p.waitFor(10, TimeUnit.SECONDS);
+                }
+            }
         }
         List<String> outputs = new ArrayList<>();
+        for (int r = 0; r < world; r++) outputs.add(Files.readString(logs.get(r)));
+        for (Path log : logs) Files.deleteIfExists(log);
         for (int r = 0; r < world; r++) {
-            boolean done = procs.get(r).waitFor(180, TimeUnit.SECONDS);
-            if (!done) procs.forEach(Process::destroyForcibly);
-            String out = Files.readString(logs.get(r));
-            outputs.add(out);
-            assertTrue(done, "rank " + r + " did not finish in 180 s:\n" + out);
-            assertEquals(0, procs.get(r).exitValue(), "rank " + r + " failed:\n" + out);
+            Process p = procs.get(r);
+            String out = outputs.get(r);
+            assertEquals(0, p.exitValue(), "rank " + r + " failed or did not finish in 180 s (killed):\n" + out);
             assertTrue(out.contains("RANK " + r + " OK"), out);
-            Files.deleteIfExists(logs.get(r));
         }
         return outputs;
     }
@@ -127,14 +138,18 @@ class TwoProcessGpuTest {
 
     /** MoE dispatch and combine across processes against the CPU reference: HOST, and GIN where each rank has a GPU. */
     @Test void moeExchangeAcrossProcesses() throws Exception {
-        List<String> out = runRanks(twoRanks(), "moe");
-        for (String o : out) assertTrue(o.contains("MoE HOST: "), o);
+        Placement p = twoRanks();
+        for (String o : runRanks(p, "moe")) {
+            assertTrue(o.contains("MoE HOST: "), o);
+            assertEquals(p == Placement.GPU_EACH, o.contains("MoE GIN: "), o);
+        }
     }
 
     /**
      * Rank 0 halts, closing nothing, after a HOST all-to-all with rank 1: rank 1's next one fails
-     * within the host-wait time-out (measured on one GPU: NCCL reports the closed socket at once),
-     * blocking or not, and its group is aborted.
+     * within the host-wait time-out, blocking or not, and its group is aborted. Over sockets (one
+     * GPU) NCCL reports the closed connection at once, which RankMain checks; over NVLink nothing
+     * reports the death, and the wait ends at the time-out.
      */
     @Test void aPeerThatDiesIsReportedAndNothingHangs() throws Exception {
         Placement p = twoRanks();
@@ -153,6 +168,21 @@ class TwoProcessGpuTest {
     @Test void aPeerThatDiesBeforeConnectingIsReportedWithinTheTimeoutWhenNonblocking() throws Exception {
         List<String> out = runRanks(twoRanks(), "peerDiesBeforeConnecting", Map.of("GIN4J_COMM_TIMEOUT_S", "15", "GIN4J_COMM_NONBLOCKING", "1"));
         assertTrue(out.get(1).contains("with a dead peer failed"), out.get(1));
+    }
+
+    /**
+     * Rank 0 halts; rank 1 queues an all-to-all it never waits for and closes its group: the close
+     * ends (a blocking group is aborted once NCCL reports the dead peer, where ncclCommDestroy
+     * would wait for the exchange; a nonblocking one's finalize ends at the report, or over NVLink,
+     * where nothing reports the death, at the time-out). A blocking group over NVLink has no report
+     * to act on, so only the nonblocking one is tested there.
+     */
+    @Test void aGroupWhosePeerDiedStillCloses() throws Exception {
+        Placement p = twoRanks();
+        for (String nonblocking : p == Placement.ONE_GPU_AS_HOSTS ? List.of("0", "1") : List.of("1")) {
+            List<String> out = runRanks(p, "peerDiesThenClose", Map.of("GIN4J_COMM_TIMEOUT_S", "15", "GIN4J_COMM_NONBLOCKING", nonblocking));
+            assertTrue(out.get(1).contains("the group closed in") || out.get(1).contains("the close threw after"), out.get(1));
+        }
     }
 
     @Test void mismatchedWindowsAndMoeConfigsAreRefusedOnEveryRank() throws Exception {
