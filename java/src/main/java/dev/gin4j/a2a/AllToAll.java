@@ -253,7 +253,7 @@ public final class AllToAll extends NativeResource {
         r.ceDone.launch(s, onePerPeer, r.ceSignalArgs);
     }
 
-    /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments). */
+    /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments); a time-out also aborts the group (KernelErrors.checkAll). */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         group.checkStreams(streams);

@@ -217,7 +217,7 @@ public final class AllToAllV extends NativeResource {
         return wrong;
     }
 
-    /** Synchronizes and throws if a call clamped a count or range (both backends) or a kernel reported an error (time-out, bad arguments). */
+    /** Synchronizes and throws if a call clamped a count or range (both backends) or a kernel reported an error (time-out, bad arguments); a time-out also aborts the group (KernelErrors.checkAll). */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         group.checkStreams(streams);

@@ -38,37 +38,61 @@ public final class KernelErrors {
     /** The bits set so far (a synchronous read). */
     public int read() { return word.readInts(1)[0]; }
 
+    private static final int TIMED_OUT = 1;  // bit 0: after it the kernels' protocol state is undefined (KERNELS.md)
+
     /** Throws naming every bit set, and clears the word so the next operation starts clean. */
     public void check(String operation, Stream stream) {
         stream.synchronize();
-        readAndClear(operation, stream);
+        int bits = readAndClear(stream);
+        if (bits != 0) throw failure(operation, bits);
     }
 
-    /** As {@link #check}, after the stream's work is done. */
-    private void readAndClear(String operation, Stream stream) {
+    /** The bits set once the stream's work is done; the word is cleared if any were. */
+    private int readAndClear(Stream stream) {
         int bits = read();
         if (bits != 0) {
             word.fill((byte) 0, stream);
             stream.synchronize();
-            throw new CommException(operation + " on " + word.device() + " reported: " + String.join("; ", describe(bits)) + " (error bits 0x" + Integer.toHexString(bits) + ")");
         }
+        return bits;
+    }
+
+    private CommException failure(String operation, int bits) {
+        return new CommException(operation + " on " + word.device() + " reported: " + String.join("; ", describe(bits)) + " (error bits 0x" + Integer.toHexString(bits) + ")");
     }
 
     /**
      * {@link #check} of every local rank's word ({@code words.get(i)} after {@code streams.get(i)}):
      * all are read and cleared, so no rank's error is left to be blamed on the next call; throws the
-     * first rank's, the others attached as suppressed.
+     * first rank's, the others attached as suppressed. A wait for a peer that timed out also aborts
+     * the group: the kernels' call counters and flags no longer agree across ranks, and clean-up
+     * that is collective (window deregistration) would wait for a peer that may be gone.
      */
     public static void checkAll(String operation, List<KernelErrors> words, List<Stream> streams, CommGroup group) {
         RuntimeException first = null;  // a failed wait (a sticky fault) must not stop the others' reads either
+        boolean timedOut = false;
         for (int i = 0; i < words.size(); i++) {
             try {
                 group.await(streams.get(i), operation);  // not forever: a HOST exchange whose peer never joins
-                words.get(i).readAndClear(operation, streams.get(i));
+                int bits = words.get(i).readAndClear(streams.get(i));
+                if (bits != 0) {
+                    timedOut |= (bits & TIMED_OUT) != 0;
+                    throw words.get(i).failure(operation, bits);
+                }
             } catch (RuntimeException e) {
                 if (first == null) first = e;
                 else first.addSuppressed(e);
             }
+        }
+        if (timedOut) {
+            CommException aborted = new CommException(first.getMessage() + "; after a time-out the ranks' kernels no longer agree on their state, so "
+                    + group.describe() + " was aborted: close what was built on it and make a new group", first);
+            try {
+                group.abort();
+            } catch (RuntimeException e) {
+                aborted.addSuppressed(e);
+            }
+            throw aborted;
         }
         if (first != null) throw first;
     }

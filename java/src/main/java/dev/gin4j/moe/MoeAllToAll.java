@@ -718,7 +718,7 @@ public final class MoeAllToAll extends NativeResource {
         return ranks.get(localIndex);
     }
 
-    /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out. One stream per local rank. */
+    /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out, which also aborts the group (KernelErrors.checkAll). One stream per local rank. */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         group.checkStreams(streams);

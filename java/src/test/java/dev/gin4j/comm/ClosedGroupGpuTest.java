@@ -72,6 +72,34 @@ class ClosedGroupGpuTest {
     }
 
     /**
+     * A kernel that reports a timed-out wait for a peer (bit 0, as a GIN kernel whose peer died
+     * would set it; written here by hand) makes checkErrors abort the group, so that nothing
+     * afterwards (a window's collective deregistration) waits for that peer; other bits leave it open.
+     */
+    @Test void aKernelWaitThatTimedOutAbortsTheGroup() {
+        GpuRuntime rt = Gpus.runtimeWithDevices(1);
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Gpus.requireKernels(rt, "a2a");
+        Device d = rt.device(0);
+        int live = NativeResource.liveCount();
+        try (Arena arena = Arena.ofShared(); Stream s = d.createStream(); CommGroup g = CommGroup.initAll(List.of(d));
+             AllToAll a = AllToAll.create(g, 64, Backend.GIN)) {
+            KernelErrors err = new KernelErrors(d, arena, s);
+            err.buffer().fill32(0x2, s);  // a clamped count: reported, the group stays usable
+            CommException clamped = assertThrows(CommException.class, () -> KernelErrors.checkAll("a test call", List.of(err), List.of(s), g));
+            assertTrue(clamped.getMessage().contains("clamped") && !clamped.getMessage().contains("aborted"), clamped.getMessage());
+            assertFalse(g.isClosed());
+            KernelErrors.checkAll("a test call", List.of(err), List.of(s), g);  // the word was cleared
+            err.buffer().fill32(0x1 | 0x2, s);
+            CommException timedOut = assertThrows(CommException.class, () -> KernelErrors.checkAll("a test call", List.of(err), List.of(s), g));
+            assertTrue(timedOut.getMessage().contains("timed out") && timedOut.getMessage().contains(g.describe() + " was aborted"), timedOut.getMessage());
+            assertTrue(g.isClosed());
+            a.close();  // no collective deregistration after the abort: it returns
+        }
+        assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
+    }
+
+    /**
      * A host wait for the group's work gives up after its time-out instead of waiting for ever (a
      * HOST exchange whose peer never joins): the group is aborted, the error names what waited, and
      * the instances built on the group refuse calls. Here a kernel holds the stream for 2 s.
