@@ -276,7 +276,9 @@ public final class CommGroup extends NativeResource {
             } else if (rc != 0) {
                 failure.addSuppressed(Nccl.error("ncclGroupEnd", rc, MemorySegment.NULL));
             }
-            throw failure;
+            boolean broken = rc != ncclInProgress() && Nccl.leavesCommunicatorBroken(rc)
+                    || failure instanceof CommException ce && Nccl.leavesCommunicatorBroken(ce.code());
+            throw broken ? abortedBecause(failure) : failure;
         }
         complete(what, rc);
     }
@@ -285,7 +287,8 @@ public final class CommGroup extends NativeResource {
      * Finishes an NCCL call that returned {@code rc}. {@code ncclInProgress} (a nonblocking group: NCCL
      * goes on on its own thread) is polled on every local communicator until none is in progress; an
      * error then, or no end within the host-wait time-out (a rank that never made the matching
-     * call), aborts the group and throws. Any other non-zero {@code rc} throws.
+     * call), aborts the group and throws. Any other non-zero {@code rc} throws, and aborts the group
+     * too where it says that a peer, the network or NCCL failed ({@link Nccl#leavesCommunicatorBroken}).
      */
     void complete(String call, int rc) {
         if (rc != ncclInProgress()) {
@@ -293,7 +296,8 @@ public final class CommGroup extends NativeResource {
             CommException e = Nccl.error(call, rc, ranks.isEmpty() ? MemorySegment.NULL : ranks.getFirst().handleUnchecked());
             // a peer or the network failed, or NCCL itself: the communicators cannot be used again (a
             // refused argument or usage leaves them as they were)
-            throw Nccl.leavesCommunicatorBroken(rc) ? abortedBecause(e) : e;
+            if (!Nccl.leavesCommunicatorBroken(rc)) throw e;
+            throw abortedBecause(new CommException(e.getMessage() + "; " + describe() + " was aborted", e));
         }
         String failure = pollToEnd(() -> {
             if (isClosed()) throw new CommException(call + ": " + describe() + " was closed or aborted before NCCL was done");
@@ -691,7 +695,15 @@ public final class CommGroup extends NativeResource {
                 releaseAll(ranks.stream().<Runnable>map(c -> () -> {
                     c.device().makeCurrent();
                     int rc = abort ? ncclCommAbort(c.handleUnchecked()) : ncclCommDestroy(c.handleUnchecked());
-                    if (rc != 0) throw Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
+                    if (rc == 0) return;
+                    CommException failed = Nccl.error(call + " (" + c + ")", rc, MemorySegment.NULL);
+                    // a destroy that fails (an error that came after reportsError) frees nothing: abort
+                    // it, which also stops the NCCL kernels that would otherwise run on
+                    if (!abort) {
+                        int arc = ncclCommAbort(c.handleUnchecked());
+                        if (arc != 0) failed.addSuppressed(Nccl.error("ncclCommAbort (" + c + ")", arc, MemorySegment.NULL));
+                    }
+                    throw failed;
                 }).toArray(Runnable[]::new));
             } catch (RuntimeException e) {
                 if (finalizeFailure != null) e.addSuppressed(finalizeFailure);

@@ -48,7 +48,11 @@ public final class Nccl {
         if (rc != 0) throw error(call, rc, comm);
     }
 
-    /** ncclSystemError, ncclInternalError, ncclRemoteError: the communicator must be aborted (NCCL's docs), unlike after a refused argument or usage. */
+    /**
+     * ncclSystemError, ncclInternalError, ncclRemoteError: a peer, the network or NCCL itself failed,
+     * and the communicator is not to be used again (gin4j aborts it), unlike after a refused argument
+     * or usage, or a CUDA error such as a failed allocation, which leave it as it was.
+     */
     static boolean leavesCommunicatorBroken(int rc) {
         return rc == 2 || rc == 3 || rc == 6;
     }

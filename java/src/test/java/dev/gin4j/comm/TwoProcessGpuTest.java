@@ -131,17 +131,23 @@ class TwoProcessGpuTest {
         runRanks(twoRanks(), "alltoall", Map.of("GIN4J_COMM_NONBLOCKING", "1"));
     }
 
+    /** Blocking and nonblocking groups (the agreements and the HOST exchange are NCCL calls that the latter polls). */
+    private static final List<Map<String, String>> BOTH_MODES = List.of(Map.of("GIN4J_COMM_NONBLOCKING", "0"), Map.of("GIN4J_COMM_NONBLOCKING", "1"));
+
     @Test void aStepThatFailsOnOneRankStopsEveryRankAndTheGroupStillWorks() throws Exception {
-        List<String> out = runRanks(twoRanks(), "oneRankFails");
-        for (String o : out) assertTrue(o.contains("window refused together"), o);
+        Placement p = twoRanks();
+        for (Map<String, String> mode : BOTH_MODES)
+            for (String o : runRanks(p, "oneRankFails", mode)) assertTrue(o.contains("window refused together"), mode + ": " + o);
     }
 
     /** MoE dispatch and combine across processes against the CPU reference: HOST, and GIN where each rank has a GPU. */
     @Test void moeExchangeAcrossProcesses() throws Exception {
         Placement p = twoRanks();
-        for (String o : runRanks(p, "moe")) {
-            assertTrue(o.contains("MoE HOST: "), o);
-            assertEquals(p == Placement.GPU_EACH, o.contains("MoE GIN: "), o);
+        for (Map<String, String> mode : BOTH_MODES) {
+            for (String o : runRanks(p, "moe", mode)) {
+                assertTrue(o.contains("MoE HOST: "), mode + ": " + o);
+                assertEquals(p == Placement.GPU_EACH, o.contains("MoE GIN: "), mode + ": " + o);
+            }
         }
     }
 
@@ -186,7 +192,9 @@ class TwoProcessGpuTest {
     }
 
     @Test void mismatchedWindowsAndMoeConfigsAreRefusedOnEveryRank() throws Exception {
-        List<String> out = runRanks(twoRanks(), "mismatch");
-        for (String o : out) assertTrue(o.contains("refused as expected") && o.contains("MoE GIN refused") && o.contains("MoE HOST refused"), o);
+        Placement p = twoRanks();
+        for (Map<String, String> mode : BOTH_MODES)
+            for (String o : runRanks(p, "mismatch", mode))
+                assertTrue(o.contains("refused as expected") && o.contains("MoE GIN refused") && o.contains("MoE HOST refused"), mode + ": " + o);
     }
 }
