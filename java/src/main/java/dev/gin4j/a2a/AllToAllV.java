@@ -98,11 +98,11 @@ public final class AllToAllV extends NativeResource {
         if (inputs.size() != local || sendCounts.size() != local || sendOffsets.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one input, count array, offset array and stream per local rank expected (" + local + "), got "
                     + inputs.size() + ", " + sendCounts.size() + ", " + sendOffsets.size() + ", " + streams.size());
+        group.checkStreams(streams);
         for (int i = 0; i < local; i++) {
             Communicator c = group.rank(i);
             for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
                 if (b.device() != c.device()) throw new IllegalArgumentException("a buffer of " + c + " is on " + b.device());
-            if (streams.get(i).device() != c.device()) throw new IllegalArgumentException("stream of " + c + " is on " + streams.get(i).device());
             if (sendCounts.get(i).byteSize() < 8L * n || sendOffsets.get(i).byteSize() < 8L * n)
                 throw new IllegalArgumentException("send counts and offsets of " + c + " must hold " + n + " uint64 values (" + 8 * n + " bytes)");
             long countsAt = sendCounts.get(i).address(), offsetsAt = sendOffsets.get(i).address();

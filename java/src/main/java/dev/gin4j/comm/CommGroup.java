@@ -398,7 +398,7 @@ public final class CommGroup extends NativeResource {
         long need = total(bytesPerPeer, worldSize, "bytes per peer");
         checkEveryRank(send, recv, streams, need, need, "all-to-all of " + bytesPerPeer + " bytes per peer over " + worldSize + " ranks");
         boolean native_ = hasAlltoAll();
-        inGroup("a HOST all-to-all (" + (native_ ? "ncclAlltoAll" : "ncclSend/ncclRecv") + ")", () -> {
+        inGroup(native_ ? "a HOST all-to-all (ncclAlltoAll)" : "a HOST all-to-all (ncclSend/ncclRecv)", () -> {  // constants: no text built per call
             for (int i = 0; i < ranks.size(); i++) {
                 Communicator c = ranks.get(i);
                 long s = send.get(i).address(), r = recv.get(i).address(), st = streams.get(i).handle();

@@ -36,12 +36,13 @@ public final class DeviceBuffer {
         if (!arena.scope().isAlive()) throw new IllegalStateException("cannot allocate " + bytes + " bytes on " + device + ": the arena is closed");
         // the runtimes refuse 0-byte allocations; a small real one keeps every address valid
         long ptr = device.driver().malloc(device.ordinal(), Math.max(bytes, 256));
-        MemorySegment seg = ownedBy(arena, ptr, bytes, () -> device.driver().free(device.ordinal(), ptr), () -> {
+        LIVE_BYTES.addAndGet(bytes);  // counted before the arena takes it: a refusal frees (and uncounts) it at once
+        LIVE_COUNT.incrementAndGet();
+        MemorySegment seg = ownedBy(arena, ptr, bytes, () -> {
             LIVE_BYTES.addAndGet(-bytes);
             LIVE_COUNT.decrementAndGet();
+            device.driver().free(device.ordinal(), ptr);
         });
-        LIVE_BYTES.addAndGet(bytes);
-        LIVE_COUNT.incrementAndGet();
         return new DeviceBuffer(device, seg);
     }
 
@@ -195,16 +196,13 @@ public final class DeviceBuffer {
     }
 
     /**
-     * Native memory at {@code ptr} handed to {@code arena}, which frees it ({@code free}, after
-     * {@code andThen}) when it closes. Where the arena refuses it (closed meanwhile, or confined to
-     * another thread) the memory is freed at once and the refusal thrown.
+     * Native memory at {@code ptr} handed to {@code arena}, which runs {@code free} when it closes.
+     * Where the arena refuses it (closed meanwhile, or confined to another thread) {@code free} runs
+     * at once and the refusal is thrown.
      */
-    static MemorySegment ownedBy(Arena arena, long ptr, long bytes, Runnable free, Runnable andThen) {
+    static MemorySegment ownedBy(Arena arena, long ptr, long bytes, Runnable free) {
         try {
-            return MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> {
-                andThen.run();
-                free.run();
-            });
+            return MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, s -> free.run());
         } catch (RuntimeException e) {
             try {
                 free.run();

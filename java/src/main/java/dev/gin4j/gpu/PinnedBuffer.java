@@ -22,7 +22,7 @@ public final class PinnedBuffer {
         if (bytes < 0) throw new IllegalArgumentException("cannot allocate " + bytes + " bytes: size must be >= 0");
         if (!arena.scope().isAlive()) throw new IllegalStateException("cannot allocate " + bytes + " pinned bytes for " + device + ": the arena is closed");
         long ptr = device.driver().hostAlloc(device.ordinal(), Math.max(bytes, 64));
-        MemorySegment seg = DeviceBuffer.ownedBy(arena, ptr, bytes, () -> device.driver().hostFree(device.ordinal(), ptr), () -> {});
+        MemorySegment seg = DeviceBuffer.ownedBy(arena, ptr, bytes, () -> device.driver().hostFree(device.ordinal(), ptr));
         long dev = device.driver().hostDevicePointer(device.ordinal(), ptr);  // on failure the arena still frees the memory
         return new PinnedBuffer(device, seg, dev);
     }

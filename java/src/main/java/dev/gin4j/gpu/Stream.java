@@ -122,7 +122,9 @@ public final class Stream extends NativeResource {
      */
     public void noteUse(MemorySegment memory) {
         CapturedUses c = activeCapture();
-        if (c != null) c.add(memory, "memory segment of " + memory.byteSize() + " bytes at 0x" + Long.toHexString(memory.address()));
+        if (c != null) c.add(memory, new Object() {  // named only when its scope is new to the capture
+            @Override public String toString() { return "memory segment of " + memory.byteSize() + " bytes at 0x" + Long.toHexString(memory.address()); }
+        });
     }
 
     /** A kernel launch: its code object and the device buffers of its arguments. */

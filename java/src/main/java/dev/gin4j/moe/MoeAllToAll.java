@@ -405,7 +405,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
             return out;
         }
-        refuseCapture(streams, "dispatch");
+        Stream.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         noteUse(streams);
         hostDispatch(x, topkIdx, topkWeights, tokens, streams);
@@ -574,7 +574,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) ys.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), streams.get(i), weighted));
             return ys;
         }
-        refuseCapture(streams, "combine");
+        Stream.refuseCapture(streams, "a HOST combine" + FROM_HOST);
         noteUse(streams);
         hostSendBack(expertOut, cfg.hidden(), r -> r.backBuf, r -> r.returned, streams);
         long rowBytes = cfg.combineRowBytes();
@@ -653,7 +653,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginRowValues(ranks.get(i), handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
-        refuseCapture(streams, "returnRowValues");
+        Stream.refuseCapture(streams, "a HOST returnRowValues" + FROM_HOST);
         noteUse(streams);
         hostSendBack(rowValues, 2, r -> r.valuesSend, r -> r.valuesRecv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
@@ -697,11 +697,10 @@ public final class MoeAllToAll extends NativeResource {
     /**
      * HOST calls cannot go into a graph: the dispatch waits for its counts on the host (CUDA refuses
      * that inside a capture, after part of the call was queued), and a captured combine would replay
-     * the row counts of the dispatch before the capture for every later dispatch.
+     * the row counts of the dispatch before the capture for every later dispatch. A constant, so
+     * that the refusals' messages are not built on every call.
      */
-    private static void refuseCapture(List<Stream> streams, String operation) {
-        Stream.refuseCapture(streams, "a HOST " + operation + ", which takes its row counts from the host at each dispatch (use Backend.GIN for graphs),");
-    }
+    private static final String FROM_HOST = ", which takes its row counts from the host at each dispatch (use Backend.GIN for graphs),";
 
     /** While a stream captures: the graph uses this instance and its communicators (see {@link Stream#noteUse}). */
     private void noteUse(Stream stream) {
