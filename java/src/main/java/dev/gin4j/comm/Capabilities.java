@@ -1,9 +1,13 @@
 package dev.gin4j.comm;
 
 import dev.gin4j.bindings.NativeLibrary;
+import dev.gin4j.bindings.nccl.ncclCommProperties;
+import dev.gin4j.bindings.nccl.nccl_h;
 import dev.gin4j.gpu.Device;
 
 import java.io.File;
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -46,27 +50,32 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         }
         List<String> rdma = rdmaDevices();
         boolean gin = false;
-        if (rdma.isEmpty()) {
-            notes.add("GIN: not available: no RDMA device (/sys/class/infiniband is empty), so NCCL cannot start GPU-initiated networking; intranode LSA only");
-        }
         boolean devApiWorks = false;
+        String plugin = describeGinPlugin();
         if (devApi && windows && abiOk && !devices.isEmpty()) {
             try (CommGroup g = CommGroup.initAll(devices)) {
                 try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 0, 0))) {
                     devApiWorks = true;
                     notes.add("device communicator with LSA barriers over " + devices.size() + " local GPU(s): created");
                 }
-                if (!rdma.isEmpty()) {
-                    try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 1, 0))) {
+                String type = ginType(g.rank(0));
+                notes.add("GIN type NCCL reports: " + type + "; GIN plugin: " + plugin);
+                if (!"none".equals(type) && !type.startsWith("unknown")) {
+                    try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 1, 0, true))) {
                         gin = true;
                         notes.add("GIN: device communicator with GIN signals created");
                     } catch (CommException e) {
                         notes.add("GIN: not available: " + e.getMessage());
                     }
+                } else if (rdma.isEmpty()) {
+                    notes.add("GIN: not available: no RDMA device (/sys/class/infiniband is empty) and no GIN plugin NCCL could use;"
+                            + " intranode LSA only (a machine without RDMA runs GIN through the loopback test transport: docs/gin-loopback.md)");
                 }
             } catch (RuntimeException e) {
                 notes.add("trying a device communicator failed: " + e.getMessage());
             }
+        } else {
+            notes.add("GIN plugin: " + plugin);
         }
         List<String> summary = new ArrayList<>();
         summary.add("version " + Nccl.versionString(version) + "; symmetric windows: " + (windows ? "yes" : "no") + "; device API: "
@@ -76,4 +85,73 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
     }
 
     public String report() { return String.join("\n", notes); }
+
+    /**
+     * The GIN type NCCL reports for this communicator (ncclCommQueryProperties): "none", "proxy"
+     * (the CPU's proxy thread posts the GPU's puts: NCCL's own IB proxy, or a plugin such as the
+     * loopback transport) or "GDAKI" (the GPU drives the NIC). NCCL before 2.29 has no such query.
+     */
+    public static String ginType(Communicator c) {
+        if (Nccl.version() < 22900) return "none (NCCL " + Nccl.versionString(Nccl.version()) + " has no GIN plugins; 2.29.7 or newer does)";
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment props = a.allocate(ncclCommProperties.layout());
+            ncclCommProperties.size(props, ncclCommProperties.layout().byteSize());
+            ncclCommProperties.magic(props, 0xcafebeef);  // NCCL_API_MAGIC
+            ncclCommProperties.version(props, Nccl.version());
+            c.device().makeCurrent();
+            Nccl.check("ncclCommQueryProperties", nccl_h.ncclCommQueryProperties(c.handle(), props), c.handle());
+            return switch (ncclCommProperties.ginType(props)) {
+                case 0 -> "none";
+                case 2 -> "proxy";
+                case 3 -> "GDAKI";
+                default -> "unknown (" + ncclCommProperties.ginType(props) + ")";
+            };
+        }
+    }
+
+    /**
+     * What NCCL_GIN_PLUGIN names and, where NCCL loaded one, the GIN plugin file mapped into this
+     * process; with what is wrong with the setting, if anything ({@link #ginPluginProblem()}).
+     */
+    public static String describeGinPlugin() {
+        String setting = System.getenv("NCCL_GIN_PLUGIN");
+        String loaded = loadedGinPlugin();
+        String problem = ginPluginProblem();
+        return (setting == null ? "NCCL_GIN_PLUGIN unset (NCCL tries libnccl-gin.so, then its built-in InfiniBand GIN)" : "NCCL_GIN_PLUGIN=" + setting)
+                + (loaded != null ? "; loaded: " + loaded : "") + (problem != null ? "; " + problem : "");
+    }
+
+    /** A GIN plugin library mapped into this process (NCCL dlopen-ed it), or null. */
+    static String loadedGinPlugin() {
+        try {
+            return java.nio.file.Files.readAllLines(java.nio.file.Path.of("/proc/self/maps")).stream()
+                    .map(l -> l.substring(l.lastIndexOf(' ') + 1)).filter(f -> f.contains("libnccl-gin")).findFirst().orElse(null);
+        } catch (java.io.IOException | RuntimeException e) {
+            return null;
+        }
+    }
+
+    /**
+     * Why NCCL_GIN_PLUGIN cannot give NCCL a GIN plugin, or null where nothing is visibly wrong: a
+     * path that does not exist, or a library that exports neither ncclGinPlugin_v12 nor
+     * ncclGinPlugin_v11, the interfaces NCCL 2.29 loads. NCCL itself only logs such a plugin and
+     * goes on without it.
+     */
+    public static String ginPluginProblem() {
+        String setting = System.getenv("NCCL_GIN_PLUGIN");
+        if (setting == null || setting.isBlank() || setting.equalsIgnoreCase("none") || !setting.contains("/")) return null;
+        for (String part : setting.split(",")) {
+            java.nio.file.Path path = java.nio.file.Path.of(part.trim());
+            if (!java.nio.file.Files.isRegularFile(path))
+                return "NCCL_GIN_PLUGIN names " + path + ", which does not exist: NCCL then has no GIN plugin (build the loopback transport with gin-kernels/loopback/build)";
+            try {
+                java.lang.foreign.SymbolLookup lib = java.lang.foreign.SymbolLookup.libraryLookup(path, Arena.global());
+                if (lib.find("ncclGinPlugin_v12").isEmpty() && lib.find("ncclGinPlugin_v11").isEmpty())
+                    return path + " exports neither ncclGinPlugin_v12 nor ncclGinPlugin_v11, the GIN plugin interfaces NCCL 2.29 loads: it was built for another NCCL version";
+            } catch (IllegalArgumentException e) {
+                return "NCCL_GIN_PLUGIN names " + path + ", which cannot be loaded: " + e.getMessage();
+            }
+        }
+        return null;
+    }
 }

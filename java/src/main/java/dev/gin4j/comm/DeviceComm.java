@@ -47,6 +47,9 @@ public final class DeviceComm extends NativeResource {
         DeviceComm dc = new DeviceComm(group, abi);
         Map<String, Integer> fields = new LinkedHashMap<>();
         if (abi.hasRequirement("lsaBarrierCount")) fields.put("lsaBarrierCount", req.lsaBarrierCount());
+        boolean gin = req.ginSignalCount() > 0 || req.ginCounterCount() > 0;
+        // the kernels use GIN context 0 (NCCL makes at least as many as it has connections)
+        if (gin && abi.hasRequirement("ginContextCount")) fields.put("ginContextCount", 1);
         if (req.ginSignalCount() > 0) fields.put("ginSignalCount", req.ginSignalCount());
         if (req.ginCounterCount() > 0) fields.put("ginCounterCount", req.ginCounterCount());
         if (req.ginFullConnection()) fields.put("ginConnectionType", 1); // NCCL_GIN_CONNECTION_FULL
@@ -66,7 +69,8 @@ public final class DeviceComm extends NativeResource {
                 // NCCL's own words ("does not support symmetric memory", say) do not tell a user what to change
                 throw new CommException(e.getMessage() + "; NCCL made no device communicator for " + group.describe()
                         + ", which GPU-initiated kernels (Backend.GIN) need: NCCL makes one where it can map every rank's memory"
-                        + " (ranks of one NVLink / xGMI domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none", e);
+                        + " (ranks of one NVLink / xGMI domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none"
+                        + (gin && Capabilities.ginPluginProblem() != null ? ". " + Capabilities.ginPluginProblem() : ""), e);
             }
         } catch (RuntimeException e) {
             dc.close();

@@ -53,6 +53,8 @@ public final class RankMain {
                 case "peerDies" -> peerDies(g, rank, seed, arena, true);
                 case "peerDiesBeforeConnecting" -> peerDies(g, rank, seed, arena, false);
                 case "peerDiesThenClose" -> peerDiesThenClose(g, rank, seed, arena);
+                case "ginAllToAll" -> LoopbackGinRank.allToAll(g, rank, seed, arena);
+                case "ginPeerDies" -> LoopbackGinRank.peerDies(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
@@ -93,7 +95,7 @@ public final class RankMain {
     }
 
     /** Every rank derives every rank's data from the shared seed, so it can check what arrived. */
-    private static byte[] dataOf(long seed, int rank, int bytes) {
+    static byte[] dataOf(long seed, int rank, int bytes) {
         byte[] b = new byte[bytes];
         new Random(seed * 1_000_003 + rank).nextBytes(b);
         return b;

@@ -64,7 +64,11 @@ class TwoProcessGpuTest {
 
     /** Starts two ranks of {@link RankMain} {@code scenario} placed as given, {@code env} added to each one's environment, and checks that each printed "RANK r OK". */
     static List<String> runRanks(Placement placement, String scenario, Map<String, String> env) throws Exception {
-        int world = 2;
+        return runRanks(placement, scenario, env, 2);
+    }
+
+    /** The same with {@code world} ranks. */
+    static List<String> runRanks(Placement placement, String scenario, Map<String, String> env, int world) throws Exception {
         int port;
         try (ServerSocket s = new ServerSocket(0)) { port = s.getLocalPort(); }
         String java = ProcessHandle.current().info().command().orElse("java");

@@ -1,0 +1,52 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.gpu.GpuRuntime;
+import dev.gin4j.testing.Gpus;
+import org.junit.jupiter.api.Tag;
+import org.junit.jupiter.api.Test;
+
+import java.util.List;
+import java.util.Map;
+
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+/**
+ * GPU-initiated networking that runs without an RDMA device: two to four processes on one GPU, each
+ * posing as its own host, so every peer is outside the LSA team and every byte between ranks goes
+ * through NCCL's GIN proxy backend and the loopback GIN transport (gin-kernels/loopback). Runs where
+ * NCCL_GIN_PLUGIN names that transport and GIN4J_NCCL_LIBRARY an NCCL >= 2.29.7 (ci/gpu-test's gin
+ * phase sets both); elsewhere it skips and says why.
+ */
+@Tag("gpu")
+class LoopbackGinGpuTest {
+
+    private static TwoProcessGpuTest.Placement ranksAsHosts() throws Exception {
+        GpuRuntime rt = Gpus.runtimeWithDevices(1);
+        String plugin = System.getenv("NCCL_GIN_PLUGIN");
+        Gpus.skipUnless(plugin != null && plugin.contains("loopback"), "NCCL_GIN_PLUGIN does not name the loopback GIN transport (it is " + plugin + ")");
+        Gpus.skipUnless(Nccl.isAvailable() && Nccl.version() >= 22907, "GIN plugins need NCCL >= 2.29.7; loaded: " + Nccl.describe());
+        Gpus.requireKernels(rt, "nccl_gin_a2a");
+        return TwoProcessGpuTest.Placement.ONE_GPU_AS_HOSTS;
+    }
+
+    private static void allToAll(int world) throws Exception {
+        List<String> out = TwoProcessGpuTest.runRanks(ranksAsHosts(), "ginAllToAll", Map.of(), world);
+        for (String o : out) {
+            assertTrue(o.contains("on the network"), o);
+            assertTrue(o.contains("1000 back-to-back GIN all-to-alls") && o.contains("replayed 1000 times"), o);
+            System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
+        }
+    }
+
+    @Test void twoRanksAllToAllThroughGin() throws Exception { allToAll(2); }
+
+    @Test void threeRanksAllToAllThroughGin() throws Exception { allToAll(3); }
+
+    @Test void fourRanksAllToAllThroughGin() throws Exception { allToAll(4); }
+
+    /** A rank that dies mid-run: the others' next GIN exchange fails within the time-out and their group is aborted. */
+    @Test void aPeerThatDiesDuringGinIsReportedAndNothingHangs() throws Exception {
+        List<String> out = TwoProcessGpuTest.runRanks(ranksAsHosts(), "ginPeerDies", Map.of("GIN4J_COMM_TIMEOUT_S", "15"), 2);
+        assertTrue(out.get(1).contains("with a dead peer failed"), out.get(1));
+    }
+}
