@@ -34,9 +34,15 @@ public final class Gpus {
     }
 
     /** Skips unless the shipped kernels include {@code object} for the first device's architecture. */
+    /**
+     * Skips unless the kernel library holds {@code object} for device 0; where GIN4J_REQUIRE_KERNELS=1
+     * (ci/gpu-test on a GPU host, which built every code object) a missing one fails instead.
+     */
     public static void requireKernels(GpuRuntime rt, String object) {
         String arch = rt.device(0).arch();
-        skipUnless(KernelLibrary.get().objects(arch).contains(object),
-                "no '" + object + "' code object for " + arch + " in " + KernelLibrary.get().source() + " (build with gin-kernels/build)");
+        boolean present = KernelLibrary.get().objects(arch).contains(object);
+        String why = "no '" + object + "' code object for " + arch + " in " + KernelLibrary.get().source() + " (build with gin-kernels/build)";
+        if (!present && "1".equals(System.getenv("GIN4J_REQUIRE_KERNELS"))) throw new AssertionError(why + "; GIN4J_REQUIRE_KERNELS=1 makes that a failure");
+        skipUnless(present, why);
     }
 }
