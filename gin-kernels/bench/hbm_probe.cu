@@ -1,6 +1,6 @@
 // hbm_probe.cu - what HBM rate do the MoE 4096-token access patterns reach on one GPU?
 //
-// The question behind it (issue 7, session 8): the DeepSeek-V3 4096-token dispatch and combine move
+// The question behind it: the DeepSeek-V3 4096-token dispatch and combine move
 // ~530 MB through HBM per rank (32,768 expert rows of 14 KB and 4,096 token rows). At R = 1 (no
 // link) moe_test measured them at ~182 / ~188 us, ~2.9 TB/s. Is that the memory, or the code?
 // This program times, on one GPU:
@@ -14,19 +14,19 @@
 // Checks: the expand's every output word against the source's fill pattern, and the reduce's
 // every output word against the bf16 sum of K rows of that pattern (device-side counts).
 //
-// Session 8 (one H200, checks passed): read 4.21 TB/s, write 4.16, memcpy 4.10; reduce K = 8 at
+// Measured (one H200, 2026-12-01, commit 7daec63, checks passed): read 4.21 TB/s, write 4.16, memcpy 4.10; reduce K = 8 at
 // 66 / 132 blocks 2.96 / 3.93 TB/s, expand 2.80 / 3.48 TB/s. The MoE kernels at R = 1 (one role
 // busy, 66 SMs) run at the 66-block rate: with 512 threads and 128 registers per SM the patterns
 // are bound by the loads one SM keeps in flight, not by HBM.
 //
-// Session 14 (one H200, checks passed): is the expand's 3.4 TB/s its concurrency or the memory?
+// Measured (one H200, 2026-12-01, commit cca66e6, checks passed): is the expand's 3.4 TB/s its concurrency or the memory?
 // The variants below (more vectors per lane, the next pass loaded ahead, 2-4 blocks or 1024
 // threads per SM, one idx load per pass shuffled, evict-first stores, four passes' loads before
 // their stores, bulk L2 prefetches ahead, sequential or expert-major target rows) all stay at
 // 3.20-3.49 TB/s (151-165 us), while the same scattered stores without the loads reach 3.86 TB/s
 // (121 us) and a linear write 4.10-4.15. The 58 MB of reads cost ~33 us among 470 MB of writes, where
 // alone they take ~14 us: the read/write mix, not the SMs, bounds the pattern. moe.cu's 4096-token
-// expansion is at that rate already (see KERNELS.md, "Session 14").
+// expansion is at that rate already (see docs/kernels.md, "What bounds the MoE numbers").
 //
 // Build: nvcc -arch=sm_90 -O3 -std=c++17 -o hbm_probe hbm_probe.cu
 // Exit status: 0 = checks passed, 1 = a mismatch, 2 = CUDA error.
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(512, 1) expand_k(const V* in, V* out, const in
     }
   }
 }
-// Session 14 variants of expand: U vectors per lane per pass; kAhead: the next pass's loads issued
+// Variants of expand: U vectors per lane per pass; kAhead: the next pass's loads issued
 // before this pass's stores (two passes in flight per warp).
 template <int U, bool kAhead>
 __global__ void __launch_bounds__(1024, 1) expand_v(const V* in, V* out, const int* idx, int T, int K, int rowVecs) {
@@ -309,7 +309,7 @@ int main() {
     timeit(n, rowB * (rows + T), [&] { reduce_k<<<blocks, 512>>>(in, out, idx, T, K, rowVecs); });
     expect(n, (size_t)T * rowVecs, sumWord);
   }
-  // Session 14: what the expand pattern needs to reach the write stream's rate.
+  // What the expand pattern needs to reach the write stream's rate.
   timeit("write 470 MB (132 blocks x 512)", big * 16.0, [&] { fill_k<<<132, 512>>>(out, big, 0u); });
   auto variant = [&](const char* n, auto launch) {
     fill_k<<<1056, 512>>>(out, big, 0xdeadbeefu);

@@ -1,6 +1,6 @@
 // latency_probe.cu - what do the small steps of a kernel cost on this GPU, in SM cycles and ns?
 //
-// The question behind it (issue 7, session 4): phases of the MoE dispatch with almost no memory
+// The question behind it: phases of the MoE dispatch with almost no memory
 // traffic (a 128-token id walk, one thread's first load) read 2-5 us on %globaltimer stamps. This
 // program measures, on one GPU (and a peer where there is one):
 //   timer:  the %globaltimer step (is it 1 us here?) and the SM clock (clock64 cycles per ns over 2 ms)

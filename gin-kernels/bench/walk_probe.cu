@@ -59,7 +59,7 @@ walk_probe_kernel(const int32_t* topkIdx, uint8_t* win, uint8_t* workspace, int3
     for (int i = (int)threadIdx.x; i < d.R * d.C; i += (int)blockDim.x) a[4 * RL + i] = s.hist[i];
 }
 
-// The host's layout for receiver block c, in the kernel's dump order (KERNELS.md, token path).
+// The host's layout for receiver block c, in the kernel's dump order (docs/kernels.md, token path).
 static std::vector<int> reference_layout(const std::vector<std::vector<int>>& ids, int rank, int R, int E, int K, int H,
                                          int C, int T, int c) {
   const int L = E / R, RL = R * L;
@@ -98,7 +98,7 @@ static std::vector<int> reference_layout(const std::vector<std::vector<int>>& id
   for (int q = 0; q < R; ++q) {
     const int s = (rank + q) % R, n = __builtin_popcount((unsigned)maskD[s]);
     const RowSplit sp = row_split(2ull * H, n);  // the split rule is the kernels' own (host-callable)
-    // own tokens: row_split segments; remote ones: passes of LL128 lines (session 7)
+    // own tokens: row_split segments; remote ones: passes of LL128 lines
     nseg[s] = q == 0 ? sp.nseg : (int)((moe_comb_lines(H) + kTpPassLines - 1) / kTpPassLines);
     segBytes[s] = (int)sp.segBytes;
     itemEnd[q + 1] = itemEnd[q] + n * nseg[s];

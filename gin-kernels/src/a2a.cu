@@ -20,7 +20,7 @@
 //                stream (the copy engines move ~5 % more over NVLink than SM stores on H200).
 //
 // Signatures, window layout, grid rules, error bits and the memory-ordering arguments (including
-// the proof that the LL protocol needs no ready handshake) are in gin-kernels/KERNELS.md, section
+// the proof that the LL protocol needs no ready handshake) are in docs/kernels.md, section
 // "a2a.cu"; the short form of each argument is repeated next to the code that relies on it.
 #include "gin_sync.cuh"
 
@@ -28,7 +28,7 @@
 #define GIN_A2A_LL_MAX_THREADS 512  // LL kernels: blockDim.x <= 512 (more registers for pairs in flight)
 #define GIN_A2A_LL128_MAX_THREADS 512  // LL128 kernels: blockDim.x <= 512, a multiple of the warp size
 
-// Window layout helpers (host and device), mirrored in KERNELS.md for the Java side.
+// Window layout helpers (host and device), mirrored in docs/kernels.md for the Java side.
 // Direct protocol signal area: ready[writer][chunk] then done[writer][chunk], uint64 each.
 __host__ __device__ inline uint64_t gin_a2a_signal_bytes(int nranks, int maxChunksPerPeer) {
   return 16ull * (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
@@ -150,7 +150,7 @@ GIN_DEVICE_INLINE bool resolve_message(const uint64_t* sendCounts, const uint64_
 // ----------------------------------------------------------------------------------------------
 // Remote copy policies of the direct protocol (the `RemoteCopy` parameter of a2a_direct). The
 // library kernels use VectorCopy; the others are timing candidates instantiated only by
-// test/a2a_test.cu (KERNELS.md, "Large-size NVLink bandwidth candidates"). Every policy is called
+// test/a2a_test.cu (docs/kernels.md, "Design choices and what they rest on"). Every policy is called
 // by all threads of the block with identical arguments, copies n bytes for any size and alignment,
 // and returns only when every store it issued on behalf of thread 0 is complete and ordered for
 // thread 0's later generic-proxy release (the caller then does __syncthreads + st.release.sys).
@@ -657,7 +657,7 @@ constexpr uint64_t kLl128Payload = 120;    // payload bytes per line
 constexpr uint32_t kLl128LinesPerWarp = GIN_WARP_SIZE / 8;  // lines per warp instruction (8 lanes each)
 constexpr uint64_t kLl128ChunkLines = 8;   // chunk boundaries in lines (a multiple of kLl128LinesPerWarp)
 #ifndef GIN_LL128_UNROLL
-#define GIN_LL128_UNROLL 2  // warp stores per round: 2 beat 4 and 8 at 64 KiB-16 MiB (a2a_test run 13)
+#define GIN_LL128_UNROLL 2  // warp stores per round: 2 beat 4 and 8 at 64 KiB-16 MiB (a2a_test, 2x H200, 2026-11-30, commit 712472d)
 #endif
 static_assert(kLl128ChunkLines % kLl128LinesPerWarp == 0, "chunk boundaries on whole warp instructions");
 
@@ -898,7 +898,7 @@ GIN_DEVICE_INLINE void a2a_ll128(const uint8_t* send, uint64_t sendBytes, uint64
 // ================================================================================================
 // Entry points. Grid: nranks * chunksPerPeer blocks (1-D), all co-resident; blockDim.x <= 1024
 // (direct) or <= 512 (LL, LL128), a multiple of 32 recommended (LL128: required, a multiple of the
-// warp size); no dynamic shared memory. See KERNELS.md for every argument. Each waits for prior
+// warp size); no dynamic shared memory. See docs/kernels.md for every argument. Each waits for prior
 // grids first (gin_wait_prior_grids), so it may be launched as a programmatic dependent launch.
 // ================================================================================================
 
@@ -967,7 +967,7 @@ gin_a2av_ll128(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCoun
 
 // ================================================================================================
 // Copy-engine variant of the uniform all-to-all (large sizes). Per call, on the caller's stream S
-// and a second stream X of the same rank (KERNELS.md, "Copy-engine variant"):
+// and a second stream X of the same rank (docs/kernels.md, "Copy-engine variant"):
 //   X (forked from S): gin_a2a_ce_self          the self slot, by SMs
 //   S: gin_a2a_ce_ready                          ready handshake with every peer
 //   S: one copy-engine copy per peer p           send + p*bytesPerPeer -> p's slot for this rank

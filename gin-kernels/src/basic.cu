@@ -1,5 +1,5 @@
 // basic.cu: the runtime layer's test kernels (launch cost, fills, copies, argument packing,
-// peer access). Signatures and the GinTestStruct layout are documented in KERNELS.md.
+// peer access). Signatures and the GinTestStruct layout are documented in docs/kernels.md.
 // All loops are 1-D grid-stride loops: any grid and block size gives the same result.
 #include "gin_sync.cuh"  // gin_clock_ns; includes gin_device.cuh
 #include <stddef.h>
@@ -11,7 +11,7 @@ GIN_KERNEL void gin_empty() {}
 // runs beside an exchange on other SMs (bench moe --channels). marks (host-mapped, 2 x grid words):
 // marks[block] = 1 when the block starts, so the host can wait until every block is resident, and
 // marks[grid + block] = 1 when it ends, so the host can tell whether the hold outlasted what it
-// timed. In between no memory is touched (session 14: thread 0 polling a host-mapped word instead
+// timed. In between no memory is touched (thread 0 polling a host-mapped word instead
 // slowed the exchange on the other SMs ~40x). Launched with the most dynamic shared memory a block
 // may have (the launch reserves it whether or not the kernel names it), so no other block that
 // uses shared memory can join its SM.
@@ -107,7 +107,7 @@ static_assert(sizeof(GinTestStruct) == 80 && alignof(GinTestStruct) == 16, "GinT
 #define GIN_SUM_STRUCT_WORDS 32
 
 // Writes every field of s, widened to int64, into out[0..30] and a checksum of those 31 words
-// into out[31] (layout in KERNELS.md). One thread writes; the rest of any grid does nothing.
+// into out[31] (layout in docs/kernels.md). One thread writes; the rest of any grid does nothing.
 GIN_KERNEL void gin_sum_struct(const GinTestStruct s, int64_t* out) {
   if (gin_global_thread_id() != 0) return;
   int64_t words[GIN_SUM_STRUCT_WORDS];

@@ -3,7 +3,7 @@
 // Shared by a2a.cu and the MoE kernels. Self-contained: needs only the CUDA or HIP toolchain.
 // Flags are uint64 sequence numbers in a symmetric window: the writer raises them with a
 // system-scope release store, the reader waits with system-scope acquire. Memory-ordering notes
-// are in gin-kernels/KERNELS.md ("a2a.cu").
+// are in docs/kernels.md ("a2a.cu").
 #pragma once
 
 #include "gin_device.cuh"  // GIN_HIP / GIN_CUDA (0 or 1), GIN_DEVICE_INLINE, vendor runtime header
@@ -15,7 +15,7 @@
 #define GIN_ERR_TIMEOUT        (1u << 0)  // a wait exceeded GIN_WAIT_TIMEOUT_NS; the kernel gave up
 #define GIN_ERR_COUNT_CLAMPED  (1u << 1)  // a byte count exceeded its receive slot; clamped to the slot
 #define GIN_ERR_SEND_RANGE     (1u << 2)  // send offset+count beyond sendBytes; clamped to the buffer
-#define GIN_ERR_BAD_ARGS       (1u << 3)  // grid/arguments inconsistent (see KERNELS.md); nothing moved
+#define GIN_ERR_BAD_ARGS       (1u << 3)  // grid/arguments inconsistent (see docs/kernels.md); nothing moved
 #define GIN_ERR_NO_LSA_PATH    (1u << 4)  // peerBases[p] == 0: peer not load/store reachable (GIN path)
 
 #ifndef GIN_WAIT_TIMEOUT_NS

@@ -10,11 +10,11 @@
 //   moe_query_layout     writes the window and workspace layouts (the Java side sizes both).
 //
 // Signatures, grids, window/workspace layouts, error bits and the ordering arguments are in
-// gin-kernels/KERNELS.md, section "moe.cu"; the short form of each argument sits next to the code.
+// docs/kernels.md, section "moe.cu"; the short form of each argument sits next to the code.
 #include "gin_sync.cuh"
 
 // ------------------------------------------------------------------------------------------------
-// Limits and constants (mirrored in KERNELS.md).
+// Limits and constants (mirrored in docs/kernels.md).
 // ------------------------------------------------------------------------------------------------
 #ifndef MOE_THREADS
 #define MOE_THREADS 512                             // blockDim.x of dispatch, combine, host_layout
@@ -54,13 +54,13 @@
 // file and points moe_profile_buf at a device buffer for one call; null = no stamps). Thread 0
 // of each block stores %globaltimer into [kernel 0 dispatch / 1 combine][block][slot].
 // The same slots follow in a second array [2][MOE_MAX_BLOCKS][MOE_PROF_SLOTS] holding the SM's
-// cycle counter (session 4: %globaltimer moves in 1 us steps on some GPUs, too coarse for phases
+// cycle counter (%globaltimer moves in 1 us steps on some GPUs, too coarse for phases
 // of a few us; cycles are exact within a block, and the timer gives the clock rate and the
 // alignment across blocks).
 #define MOE_PROF_SLOTS 24
 #ifdef MOE_PROFILE
 // In constant memory: a stamp then reads the pointer from the constant cache (a global load here
-// put an L2 round trip, ~0.15-0.25 us, inside every stamped interval; session 4).
+// put an L2 round trip, ~0.15-0.25 us, inside every stamped interval).
 __constant__ uint64_t* moe_profile_buf = nullptr;
 #define MOE_PROF(kernel, slot)                                                                              \
   do {                                                                                                      \
@@ -131,7 +131,7 @@ __host__ __device__ inline int moe_peer_section(int writer, int owner, int nRank
 
 __host__ __device__ inline int moe_min_i(int a, int b) { return a < b ? a : b; }
 
-// Token-indexed dispatch (round 8) for small instances: M*K <= MOE_TOKEN_PATH_IDS ids and at most
+// Token-indexed dispatch for small instances: M*K <= MOE_TOKEN_PATH_IDS ids and at most
 // 32 tokens per channel (ceil(M/C) <= 32). Decided from (M, K, C) alone, which every rank and
 // every call of an instance share, never from T (T may differ per call and per rank).
 #ifndef MOE_TOKEN_PATH_IDS
@@ -143,7 +143,7 @@ __host__ __device__ inline bool moe_token_path_sizes(int K, int M) {
 // Not on AMD: the token path's LL128 lines trust all 128 bytes once the flag in the last 8 has
 // landed, which holds for one 128-byte warp store on NVIDIA; gfx9 GPUs only keep 64 bytes whole
 // (RCCL's LL128 lines are 64 bytes there), so a reader could take a line whose first half is
-// stale. The layout path's release/acquire progress words hold on both (session 13).
+// stale. The layout path's release/acquire progress words hold on both.
 __host__ __device__ inline bool moe_token_path(int K, int M, int C) {
 #if GIN_HIP
   (void)K, (void)M, (void)C;
@@ -164,11 +164,11 @@ __host__ __device__ inline int moe_id_words(int K) { return (K + 1) / 2; }
 
 // LL128 lines (120 payload bytes + an 8-byte flag each) that carry a row of rowBytes bytes.
 __host__ __device__ inline uint64_t moe_row_lines(uint64_t rowBytes) { return (rowBytes + 119ull) / 120ull; }
-// Combine partials on the token path (round 9): ceil(2H / 120) lines per (call parity, expert-rank
+// Combine partials on the token path: ceil(2H / 120) lines per (call parity, expert-rank
 // section, slot); see combine_token_path. A bf16 dispatch row on the token path takes as many.
 __host__ __device__ inline uint64_t moe_comb_lines(int H) { return moe_row_lines(2ull * (uint64_t)H); }
 
-// Scaled fp8 rows (the fp8 dispatch entries, session 9): H e4m3 bytes (e4m3fn on NVIDIA, e4m3fnuz
+// Scaled fp8 rows (the fp8 dispatch entries): H e4m3 bytes (e4m3fn on NVIDIA, e4m3fnuz
 // on gfx942), then one f32 scale per 128 elements (the last block may be short), the scales padded
 // with zeros to a multiple of 4 (16 bytes), so that x[h] = e4m3(row[h]) * scale[h / 128]. Packed in
 // one row, a token is one contiguous copy on every path; H % 16 == 0 keeps the rows 16-byte vectors.
@@ -423,7 +423,7 @@ GIN_DEVICE_INLINE gin_u128 ld16(const void* p) {
   return kFresh ? ld16_fresh(p) : gin_ld16_stream(p);
 }
 // ld16 at p + kOff bytes (an immediate of the instruction): a reduction pass keeps one address
-// register pair per row instead of one per vector in flight (round 6: 16 vectors per lane).
+// register pair per row instead of one per vector in flight (16 vectors per lane).
 template <bool kFresh, int kOff>
 GIN_DEVICE_INLINE gin_u128 ld16_at(const uint8_t* p) {
 #if GIN_HIP
@@ -492,7 +492,7 @@ GIN_DEVICE_INLINE Dims make_dims(int rank, int nRanks, int numExperts, int topK,
   return d;
 }
 
-// What a kernel entry point fixes at compile time (session 5). kTokenPathOnly: the entry runs only
+// What a kernel entry point fixes at compile time. kTokenPathOnly: the entry runs only
 // instances on the token path (moe_token_path), so the layout path is not compiled into it; kR, kE,
 // kK, kH (0 = from the arguments): a model shape. With the shape fixed the compiler folds the
 // layout arithmetic, divisions by R and L and the loops over ranks and top-k ids (the prologue
@@ -531,7 +531,7 @@ GIN_DEVICE_INLINE void token_part(int T, int i, int n, int& t0, int& t1) {
 // Token range of channel c: [c*T/C, (c+1)*T/C). Dispatch senders and combine consumers share it.
 GIN_DEVICE_INLINE void token_range(const Dims& d, int c, int& t0, int& t1) { token_part(d.T, c, d.C, t0, t1); }
 // The combine consumer's tokens. With remote ranks, channel c's (the remote producers send the
-// partials of channel c's slots). Alone (R = 1, session 16) there is nothing to produce, so every
+// partials of channel c's slots). Alone (R = 1) there is nothing to produce, so every
 // one of the 2C blocks consumes, block b part b of 2C: the producers' C SMs used to idle.
 GIN_DEVICE_INLINE void consumer_tokens(const Dims& d, int c, int& t0, int& t1) {
   if (d.R == 1) token_part(d.T, (int)blockIdx.x, 2 * d.C, t0, t1);
@@ -540,7 +540,7 @@ GIN_DEVICE_INLINE void consumer_tokens(const Dims& d, int c, int& t0, int& t1) {
 // The quantizing dispatch's layout path: sender c quantizes tokens [t0, quant_split) of its range,
 // receiver c (idle until the count tables come) the rest, [quant_split, t1). Sender c lays out the
 // routing first (~18 us at 4096 tokens while the receivers quantize), hence the smaller share
-// (session 11, DeepSeek-V3 4096 tokens on one H200: a quarter 133.7 us per call at one rank, a
+// (DeepSeek-V3 4096 tokens on one H200: a quarter 133.7 us per call at one rank, a
 // third 135.5, a half 138.8).
 GIN_DEVICE_INLINE int quant_split(int t0, int t1) { return t0 + (t1 - t0) / 4; }
 
@@ -573,7 +573,7 @@ GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, i
                                      uint32_t* errorFlags) {
   // Fully unrolled with constant indices (loops break at K), so ev[] stays in registers: with a
   // dynamic index it lived in local memory and the dependent compare chain cost ~1-3 us per token
-  // (round 3's routing: 21-33 us at 4096 tokens). Callers index ev[] the same way.
+  // (a routing written that way took 21-33 us at 4096 tokens). Callers index ev[] the same way.
   const int* row = topkIdx + (uint64_t)t * (uint64_t)d.K;
 #pragma unroll
   for (int k = 0; k < MOE_MAX_TOPK; ++k) {
@@ -587,7 +587,7 @@ GIN_DEVICE_INLINE void token_experts(const int* topkIdx, int t, const Dims& d, i
 // the group = id k): true where e >= 0 and a lower lane of the group holds e too (token_experts'
 // repeat rule, which masks that id).
 GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int Kp) {
-  // Kp - 1 shuffles within the group. Until session 7 NVIDIA used __match_any_sync, which cost the
+  // Kp - 1 shuffles within the group, rather than __match_any_sync on NVIDIA, which costs the
   // receivers' walk ~0.7 us per source (DeepSeek-V3 128 tokens: own ids 1.5 -> 0.8 us).
   bool dup = false;
   for (int j = 1; j < Kp; ++j) {
@@ -597,9 +597,9 @@ GIN_DEVICE_INLINE bool id_repeats_lower(int e, int k, int Kp) {
   return dup;
 }
 
-// The token walks of the layout one id per lane (session 8): groups of Kp lanes (K rounded up to a
+// The token walks of the layout one id per lane: groups of Kp lanes (K rounded up to a
 // power of two) hold one token, lane k of the group its id k, a block takes blockDim / Kp tokens
-// per round. Round 10 did this for the token path; here it replaces one token per thread with its
+// per round, as the token path does; here it replaces one token per thread with its
 // K ids in a dependent chain (~500 instructions per token, the 4096-token layout's ~7 us routing
 // count and ~9 us positions at 62 tokens per block).
 GIN_DEVICE_INLINE int id_group_size(int K) {
@@ -678,7 +678,7 @@ GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
 // otherwise), see row_split.
 // ------------------------------------------------------------------------------------------------
 constexpr int kExpandUnroll = 4;   // 16-byte vectors in flight per lane when copying
-// Reductions (round 6): 4 output vectors per lane per pass (a pass covers 2 KB of a row per warp)
+// Reductions: 4 output vectors per lane per pass (a pass covers 2 KB of a row per warp)
 // and rows in groups of 2 with all their loads in flight (8 x 16 bytes per lane, as before), so a
 // pass makes 64 bytes per lane in ceil(entries / 2) round trips. Rounds 2-5 used 2 x 4 (32 bytes per
 // lane in ceil(entries / 4) round trips): the producers reached ~300 GB/s at 4096 tokens and a
@@ -718,7 +718,7 @@ GIN_DEVICE_INLINE void seg_range(const RowSplit& sp, int seg, uint64_t rowBytes,
 }
 
 // Asks L2 to fetch [p, p + bytes) (p and bytes multiples of 16) without holding a register: the
-// reductions' extra memory-level parallelism beyond the loads that registers can hold (round 6).
+// reductions' extra memory-level parallelism beyond the loads that registers can hold.
 // A hint only (no data returned, no ordering); nothing on AMD.
 GIN_DEVICE_INLINE void prefetch_l2(const uint8_t* p, uint32_t bytes) {
 #if !GIN_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -744,7 +744,7 @@ GIN_DEVICE_INLINE void expand_load_pass(gin_u128 (&r)[kExpandUnroll], const uint
 // of dstBase. kFresh: the source was written during this kernel (window staging), so no
 // non-coherent loads. pass0Loaded (fast path only): r already holds the segment's first pass
 // (expand_load_pass(r, src, b0 >> 4, b1 >> 4)), issued by the caller together with the item's
-// metadata loads (round 7: one load round trip per item instead of three).
+// metadata loads (one load round trip per item instead of three).
 template <bool kFresh>
 GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uint64_t rowBytes, int myRow,
                                        int nTargets, bool fast, uint64_t b0, uint64_t b1,
@@ -754,9 +754,9 @@ GIN_DEVICE_INLINE void warp_expand_seg(const uint8_t* src, uint8_t* dstBase, uin
     const uint64_t vEnd = b1 >> 4;
     constexpr uint64_t kPassVecs = (uint64_t)GIN_WARP_SIZE * kExpandUnroll;
     for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += kPassVecs) {
-      // The next pass into L2 while this one is copied (round 7; round 6 prefetched the whole
-      // segment at its start: at 4096 tokens a warp copies a 14 KB row in ~40 us, so most of
-      // the prefetched lines were evicted before use and read from HBM twice).
+      // The next pass into L2 while this one is copied (prefetching the whole
+      // segment at its start fails: at 4096 tokens a warp copies a 14 KB row in ~40 us, so most of
+      // the prefetched lines are evicted before use and read from HBM twice).
       const uint64_t nv0 = v0 + kPassVecs;
       if (lane == 0 && nv0 < vEnd) prefetch_l2(src + (nv0 << 4), (uint32_t)((vEnd - nv0 < kPassVecs ? vEnd - nv0 : kPassVecs) << 4));
       if (!(pass0Loaded && v0 == (b0 >> 4))) expand_load_pass<kFresh>(r, src, v0, vEnd);
@@ -900,7 +900,7 @@ GIN_DEVICE_INLINE void warp_reduce_seg(const uint8_t* rowsBase, uint64_t rowByte
         }
         if (!waited) {
           // First group of the segment (own rows only): the wait's flag polls go out while its
-          // loads are in flight (round 5 polled only after summing them); the extras follow
+          // loads are in flight (not after summing them); the extras follow
           // the own rows, so the summation order is unchanged.
           waitExtras();
           waited = true;
@@ -1000,7 +1000,7 @@ struct RecvSmem {
   int ok;
 };
 
-// Token-path receiver (round 8): the layout of every source's tokens at this rank, computed here
+// Token-path receiver: the layout of every source's tokens at this rank, computed here
 // from the sources' id lists, restricted to this rank's experts and to what channel c needs.
 struct TpRecvSmem {
   int cnt[MOE_MAX_EXPERTS];        // [R][L] rows from source s for local expert e
@@ -1057,10 +1057,10 @@ GIN_DEVICE_INLINE void layout_histogram(LayoutSmem& s, const int* topkIdx, const
   for (int r = tid; r < d.R; r += B) histDRow[r] = s.cntD[r];
 }
 
-// One-level layout (T*K <= kDirectLayoutIds = 4096, i.e. up to 512 tokens at top-8; round 3 used
-// 65536, and at 4096 tokens the last block's walk over all 32K ids took ~33 us; 16384 until session
-// 8, when the two-level walks went one id per lane: Mixtral at 4096 tokens, 8192 ids, R = 1, 8 back
-// to back, 58.2 -> 50.8 us with the two-level one): block c
+// One-level layout (T*K <= kDirectLayoutIds = 4096, i.e. up to 512 tokens at top-8; at 65536 ids
+// the last block's walk over all 32K ids of 4096 tokens takes ~33 us, and with the two-level walks
+// one id per lane Mixtral at 4096 tokens, 8192 ids, R = 1, 8 back to back, takes 50.8 us two-level
+// against 58.2 one-level): block c
 // counts the ids of tokens [0, t0) itself (runE / runD / prefD: its starting offsets) and its own
 // tokens [t0, t1) (cntE / cntD), straight from topkIdx: no histogram publication and no wait for
 // other blocks (at 128 tokens the two-level steps 1-2 cost ~11-13 us of flag and fence latency;
@@ -1114,19 +1114,19 @@ GIN_DEVICE_INLINE void layout_direct(LayoutSmem& s, const int* topkIdx, const Di
   __syncthreads();
 }
 
-// Small blocks of the one-level layout (round 5): when the block owns at most 32 tokens (every
+// Small blocks of the one-level layout: when the block owns at most 32 tokens (every
 // top-8 call up to 2112 tokens at C = 66), routing and positions are one walk over the ids: lower
 // tokens are counted into runE / runD, own token t sets bit t - t0 of the 32-bit masks held in
 // cntE / cntD, so after one barrier the position of (t, e) is runE[e] + popc(mask[e] below t) and
-// the slot of t towards d is runD[d] + popc(maskD[d] below t). Round 4 ran layout_positions after
-// the count walk (a second walk, a 3072-word tile to clear, three more barriers): positions at
-// 13.4 us against routing counted at 5.9 for DeepSeek-V3 at 128 tokens. Same numbers as
+// the slot of t towards d is runD[d] + popc(maskD[d] below t). Running layout_positions after
+// the count walk instead (a second walk, a 3072-word tile to clear, three more barriers) puts the
+// positions at 13.4 us against routing counted at 5.9 for DeepSeek-V3 at 128 tokens. Same numbers as
 // layout_direct + layout_positions; ends with cntE / cntD holding counts again and prefD = runD.
 GIN_DEVICE_INLINE bool layout_is_small(const Dims& d, int t0, int t1) { return layout_is_direct(d) && t1 - t0 <= 32; }
 
 // underWalk() is called by every thread between the clearing barrier and the id walk (the
 // dispatch's write-after-read probes: their acquires then overlap the walk instead of delaying
-// the first barrier, round 7). After small_walk, cntD[r] holds the own tokens' masks (bit i =
+// the first barrier). After small_walk, cntD[r] holds the own tokens' masks (bit i =
 // token t0 + i goes to r), after small_positions counts again (and maskD the masks).
 template <class UnderWalk>
 GIN_DEVICE_INLINE void small_walk(LayoutSmem& s, const int* topkIdx, const Dims& d, int t0, int t1, bool lead,
@@ -1236,8 +1236,8 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
   __syncthreads();  // acquire by thread b, then the barrier: every thread may read block b's rows
   // Column sums: thread (g, u) adds unit u (4 experts when E % 4 == 0: one 16-byte load, rows
   // are 16-byte aligned then) of rows g, g+G, ... < c with 8 loads in flight, then one shared add
-  // per expert and group (G-way at most). Round 2/3 added every loaded int with a shared atomic
-  // (up to C*E of them into the same E words).
+  // per expert and group (G-way at most), not a shared atomic per loaded int (up to C*E of them
+  // into the same E words).
   const int per = (d.E & 3) == 0 ? 4 : 1;
   const int units = d.E / per;
   const int G = units >= B ? 1 : B / units;
@@ -1284,8 +1284,8 @@ GIN_DEVICE_INLINE bool layout_prefix(LayoutSmem& s, const Dims& d, int c, const 
 // own tokens' masks.
 // Exclusive prefix over channels j < C of h[j * stride] by one warp: lane l sums channels
 // [l*per, (l+1)*per), a shuffle scan gives the lanes' starts, then out(j, prefix) per channel;
-// returns the total to every lane (round 4 had one thread per (r, j) summing up to C shared
-// words, ~1-2 us).
+// returns the total to every lane (one thread per (r, j) summing up to C shared words costs
+// ~1-2 us).
 template <class Out>
 GIN_DEVICE_INLINE int warp_chan_scan(const int* h, int stride, int C, const Out& out) {
   const int lane = (int)gin_lane_id();
@@ -1341,11 +1341,11 @@ GIN_DEVICE_INLINE void layout_lead_totals(LayoutSmem& s, const Dims& d, const in
   for (int r = tid; r < d.R; r += B) tokensTo[r] = s.u.lead.chanStart[r * (d.C + 1) + d.C];
 }
 
-// Token-path sender, after its sends (round 10): what the combine reads of the sending side, from
+// Token-path sender, after its sends: what the combine reads of the sending side, from
 // destination masks alone: tokenPos of the own tokens (slot of t towards r = own tokens t' < t
 // going to r, -1 if t does not go to r) and, in the last block, chanStartTo and the dispatch's T.
-// Round 8 ran the small layout's per-expert walk and positions here (4-5 us after the sends, the
-// end of the kernel); slotInExpert, sendList, expertCount and tokensTo of a GIN workspace are read
+// The small layout's per-expert walk and positions are not needed here (they would cost 4-5 us
+// after the sends, the end of the kernel); slotInExpert, sendList, expertCount and tokensTo of a GIN workspace are read
 // by nothing (the HOST path keeps its own workspace). s.runD and (last block) s.u.lead.histD must
 // be zero and s.tokDest hold the own tokens' destinations (bit r) on entry.
 GIN_DEVICE_INLINE void tp_send_positions(LayoutSmem& s, const int* topkIdx, const Dims& d, int c, int t0, int t1,
@@ -1465,7 +1465,7 @@ GIN_DEVICE_INLINE void layout_positions(LayoutSmem& s, const int* topkIdx, const
 // Count table of source src for call seq in the window at win: two buffers by call parity, so a
 // leader never waits before writing its table (the buffer it writes was last read in call n-2,
 // and every reader of call n-2 on the owner finished before the owner's call n-1 could end: see
-// KERNELS.md). LL words: (seq << 32) | uint32 value, one single-copy-atomic 8-byte store each, so
+// docs/kernels.md). LL words: (seq << 32) | uint32 value, one single-copy-atomic 8-byte store each, so
 // a word whose high half is seq's low 32 bits carries this call's value (no fence, no flag).
 GIN_DEVICE_INLINE uint64_t* count_table(const uint8_t* win, const MoeWindowLayout& wl, int src, int R, uint64_t seq) {
   return (uint64_t*)(win + wl.counts + ((seq & 1ull) * (uint64_t)R + (uint64_t)src) * wl.countStride);
@@ -1500,15 +1500,15 @@ GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block,
 // recvCountsOut (optional) receives the per-expert totals. block = false: a probe that returns
 // false (nothing else done) when any word of this call is missing. Whole block; ends with a
 // barrier. The loads of all R*L = E count words are in flight together (<= 4 per thread), the
-// checks are warp reductions (round 3 added every count into a 64-bit shared word with atomics:
-// a compare-and-swap loop, 128 lanes on one word at L = 128, ~5 us).
+// checks are warp reductions (adding every count into a 64-bit shared word with atomics, a
+// compare-and-swap loop with 128 lanes on one word at L = 128, costs ~5 us).
 GIN_DEVICE_INLINE bool recv_tables(RecvSmem& s, const Dims& d, int c, const uint8_t* ownWin, const MoeWindowLayout& wl,
                                    uint64_t seq, bool block, int* recvCountsOut, uint32_t* errorFlags) {
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE, nw = B / GIN_WARP_SIZE;
   if (tid == 0) s.ok = 1;
   // Blocking read: one thread per source polls one word (this channel's lo) until it carries the
-  // tag, then the block reads every word (nearly all there by then). Round 4 had all R*L word
+  // tag, then the block reads every word (nearly all there by then), rather than all R*L word
   // threads of all C receiver blocks spinning (DeepSeek-V3: ~17K threads) on the few L2 lines
   // that the senders' own loads and the peer's table stores go through.
   if (block && tid < d.R) {
@@ -1641,8 +1641,8 @@ GIN_DEVICE_INLINE bool own_claim_item(const RecvSmem& rs, const OwnWork& ow, con
   const int t = ld_fresh_i32(sendList + (uint64_t)d.rank * d.M + slot);
   const bool tokenOk = t >= 0 && t < d.T;
   const uint8_t* src = (const uint8_t*)x + (uint64_t)(tokenOk ? t : 0) * d.rowBytes;
-  // The row's first pass, the ids, positions and weights in flight together (round 7: the weight
-  // waited for the ids and the row for the weight's store, 3 round trips after sendList).
+  // The row's first pass, the ids, positions and weights in flight together (not the weight
+  // after the ids and the row after the weight's store: 3 round trips after sendList).
   gin_u128 pass[kExpandUnroll];
   if (fast && tokenOk) expand_load_pass<kXFresh>(pass, src, b0 >> 4, b1 >> 4);
   int row = -1;
@@ -1745,7 +1745,7 @@ GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t top
 }
 
 // ------------------------------------------------------------------------------------------------
-// LL128 rows (the token path: dispatch staging since session 7, combine partials since round 9),
+// LL128 rows (the token path: dispatch staging and combine partials),
 // as gin_a2a_ll128: a 128-byte line = 120 payload bytes + an 8-byte flag = the call number n,
 // stored by the 8 lanes of one lane group with one warp store instruction; a reader polls a line
 // until its flag is n, so the data proves itself (no progress word, no release fence).
@@ -1799,7 +1799,7 @@ GIN_DEVICE_INLINE void tp_store_chunk(uint8_t* row, uint64_t off, bool wide, uin
 }
 
 // Sends lines [L0, L0 + kTpPassLines) of a row as LL128 lines with `flag` (the dispatch's token
-// path, session 7). kFresh: the row was written during this kernel (coherent loads).
+// path). kFresh: the row was written during this kernel (coherent loads).
 template <bool kFresh>
 GIN_DEVICE_INLINE void tp_send_pass(const uint8_t* row, uint8_t* lines, uint64_t rowBytes, int nl, int L0, uint64_t flag,
                                     bool fast) {
@@ -1857,7 +1857,7 @@ GIN_DEVICE_INLINE void tp_wait_lines(const uint8_t* base, int nl, int L0, uint64
 
 constexpr int kTpWalkRounds = 2;  // token rounds of the receivers' walk with loads in flight together
 
-// Token-path receiver, before its items (round 8; the walk one id per lane since round 10):
+// Token-path receiver, before its items (the walk one id per lane):
 // every source's T and ids -> what channel c needs in s (rows per (source, local expert),
 // rowBase, the channel's masks, runD, item ends); receiver 0 also recvCounts and hist. A function
 // of its own so that bench/walk_probe.cu times the same code outside the exchange and checks it
@@ -1874,7 +1874,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   const int perWarp = GIN_WARP_SIZE >> lgK, k = lane & (Kp - 1), sub = lane >> lgK;
   const int nWarps = B / GIN_WARP_SIZE, step = nWarps * perWarp;
   // This lane's own ids of its first walk rounds, loaded before the sources' T arrive: the walk
-  // starts with them (session 7, same-run A/B against loading them in the walk: DeepSeek-V3 and
+  // starts with them (same-run A/B against loading them in the walk: DeepSeek-V3 and
   // Qwen3 128-token dispatch ~0.2 us faster, three rounds of three).
   int ownFirst[kTpWalkRounds];
 #pragma unroll
@@ -1922,8 +1922,8 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   MOE_PROF(0, 17);  // counters cleared (the remote sources' T may still be on the way)
   // The walk, one id per lane: groups of Kp lanes (K rounded up to a power of two) hold the ids
   // of one token (lane k: id k), a warp takes 32 / Kp tokens per round, two rounds at a time with
-  // every load in flight first; source by source (round 8 walked one token per thread with its
-  // ids in registers: ~500 dependent instructions per token, 1.5-3 us per block).
+  // every load in flight first; source by source (one token per thread with its ids in registers
+  // would be ~500 dependent instructions per token, 1.5-3 us per block).
   const int nw = moe_id_words(d.K);
   const int lo = d.rank * d.L;
   const lanemask_t groupBits = (lanemask_t)(((uint64_t)1 << Kp) - 1);
@@ -1931,7 +1931,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
     const int src = (d.rank + q) % d.R;  // own ids first (already loaded), then the remote sources
     const bool self = src == d.rank;
     // A remote source's T (word 0 of its id list): the probe's value, or lane 0 of each warp polls
-    // it here, so that the own walk runs while it is on the way (session 8; until then every
+    // it here, so that the own walk runs while it is on the way (until then every
     // block waited for every T before its walk).
     int Tsrc = d.T;
     if (!self) {
@@ -2025,8 +2025,8 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   MOE_PROF(0, 20);  // every source's ids walked
   // rowBase[s][e] = expertStart[e] + sum_{s' < s} cnt[s'][e] + run[s][e]: thread i takes local
   // experts [i*per, (i+1)*per) (per = 1 up to L = 512), warp scans of their rows, the warp totals
-  // through shared memory after one barrier (round 8: one block scan with three barriers, and
-  // thread 0 alone on the item ends: ~2 us). The last warp finds the item ends meanwhile.
+  // through shared memory after one barrier (one block scan with three barriers and
+  // thread 0 alone on the item ends costs ~2 us). The last warp finds the item ends meanwhile.
   int* warpTot = s.scanTmp;
   const int per = (d.L + B - 1) / B;  // experts per thread (1 for L <= 512)
   const int e0 = moe_min_i(d.L, tid * per), e1 = moe_min_i(d.L, e0 + per);
@@ -2076,7 +2076,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
 }
 
 // ================================================================================================
-// Scaled fp8 rows from bf16 rows (session 9): moe_fp8_quantize and the quantizing fp8 dispatch.
+// Scaled fp8 rows from bf16 rows: moe_fp8_quantize and the quantizing fp8 dispatch.
 // Per 128-element block of a row (the last may be short): amax = max |x|, scale = amax / FMAX
 // (1 where amax = 0), code = e4m3(x * (FMAX / amax)), rounded to nearest even and saturated to
 // +-FMAX. FMAX = 448 for e4m3fn (NVIDIA), 240 for e4m3fnuz (gfx942, the format its fp8 units take).
@@ -2180,8 +2180,8 @@ GIN_DEVICE_INLINE void fp8_quantize_tokens_by(const uint16_t* x, int hidden, uin
     }
 #pragma unroll
     for (int u = 0; u < kQuantUnroll; ++u) {
-      // amax over the group on the bf16 bits (session 10: the float form with a NaN test per
-      // element was ~2x the instructions): |x| as 15-bit magnitudes order like the values, a NaN
+      // amax over the group on the bf16 bits (the float form with a NaN test per
+      // element is ~2x the instructions): |x| as 15-bit magnitudes order like the values, a NaN
       // above every number; canonical NaN as before.
       uint32_t m2 = 0u;
 #pragma unroll
@@ -2229,10 +2229,10 @@ GIN_DEVICE_INLINE void fp8_quantize_tokens_by(const uint16_t* x, int hidden, uin
     }
   }
 }
-// The lane grouping by work per warp (session 11, 1x H200, DeepSeek-V3): where one iteration of
+// The lane grouping by work per warp (1x H200, DeepSeek-V3): where one iteration of
 // 8-lane groups covers a warp's share (2 tokens per sender block at 128 tokens: 112 blocks over 16
 // warps) they take it in one round, with every warp busy; 4-lane groups would leave half the warps
-// idle (+1.3 us to "quantized"), 16-lane groups (until session 10) need two rounds (+0.7 us).
+// idle (+1.3 us to "quantized"), 16-lane groups need two rounds (+0.7 us).
 // Above that, 4-lane groups keep the most loads in flight: at 4 tokens per block 21.0 against 21.3
 // (8-lane) and 25 us (16-lane) per gated call, and moe_fp8_quantize at 4096 x 7168 ~30 us
 // against 35 (16-lane). Two lanes per block (moe_fp8_quantize at 4096 tokens: 1.8-2.0 TB/s) and 4
@@ -2269,10 +2269,10 @@ GIN_DEVICE_INLINE void fp8_quantize_tokens(const uint16_t* x, int hidden, uint8_
 //             source's window (staging WAR). Sender c, when the tables were already there after its
 //             sends, claims own items too.
 // Receiver 0 also writes recvCounts, slotsFrom and chanStartFrom (kept for combine).
-// Token path (round 8; moe_token_path: M*K <= 4096 and <= 32 tokens per channel, the same choice
+// Token path (moe_token_path: M*K <= 4096 and <= 32 tokens per channel, the same choice
 // on every rank): senders push their tokens' ids (LL words, by call parity) and then each row to
 // staging slot = token index right after the id walk; receivers lay out every source themselves;
-// the senders' positions follow their sends. Same outputs and workspace arrays (KERNELS.md).
+// the senders' positions follow their sends. Same outputs and workspace arrays (docs/kernels.md).
 // ================================================================================================
 template <class Shape>
 GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights,
@@ -2293,8 +2293,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
   MOE_PROF(0, 10);  // entry, before the checks and the prologue's loads
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   uint64_t* state = state_of(workspace);
-  // The prologue's loads first, by different threads (session 4, as the token-path combine's since
-  // round 9): the peers' window bases into shared memory and this block's call counter; the
+  // The prologue's loads first, by different threads (as the token-path combine's): the peers' window bases into shared memory and this block's call counter; the
   // checks and the layout arithmetic run under their round trip, one barrier collects them. They
   // read only what the checks then validate (guarded: at most MOE_MAX_RANKS bases, counters of
   // blocks < 2 * MOE_MAX_CHANNELS). Before, peers_ok's loads, ~0.7 us of layout arithmetic and
@@ -2312,7 +2311,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
   }
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
-  // The quantizing fp8 dispatch (session 10; fp8 entries with xq != null): x holds bf16 rows, and
+  // The quantizing fp8 dispatch (fp8 entries with xq != null): x holds bf16 rows, and
   // sender c turns its own tokens into scaled fp8 rows in xq[t] (fp8_quantize_tokens) before it
   // sends any; from then on every path reads xq as it reads x otherwise. Its rows are written
   // during the kernel, so the fp8 entries read x with coherent loads (kXFresh).
@@ -2345,7 +2344,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
   uint8_t* ownWin = (uint8_t*)sharedBases[d.rank];
   const uint64_t seq = sharedSeq;
   const uint64_t seqHi = seq << 32;
-  // Staging write-after-read (session 6): receiver c tells every remote source that it finished
+  // Staging write-after-read: receiver c tells every remote source that it finished
   // reading that source's staging in call n-1 (dispConsumed[rank][c] = n-1), here at the start of
   // call n instead of with a release at the end of call n-1. Call n-1 is complete before this call
   // starts (stream order; with PDL, gin_wait_prior_grids above), so its staging loads have all
@@ -2358,13 +2357,13 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
                        seq - 1);
 
   if (tokenPath && (int)blockIdx.x < d.C) {
-    // ------------------------------------------------------------------ token-path sender (round 10)
+    // ------------------------------------------------------------------ token-path sender
     // Rows go out at once, into the receiver's staging slot = the token's own index (a token goes
     // to rank r iff one of its ids is in r's range), after the token's ids as LL words into every
     // remote rank's id list; the receivers run the layout themselves. Before the sends only what
-    // they need (round 10, session 4): the ids pushed (range-checked; the receivers drop repeats
+    // they need: the ids pushed (range-checked; the receivers drop repeats
     // with the same rule as the layout) and each own token's destination ranks, one warp per token
-    // with lane k on id k; round 8 ran the small layout's whole id walk first (4-6 us, one token
+    // with lane k on id k, rather than the small layout's whole id walk first (4-6 us, one token
     // per thread). What the combine reads of the sending side (tokenPos; the last block's
     // chanStartTo and T) follows the sends, from destination masks alone (tp_send_positions).
     LayoutSmem& s = sm.lay;
@@ -2424,9 +2423,9 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     }
     MOE_PROF(0, 16);  // thread 0: its token's ids out and destinations known (then the write-after-read waits)
     if (quant) {
-      // Every warp, after its token's ids (session 10, 2 ranks on one H200, DeepSeek-V3, 128
+      // Every warp, after its token's ids (2 ranks on one H200, DeepSeek-V3, 128
       // tokens: only the warps without ids quantizing was 0.5 us slower). One round of loads per
-      // warp where the share allows it (fp8_quantize_tokens' lane grouping, session 11).
+      // warp where the share allows it (fp8_quantize_tokens' lane grouping).
       fp8_quantize_tokens(xBf16, d.H, xq, (uint64_t)t0, (uint64_t)(t1 - t0), (uint64_t)warp, MOE_WARPS);
       MOE_PROF(0, 13);  // thread 0: its warp's share of the fp8 rows stored
     }
@@ -2458,7 +2457,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         uint8_t* peerWin = (uint8_t*)peerBases[r];
         const uint64_t sec = (uint64_t)moe_peer_section(d.rank, r, d.R);
         // Items (token, pass of kTpPassLines lines): the channel's tokens to r in token order (cnt
-        // of them), each row as LL128 lines with flag n into staging slot t (session 7; until then
+        // of them), each row as LL128 lines with flag n into staging slot t (until then
         // row_split segments, each followed by a release of the warp's progress word: a system
         // fence per item on the critical path). Pass 0 also carries the token's K weights, as LL
         // words (n << 32 | bits) in the slot's metadata (the receiver has the ids already).
@@ -2486,7 +2485,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     MOE_PROF_SYNC();
     MOE_PROF(0, 12);
   } else if (tokenPath) {
-    // ------------------------------------------------------------------ token-path receiver (round 8)
+    // ------------------------------------------------------------------ token-path receiver
     // Every source's id list (own: topkIdx) -> this rank's layout of every source restricted to
     // what channel c needs: rows per (source, local expert) for rowBase, and for s's tokens of
     // channel c (token range by s's T) the rows before them (run) and bit masks (mask), the slots
@@ -2539,7 +2538,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
       const int t = s.t0s[src] + bit;
       const int slot = s.runD[src] + j;
       // An own item's loads first, all in flight together: the row's pass and the token's weights
-      // with its ids below (session 11: ids, then the pass, then the weights were three dependent
+      // with its ids below (ids, then the pass, then the weights would be three dependent
       // round trips, ~0.8 us each at one rank, before the item's first store).
       gin_u128 pass[kExpandUnroll];
       float wt = 0.f;
@@ -2637,9 +2636,9 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     MOE_PROF(0, 0);
     // Write-after-read on every remote rank's staging (ranges move between calls, so all of its
     // receivers of the previous call must be done): thread i probes flag i now, under the routing
-    // (round 6); a flag not there yet is waited for only after the routing, before the barrier
-    // that precedes the sends. Round 5 had every warp poll all C flags (3 dependent acquires per
-    // lane at C = 66) between the positions and its first store.
+    //; a flag not there yet is waited for only after the routing, before the barrier
+    // that precedes the sends. No warp polls all C flags (3 dependent acquires per lane at C = 66)
+    // between the positions and its first store.
     const int warFlags = (d.R - 1) * d.C;
     auto warFlag = [&](int i) -> const uint64_t* {
       const int r = (d.rank + 1 + i / d.C) % d.R;
@@ -2660,8 +2659,8 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     const bool direct = layout_is_direct(d);
     const bool small = layout_is_small(d, t0, t1);
     if (small) {
-      // Probes under the id walk (round 7; round 6 probed before the clearing barrier, where the
-      // acquires' latency was most of the 2.2 us to "counters cleared" at 128 tokens).
+      // Probes under the id walk (before the clearing barrier the
+      // acquires' latency is most of the 2.2 us to "counters cleared" at 128 tokens).
       layout_direct_small(s, topkIdx, d, t0, t1, c == d.C - 1, slotInExpert, tokenPos, sendList, errorFlags, probeWar);
       MOE_PROF(0, 1);  // routing counted and positions written
     } else if (direct) {
@@ -2683,9 +2682,9 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
                          (int*)(workspace + ws.tokensTo), (int*)(workspace + ws.chanStartTo));
       if (tid == 0) state[MOE_STATE_DISPATCH_TOKENS] = (uint64_t)d.T;
       // Our table into every rank's window (own included) as LL words in the buffer of this
-      // call's parity: no write-after-read wait (round 3 waited for d's dispConsumed of call
-      // n-1 here), no fence and no flag release (round 3's fence.acq_rel.sys waited behind the
-      // other senders' row stores on NVLink: tables released at 56-64 us at 4096 tokens).
+      // call's parity: no write-after-read wait (for d's dispConsumed of call n-1), no fence and
+      // no flag release (a fence.acq_rel.sys here waits behind the other senders' row stores on
+      // NVLink: tables released at 56-64 us at 4096 tokens).
       // Remote ranks first (their receivers are the ones that wait longest).
       const int entries = d.L + 2 + d.C;
       for (int i = tid; i < d.R * entries; i += B) {
@@ -2748,8 +2747,8 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         const int slot = lo + j;
         int t;
         if (small) {
-          // Small layout: slot lo + j is the own token of the j-th set bit of maskD[r] (round 7:
-          // from shared memory instead of one sendList round trip before the row loads).
+          // Small layout: slot lo + j is the own token of the j-th set bit of maskD[r] (from
+          // shared memory instead of one sendList round trip before the row loads).
           uint32_t m = s.maskD[r];
           for (int q = 0; q < j; ++q) m &= m - 1u;
           t = t0 + __ffs((int)m) - 1;
@@ -2758,7 +2757,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         }
         const uint8_t* src = (const uint8_t*)x + (uint64_t)t * d.rowBytes;
         uint8_t* dst = rowsBase + (uint64_t)slot * wl.rowStride;
-        // Segment 0 carries the slot's metadata: its loads go out with the row's (round 7; they
+        // Segment 0 carries the slot's metadata: its loads go out with the row's (they
         // followed the row copy, two more round trips before segment 0's release, and every
         // other segment of the slot waits for segment 0 at the receiver).
         int me = -1, msl = -1;
@@ -2770,9 +2769,9 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         }
         if (fast) {
           const uint64_t vEnd = b1 >> 4;
-          // No L2 prefetch here (round 7): the sends are NVLink-bound at ~0.3 GB/s per warp, so
-          // round 6's whole-row prefetch sat in L2 for ~50 us and was mostly evicted before the
-          // loads came (x read twice from HBM; sends' max 195 -> 205 us at 4096 tokens).
+          // No L2 prefetch here: the sends are NVLink-bound at ~0.3 GB/s per warp, so
+          // a whole-row prefetch sits in L2 for ~50 us and is mostly evicted before the
+          // loads come (x read twice from HBM; sends' max 195 -> 205 us at 4096 tokens).
           for (uint64_t v0 = b0 >> 4; v0 < vEnd; v0 += (uint64_t)GIN_WARP_SIZE * kExpandUnroll) {
             gin_u128 v[kExpandUnroll];
 #pragma unroll
@@ -2810,7 +2809,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
     // non-blocking probe: a sender never waits for the leader, a higher block, or a peer's leader)
     // the sender joins receiver c in claiming own-token items; otherwise receiver c does every
     // own item. The tables are double-buffered, so these reads need no consumed flag.
-    // Round 7: not even the probe when receiver c already claimed every own item (the claim
+    // Not even the probe when receiver c already claimed every own item (the claim
     // counter has reached this channel's own items, known from the layout: slots to ourselves
     // = cntD[rank]); at 128 tokens the probe cost ~4 us after the sends and found nothing left.
     if (tid == 0) {
@@ -2937,8 +2936,8 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         (void)gin_wait_geq(progress + i0 % MOE_WARPS, seqHi | (uint64_t)(i0 / MOE_WARPS + 1), errorFlags);
       syncwarp();
       if (g == warp) MOE_PROF(0, 2);  // thread 0: warp 0's first item landed
-      // The staging segment's first pass and the slot's metadata in flight together (round 7:
-      // metadata -> weight -> staging were three dependent round trips per item).
+      // The staging segment's first pass and the slot's metadata in flight together (not
+      // metadata -> weight -> staging, three dependent round trips per item).
       const uint8_t* stageRow = rowsBase + (uint64_t)slot * wl.rowStride;
       gin_u128 pass[kExpandUnroll];
       if (fast) expand_load_pass<true>(pass, stageRow, b0 >> 4, b1 >> 4);
@@ -2973,18 +2972,18 @@ GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, c
         ownState = 2;
     }
     MOE_PROF_SYNC();
-    MOE_PROF(0, 3);  // staging write-after-read: dispConsumed at the start of the next call (round 3 released
-                     // it here, after waiting for sender c's table reads; rounds 4 to session 5 released it here)
+    MOE_PROF(0, 3);  // staging write-after-read: dispConsumed is stored at the start of the next call,
+                     // not released here (a release here costs ~1 us per dispatch)
   }
   if (tid == 0) state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] = seq;
 }
 
 // One combine role's items, shared by producers (kConsumer = false: the slots [first, first + n)
 // that source slotSrc sent us in this channel, partials into its window) and consumers
-// (kConsumer = true: tokens [first, first + n), y). Round 5 had two copies of this loop.
-// Per-lane metadata runs ahead of the rows (round 6): the next item's slotRows entry (and, for
+// (kConsumer = true: tokens [first, first + n), y), one loop for both.
+// Per-lane metadata runs ahead of the rows: the next item's slotRows entry (and, for
 // the consumer, the tokenPos words two items ahead) are loaded while the current item reduces, so
-// an item's first row loads wait for nothing but their own addresses (round 5: slotRows ->
+// an item's first row loads wait for nothing but their own addresses (not slotRows ->
 // recvWeights -> rows, three dependent round trips per item; consumer: tokenPos -> slotRows ->
 // recvWeights -> rows). The weight of a row is loaded with the rows (warp_reduce_seg uses it last).
 struct CombineCtx {
@@ -3088,7 +3087,7 @@ GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, con
 }
 
 // ------------------------------------------------------------------------------------------------
-// Combine, token path (round 9; the dispatch's token-path sizes: M*K <= MOE_TOKEN_PATH_IDS and at
+// Combine, token path (the dispatch's token-path sizes: M*K <= MOE_TOKEN_PATH_IDS and at
 // most 32 tokens per channel). Partials travel as LL128 lines (see "LL128 rows" above), in buffer
 // n % 2 of the source's window. The consumer sums each line as it lands (no progress word, no
 // release fence, no consumed flag, nothing ever cleared).
@@ -3236,22 +3235,22 @@ GIN_DEVICE_INLINE void tp_consume_pass(const uint8_t* rowsBase, uint64_t rowByte
   }
 }
 
-// The token-path combine (moe_gin_combine's body when moe_token_path(K, M, C)); see KERNELS.md
-// "Round 9, combine". Call n = this block's counter + 1; partial lines go to buffer n % 2.
+// The token-path combine (moe_gin_combine's body when moe_token_path(K, M, C)); see docs/kernels.md
+// ("moe_gin_combine"). Call n = this block's counter + 1; partial lines go to buffer n % 2.
 //  producer c: for each remote source r, the slots [lo, hi) of r's channel c (chanStartFrom), items
 //    (slot, pass of kTpPassLines lines) cut into contiguous ranges per warp; a source with no slot
 //    in this channel gets a hello word (n) instead, so that its consumer c still sees this call.
 //  consumer c: tokens of channel c, items (token, pass) likewise; every line of every slot of the
 //    channel is read (no late stores), and a remote rank with no slot here is waited for by its
 //    hello word: every consumer block observes every remote producer's call n, which is what makes
-//    the parity buffers safe to rewrite without a consumed flag (KERNELS.md).
+//    the parity buffers safe to rewrite without a consumed flag (docs/kernels.md).
 struct TpCombSmem {
   uint64_t bases[MOE_MAX_RANKS];
   int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS], slots[MOE_MAX_RANKS];
   uint64_t seq;
   int dispatchT;
   // Parked per-block context (written before the prologue barrier, read where used): held in
-  // registers beside a pass's 8 x 16-byte loads and 32 accumulators they spilled (round 8 saw the same).
+  // registers beside a pass's 8 x 16-byte loads and 32 accumulators they spilled.
   const uint8_t* rowsBase;
   const float* recvWeights;
   const int* slotRows;
@@ -3285,7 +3284,7 @@ GIN_DEVICE_INLINE int tp_entry_row(const TpCombSmem& s, int K, uint64_t entry, i
   return row;
 }
 
-// Not inlined on NVIDIA (round 9): inlined into moe_gin_combine beside the layout path, ptxas gave the
+// Not inlined on NVIDIA: inlined into moe_gin_combine beside the layout path, ptxas gave the
 // kernel a 16-byte spill at the 128-register cap; as a call, neither has a stack frame. Inlined on
 // AMD: as a call, gfx942 needs 76 bytes of scratch per lane; inlined, none (29 SGPR spills to VGPR lanes).
 #if GIN_HIP
@@ -3303,8 +3302,8 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
   const int lane = (int)gin_lane_id(), warp = tid / GIN_WARP_SIZE;
   const bool producer = d.R > 1 && (int)blockIdx.x < d.C;  // alone, every block consumes (consumer_tokens)
   const int c = (int)blockIdx.x < d.C ? (int)blockIdx.x : (int)blockIdx.x - d.C;
-  // Prologue (round 9): every load the block needs before its items, issued together by different
-  // threads (peer bases, call counter, dispatch T, channel ranges), then one barrier. Round 8 had
+  // Prologue: every load the block needs before its items, issued together by different
+  // threads (peer bases, call counter, dispatch T, channel ranges), then one barrier, not
   // peerBases -> dispatch T -> counter and ranges -> write-after-read acquires -> barrier, four
   // dependent round trips (~2.5 us from entry to "start"); the token path has no acquire here.
   {
@@ -3508,7 +3507,7 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
   const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
   uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);
-  // Channel boundaries into shared memory before load_seq's barrier (round 6: the same round trip
+  // Channel boundaries into shared memory before load_seq's barrier (the same round trip
   // as the call counter instead of one more after it). Producer: source q's slot count and this
   // channel's slot range [a, b); consumer: this channel's slot range [lo, hi) at every rank.
   // Per-role context (cxs[q]: producer, the q-th remote source; cxs[0]: consumer) likewise.
@@ -3568,8 +3567,8 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
     // WAR on every remote source's partial area: its C consumers finished reading our partials of
     // the previous call (n - 1 = this block's call counter, read by each waiting thread itself so
     // that the waits overlap load_seq). One acquire per flag, all in flight together (the last
-    // threads: no prologue load of theirs is held back), then the barriers below: round 5 had
-    // every warp poll all C flags (3 dependent acquires per lane at C = 66) before its first store.
+    // threads: no prologue load of theirs is held back), then the barriers below; no warp
+    // polls all C flags (3 dependent acquires per lane at C = 66) before its first store.
     const int n = (d.R - 1) * d.C;
     if (B - 1 - tid < n) {
       const uint64_t prev = *(volatile uint64_t*)(state + MOE_STATE_SEQ_COMBINE + blockIdx.x);
@@ -3605,7 +3604,7 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
     int t0, t1;
     consumer_tokens(d, c, t0, t1);
     if (t1 > yRows) t1 = yRows;  // never write past the y the caller passed
-    // Items (token, segment) over all warps, at least 2 segments per row (round 6): after a
+    // Items (token, segment) over all warps, at least 2 segments per row: after a
     // token's partial lands, a warp has half a row left to reduce, not a whole one (the consumer's
     // tail behind the producers at 4096 tokens was ~50 us). Each producer's split follows from
     // its slot count (hi - lo).
@@ -3622,12 +3621,12 @@ GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvW
 }
 
 // ================================================================================================
-// Entry points (session 5). moe_gin_dispatch / moe_gin_combine run any accepted instance, either
+// Entry points. moe_gin_dispatch / moe_gin_combine run any accepted instance, either
 // path. The token-path entries run only instances on the token path (moe_token_path; anything else
 // gets MOE_ERR_CONFIG) and leave the layout path out: moe_gin_{dispatch,combine}_tp for any shape,
-// ..._tp_r1 for any shape at one rank (session 16), and one pair per shape of MOE_TP_SHAPES, named
+// ..._tp_r1 for any shape at one rank, and one pair per shape of MOE_TP_SHAPES, named
 // ..._tp_r<R>_e<E>_k<K>_h<H>, for that shape only.
-// The Java side takes the most specific entry the code object has (KERNELS.md, "Entry points").
+// The Java side takes the most specific entry the code object has (docs/kernels.md, "Entry points").
 // All entries of an instance share its window and workspace protocol: any mix of them is valid.
 // ================================================================================================
 #define MOE_DISPATCH_PARAMS                                                                                    \
@@ -3658,7 +3657,7 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp(MOE_DISPAT
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp(MOE_COMBINE_PARAMS) {
   gin_combine<MoeShape<true, 0, 0, 0, 0>>(MOE_COMBINE_ARGS);
 }
-// One rank alone, any model shape (session 16): with R = 1 a constant the remote parts fold away
+// One rank alone, any model shape: with R = 1 a constant the remote parts fold away
 // (one H200, 128 tokens, 8 back to back: dispatch / combine 13.2-14.0 / 11.0 -> 12.5-13.0 / 10.6 us
 // for DeepSeek-V3, 8.6 / 6.2 -> 8.1 / 5.7 for Mixtral, against moe_gin_dispatch_tp / _combine_tp).
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp_r1(MOE_DISPATCH_PARAMS) {
@@ -3678,9 +3677,9 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp_r1(MOE_COMB
   }
 MOE_TP_SHAPES(MOE_TP_ENTRIES)
 
-// fp8 dispatch (session 9): the same kernels moving scaled fp8 rows (moe_fp8_row_bytes(hidden)
+// fp8 dispatch: the same kernels moving scaled fp8 rows (moe_fp8_row_bytes(hidden)
 // bytes each; recvX holds such rows, H % 16 == 0, else MOE_ERR_CONFIG), with one more argument,
-// xq (session 10): null = x holds fp8 rows already; else x holds bf16 rows [T][H] and the kernel
+// xq: null = x holds fp8 rows already; else x holds bf16 rows [T][H] and the kernel
 // quantizes them into xq ([maxTokens][moe_fp8_row_bytes(hidden)] scratch, as moe_fp8_quantize
 // would; x, xq and recvX 16-byte aligned, else MOE_ERR_CONFIG) before sending them. The combine of
 // an fp8 dispatch is the bf16 one (expert outputs are bf16), any of the entries above.
@@ -3950,7 +3949,7 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
 }
 
 // ================================================================================================
-// One f32 per received row back to its (token, k) at the token's rank (session 12): in training,
+// One f32 per received row back to its (token, k) at the token's rank: in training,
 // the router weights' gradient dL/dw[t][k] = <dy[t], out(t, expert_k)>, one dot product per
 // received row on the expert side. Both use the last dispatch's layouts (workspace); out of range
 // row indices set MOE_ERR_COUNTS and give 0; masked slots give 0.
@@ -3959,7 +3958,7 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
 //  expert side: for every rank s, slots [b*S/C, (b+1)*S/C) of the S = slotsFrom[s] slots s sent
 //    here: v[j][k] = rowValues[slotRows[s][j][k]], 0 where that slot's k made no row here, stored
 //    as the LL word (n << 32 | bits of v) into s's window at valRows[n % 2][this rank][j][k]: the
-//    word proves itself, so no fence, no ready flag, no barrier across blocks (session 13; session
+//    word proves itself, so no fence, no ready flag, no barrier across blocks (session
 //    12 released a flag per block and every block waited for all R*C of them). Buffer n % 2 was
 //    last read by s in call n - 2: first wait for valConsumed[s] >= n - 2 in our window, which s
 //    stores at the start of its call n - 1 (its call n - 2 is complete then: a relaxed store, as
@@ -4102,7 +4101,7 @@ GIN_KERNEL void moe_host_row_values_in(const float* returned, const int32_t* top
 }
 
 // ================================================================================================
-// moe_fp8_quantize (session 9): bf16 rows -> scaled fp8 rows (fp8_quantize_tokens over the grid),
+// moe_fp8_quantize: bf16 rows -> scaled fp8 rows (fp8_quantize_tokens over the grid),
 // the input of the fp8 dispatch entries when they do not quantize themselves. H % 16 == 0 (else
 // MOE_ERR_CONFIG); x 16-byte and out 8-byte aligned (else MOE_ERR_CONFIG). Any grid, any block
 // size that is a multiple of the warp size.

@@ -11,7 +11,7 @@
 // Needs the GIN device API (nccl_device/gin.h, NCCL >= 2.29.7); gin-kernels/build skips this file
 // with a printed reason against older headers (e.g. NCCL 2.28.3, which has no ncclGin at all), so
 // no object without kernels is ever emitted. Signature, window layout, ncclDevCommRequirements and
-// the ordering arguments are in gin-kernels/KERNELS.md, section "nccl_gin_a2a.cu"; the short form
+// the ordering arguments are in docs/kernels.md, section "nccl_gin_a2a.cu"; the short form
 // of each argument sits next to the code that relies on it.
 //
 // NOT RUN ANYWHERE YET: no machine available to this project has an RDMA device (the GPU host has
@@ -27,7 +27,7 @@
 
 #define GIN_HYBRID_MAX_THREADS 1024
 
-// Window layout helpers (mirrored in KERNELS.md for the Java side).
+// Window layout helpers (mirrored in docs/kernels.md for the Java side).
 // LSA signal area: ready[writer][chunk] then done[writer][chunk], uint64 each (as gin_a2a's).
 __host__ __device__ inline uint64_t gin_hybrid_lsa_signal_bytes(int nranks, int maxChunksPerPeer) {
   return 16ull * (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
@@ -280,7 +280,7 @@ extern "C" __global__ void gin_a2a_hybrid_reset(const __grid_constant__ ncclDevC
 
 // ================================================================================================
 // Entry point. Grid: nranks * chunksPerPeer blocks (1-D), all co-resident; blockDim.x <= 1024, a
-// multiple of 32 recommended; no dynamic shared memory. Arguments in KERNELS.md.
+// multiple of 32 recommended; no dynamic shared memory. Arguments in docs/kernels.md.
 // ================================================================================================
 extern "C" __global__ void __launch_bounds__(GIN_HYBRID_MAX_THREADS)
 gin_a2a_hybrid(const __grid_constant__ ncclDevComm devComm, ncclWindow_t window, const uint8_t* send,

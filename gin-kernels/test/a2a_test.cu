@@ -44,14 +44,14 @@ constexpr uint64_t kGuard = 256;                 // poisoned bytes checked after
 constexpr uint64_t kSendSlack = 64;              // room for misaligned send pointers
 constexpr uint64_t kGranule = 4096;
 
-// Test-only variants of gin_a2a (same arguments, same protocol; KERNELS.md "Large-size NVLink
-// bandwidth candidates"), timed next to it and not used by Java:
+// Test-only variants of gin_a2a (same arguments, same protocol; docs/kernels.md, "Design choices
+// and what they rest on"), timed next to it and not used by Java:
 //   A2A_U4 / A2A_U16  4 / 16 loads in flight per thread (the library uses GIN_COPY_UNROLL = 8)
 //   A2A_HINT          remote copy with L1::no_allocate + L2 evict_first hints on loads and stores
 //   A2A_SELF4         self slot copied by chunks/4 blocks of its group (the rest exit at once)
 //   A2A_NOSELF        diagnostic: no self copy at all (pure NVLink time; self slot NOT written)
 //   A2A_TMA4 / TMA8   remote copy by TMA bulk copies through shared memory, 4 x 32 KiB / 8 x 8 KiB
-//   A2A_LL128_U4 / U8 gin_a2a_ll128 with 4 / 8 warp stores per round per warp (library: 2, the fastest in run 13)
+//   A2A_LL128_U4 / U8 gin_a2a_ll128 with 4 / 8 warp stores per round per warp (library: 2, the fastest on 2x H200)
 enum Kind {
   A2A = 0, A2AV = 1, A2A_LL = 2, A2AV_LL = 3, A2A_U4 = 4, A2A_U16 = 5,
   A2A_HINT = 6, A2A_SELF4 = 7, A2A_NOSELF = 8, A2A_TMA4 = 9, A2A_TMA8 = 10,
@@ -1352,8 +1352,8 @@ static void timing_table(bool quick) {
 
 
 // ------------------------------------------------------------------------------------------------
-// Large-size candidates (test-only variants of gin_a2a; KERNELS.md "Large-size NVLink bandwidth
-// candidates"): correctness on odd sizes and alignments, then timing next to gin_a2a.
+// Large-size candidates (test-only variants of gin_a2a; docs/kernels.md, "Design choices and
+// what they rest on"): correctness on odd sizes and alignments, then timing next to gin_a2a.
 // ------------------------------------------------------------------------------------------------
 static void variant_checks(bool quick) {
   const int before = g_failed;
@@ -1397,7 +1397,7 @@ static void variant_checks(bool quick) {
 }
 
 static void variant_table(bool quick) {
-  printf("\nLarge-size candidates (test-only kernels, KERNELS.md): median of 20 gated calls after 5 warm-ups,\n");
+  printf("\nLarge-size candidates (test-only kernels, docs/kernels.md): median of 20 gated calls after 5 warm-ups,\n");
   printf("two interleaved rounds over all configurations; 'vs base' = best round against gin_a2a 32x512's best round.\n");
   printf("test_a2a_noself is a diagnostic (no self copy: the time of the NVLink part alone; output not checked).\n\n");
   struct Cfg {

@@ -401,7 +401,7 @@ static const Entry kTokenPathEntry{"moe_gin_dispatch_tp", moe_gin_dispatch_tp, m
 // fp8 dispatch entries, each with the bf16 combine of the same reach.
 static const Entry kFp8GenericEntry{"moe_gin_dispatch_fp8", nullptr, moe_gin_combine, moe_gin_dispatch_fp8};
 static const Entry kFp8TokenPathEntry{"moe_gin_dispatch_fp8_tp", nullptr, moe_gin_combine_tp, moe_gin_dispatch_fp8_tp};
-// One rank alone, any shape (session 16).
+// One rank alone, any shape.
 static const Entry kAloneEntry{"moe_gin_dispatch_tp_r1", moe_gin_dispatch_tp_r1, moe_gin_combine_tp_r1};
 static const Entry kFp8AloneEntry{"moe_gin_dispatch_fp8_tp_r1", nullptr, moe_gin_combine_tp_r1, moe_gin_dispatch_fp8_tp_r1};
 // The entry of MOE_TP_SHAPES (fp8: MOE_TP_FP8_SHAPES) compiled for (R, E, K, H), if there is one.
@@ -954,7 +954,7 @@ static std::vector<uint32_t> read_errors(Setup& s, bool host) {
 static const double kHostBound = 0.00392, kGinBound = 0.00786;
 
 // ------------------------------------------------------------------------------------------------
-// One f32 per received row back to its (token, k) (session 12; the router weights' gradient), both
+// One f32 per received row back to its (token, k) (the router weights' gradient), both
 // backends, after run_case's dispatches. Row (source s, token t, slot k) of rank d's layout holds
 // 1 + ((s * M + t) * K + k) + call * 2^20 (exact in f32 at these sizes); s must get that value at
 // [t][k], and 0 for masked slots. GIN: moe_gin_row_values on every rank, three calls back to back
@@ -1269,7 +1269,7 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
 // received weights (which must give back each token's weights, 0 where masked); every result
 // copied aside on the device, all checked at the end.
 // ------------------------------------------------------------------------------------------------
-// channels = 5: the token path (<= 32 tokens per channel, round 8); 2: the layout path (48).
+// channels = 5: the token path (<= 32 tokens per channel); 2: the layout path (48).
 // pdl: every dispatch and combine launched with programmatic dependent launch.
 static void run_back_to_back(std::mt19937_64& rng, int rounds, int channels, bool pdl) {
   Case cs{std::string(channels <= 2 ? "back-to-back layout path" : "back-to-back token path") + (pdl ? " PDL" : ""), 32, 4,
@@ -1663,7 +1663,7 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
       // A/B). Per variant: gated single calls, and 8 calls back to back after the gate (/ 8: the
       // steady state that pipelined Java calls see).
       // fp8 shapes also time bf16 rows in: quantized by the dispatch (xq), and moe_fp8_quantize
-      // followed by the dispatch of its rows (session 10).
+      // followed by the dispatch of its rows.
       struct Variant {
         Entry entry;
         bool pdl;
@@ -1751,7 +1751,7 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
           s.input = Setup::ROWS;
         }
       }
-      // moe_gin_row_values after the last dispatch (session 12): one f32 per received row back to
+      // moe_gin_row_values after the last dispatch: one f32 per received row back to
       // its (token, k); the rows' weights stand in for the values.
       std::vector<float*> rowOut(s.R);
       for (int r = 0; r < s.R; ++r) {
@@ -1940,17 +1940,17 @@ int main(int argc, char** argv) {
         // T*K > 4096 on rank 0: the two-level layout (histograms + lower-block waits); rank 1 the
         // one-level one (each block counts the lower tokens itself). Same positions either way.
         {"two-level layout T*K > 4096", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05},
-        // Session 14: skewed routing (Zipf popularity, hot experts shared by every rank) on the
+        // Skewed routing (Zipf popularity, hot experts shared by every rank) on the
         // token path, the layout path and the two-level layout: crowded counters and histograms.
         {"Zipf DeepSeek-like", 256, 8, 7168, 128, Cd, {128, 100}, ZIPF, 0.0},
         {"Zipf layout path", 16 * R, 8, 256, 600, Cd, {600, 333}, ZIPF, 0.05},
         {"Zipf two-level layout", 16 * R, 8, 64, 9000, Cd, {9000, 500}, ZIPF, 0.05},
-        // Round 8: maxTokens*K = 4096 is the token path's limit (Qwen-like above sits on it); one
+        // maxTokens*K = 4096 is the token path's limit (Qwen-like above sits on it); one
         // token more takes the layout path. And a token-path instance with <= 32 tokens per
         // channel at few channels (C = 4, M = 128).
         {"layout path M*K = 4104", 16 * R, 8, 256, 513, Cd, {513, 400}, UNIFORM, 0.05},
         {"token path 32 per channel", 16 * R, 8, 256, 128, 4, {128, 127}, UNIFORM, 0.05},
-        // Round 9: the token-path combine's LL128 lines (120 payload bytes; lane 7 of a line
+        // The token-path combine's LL128 lines (120 payload bytes; lane 7 of a line
         // carries 8 bytes of the row's tail region): one line exactly (H = 60), rows of several
         // 16-line passes with a partial tail (H = 1100), rows of 24 bytes (element path, rows not
         // 16-byte aligned), and DeepSeek-wide rows with a single token.
@@ -1958,7 +1958,7 @@ int main(int argc, char** argv) {
         {"token path H=1100 passes", 8 * R, 4, 1100, 96, 6, {96, 70}, UNIFORM, 0.1},
         {"token path H=12 odd rows", 8 * R, 3, 12, 40, 3, {40, 33}, UNIFORM, 0.1},
         {"token path H=7168 T=1", 256, 8, 7168, 128, Cd, {1}, UNIFORM, 0.0},
-        // Session 9: scaled fp8 dispatch rows (moe_fp8_row_bytes: H codes + f32 scales per 128,
+        // Scaled fp8 dispatch rows (moe_fp8_row_bytes: H codes + f32 scales per 128,
         // padded to 16 bytes), bf16 combine. Both paths, the shapes with fp8 entries of their own,
         // a short last scale block (H = 272: 3 scales + 1 pad), the smallest rows (H = 16, 32
         // bytes), the two-level layout, and empty ranks.
@@ -1969,7 +1969,7 @@ int main(int argc, char** argv) {
         {"fp8 H=16", 8 * R, 4, 16, 96, 5, {96, 80}, UNIFORM, 0.1, true},
         {"fp8 two-level layout", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05, true},
         {"fp8 T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1, true},
-        // Session 10: bf16 rows in, quantized by the dispatch (xq); rows checked byte for byte
+        // bf16 rows in, quantized by the dispatch (xq); rows checked byte for byte
         // against the CPU reference quantizer. Both paths, the shape entries, a short scale block.
         {"fp8 quantizing DeepSeek-like", 256, 8, 7168, 128, Cd, {128, 101}, UNIFORM, 0.0, true, true},
         {"fp8 quantizing Qwen-like", 128, 8, 2048, 512, Cd, {512, 480}, UNIFORM, 0.05, true, true},
@@ -1977,7 +1977,7 @@ int main(int argc, char** argv) {
         {"fp8 quantizing two-level", 16 * R, 8, 64, 9000, Cd, {9000, 500}, UNIFORM, 0.05, true, true},
         {"fp8 quantizing H=272", 8 * R, 4, 272, 64, 4, {64, 50}, UNIFORM, 0.1, true, true},
         {"fp8 quantizing T=0 on rank 0", 8 * R, 4, 256, 64, 4, {0, 64}, UNIFORM, 0.1, true, true},
-        // Session 12: ~31 tokens per channel at C = 66, bf16 rows of 2048 (the quantizing split
+        // ~31 tokens per channel at C = 66, bf16 rows of 2048 (the quantizing split
         // between sender and receiver c at a realistic hidden size).
         {"fp8 quantizing 31 per channel", 16 * R, 8, 2048, 2100, Cd, {2100, 1500}, UNIFORM, 0.05, true, true},
     };

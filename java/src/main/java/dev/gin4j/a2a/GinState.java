@@ -30,7 +30,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
 /**
  * What the GIN kernels need per local rank, made once: the symmetric window (signals, LL and LL128
  * staging, receive counts, receive slots), the peer table, sequence counters, the error word and
- * the kernels' argument lists. Window layout as in gin-kernels/KERNELS.md (a2a.cu).
+ * the kernels' argument lists. Window layout as in docs/kernels.md (a2a.cu).
  */
 final class GinState implements AutoCloseable {
     final CommGroup group;
@@ -184,7 +184,7 @@ final class GinState implements AutoCloseable {
         DeviceComm dc = null;
         try {
             if (hybrid) {
-                // 2 signals per (source, chunk): data and ready (KERNELS.md, nccl_gin_a2a.cu)
+                // 2 signals per (source, chunk): data and ready (docs/kernels.md, nccl_gin_a2a.cu)
                 dc = DeviceComm.create(group, new DeviceComm.Requirements(0, 2 * nranks * Plan.MAX_CHUNKS_PER_PEER, 0, true));
             }
             this.ginComm = dc;

@@ -2,20 +2,20 @@ package dev.gin4j.a2a;
 
 /**
  * One launch shape of the GIN kernels: protocol, chunks per peer (grid = ranks x chunks) and
- * threads per block. Chosen by size from measurements on 2 H200 over NVLink (gin-kernels/KERNELS.md).
+ * threads per block. Chosen by size from measurements on 2 H200 over NVLink (docs/kernels.md).
  */
 public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
     /** Largest per-peer message the LL protocol is used for by default, and the LL staging capacity. */
     public static final long LL_MAX_BYTES_PER_PEER = 128 * 1024;
     /**
      * Largest per-peer message {@link Protocol#AUTO} sends with LL128 on NVIDIA, and the LL128 staging
-     * capacity (a2a_test run 14, pipelined: LL128 beats LL from 4 KiB and direct up to 4 MiB per rank).
+     * capacity (a2a_test, 2x H200, 2026-11-30, pipelined: LL128 beats LL from 4 KiB and direct up to 4 MiB per rank).
      */
     public static final long LL128_MAX_BYTES_PER_PEER = 2L * 1024 * 1024;
     /**
      * Above this many bytes sent to peers per rank ((ranks - 1) x per peer), {@link Protocol#AUTO} uses
      * the copy engines on NVIDIA. Bench a2a, pipelined, direct vs copy engines: 2 H200, 32 MiB per
-     * peer 101 vs 107 us, 128 MiB per peer 375 vs 363 us; 4 H200 (session 7), 16 MiB per peer 166 vs
+     * peer 101 vs 107 us, 128 MiB per peer 375 vs 363 us; 4 H200 (2026-11-30), 16 MiB per peer 166 vs
      * 163 us, 32 MiB 308 vs 290 us, 64 MiB 599 vs 547 us, 256 MiB 2312 vs 2087 us.
      */
     public static final long COPY_ENGINE_MIN_PEER_BYTES = 64L * 1024 * 1024;
@@ -51,7 +51,7 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
             return new Plan(p, 16, 512);
         }
         if (p == Protocol.LL128) {
-            // a2a_test run 14, pipelined, best per size (per peer): 2 KiB 1x256, 8 KiB 4x512, 32 KiB 16x256, 128 KiB 32x256, 512 KiB-2 MiB 64x512
+            // a2a_test, 2x H200, 2026-11-30, pipelined, best per size (per peer): 2 KiB 1x256, 8 KiB 4x512, 32 KiB 16x256, 128 KiB 32x256, 512 KiB-2 MiB 64x512
             if (bytesPerPeer <= 2 * 1024) return new Plan(p, 1, 256);
             if (bytesPerPeer <= 8 * 1024) return new Plan(p, 4, 512);
             if (bytesPerPeer <= 32 * 1024) return new Plan(p, 16, 256);
@@ -59,7 +59,7 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
             return new Plan(p, 64, 512);
         }
         // a2a_test timing tables: many small CTAs win up to 16 MiB per rank on 2 H200; above that 32 and
-        // 64 chunks tie on 2 H200, and 64 wins by 6-10 % on 4 (64 MiB-1 GiB per rank, session 7)
+        // 64 chunks tie on 2 H200, and 64 wins by 6-10 % on 4 (64 MiB-1 GiB per rank, 2026-11-30)
         if (bytesPerPeer <= 64 * 1024) return new Plan(p, 1, 512);
         if (bytesPerPeer <= 512 * 1024) return new Plan(p, 32, 512);
         return new Plan(p, 64, 512);

@@ -66,7 +66,7 @@ final class MoeBench {
     /**
      * Calls of the throwaway run before the first measured shape. HotSpot compiles a method with C2
      * only after ~10^4 invocations; 1500 warm-up calls of the first shape left part of the call path
-     * in the interpreter or C1 while that shape was measured (session 5: its per-call and CPU times
+     * in the interpreter or C1 while that shape was measured (2026-11-30: its per-call and CPU times
      * came out 1.5-2x the later rows' in 2 of 3 runs, and only in the first row).
      */
     static final int JIT_WARMUP_CALLS = 20_000;

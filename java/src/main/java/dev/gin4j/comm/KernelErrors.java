@@ -10,7 +10,7 @@ import java.util.List;
 
 /**
  * The error word gin4j's kernels set instead of hanging or writing out of bounds
- * ({@code errorFlags}, bits in gin-kernels/src/gin_sync.cuh and KERNELS.md). Kernels only OR
+ * ({@code errorFlags}, bits in gin-kernels/src/gin_sync.cuh and docs/kernels.md). Kernels only OR
  * bits in; {@link #check} reads the word after the stream is synchronized and throws.
  */
 public final class KernelErrors {
@@ -38,7 +38,7 @@ public final class KernelErrors {
     /** The bits set so far (a synchronous read). */
     public int read() { return word.readInts(1)[0]; }
 
-    private static final int TIMED_OUT = 1;  // bit 0: after it the kernels' protocol state is undefined (KERNELS.md)
+    private static final int TIMED_OUT = 1;  // bit 0: after it the kernels' protocol state is undefined (docs/kernels.md)
 
     /** Throws naming every bit set, and clears the word so the next operation starts clean. */
     public void check(String operation, Stream stream) {

@@ -56,7 +56,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * The GIN kernels run on 2 x {@link #channels()} SMs ({@link MoeConfig#withChannels}: fewer leave
  * SMs to compute on other streams). {@link #create} compares every rank's {@link MoeConfig} and
  * refuses, naming the rank, where one differs.
- * Kernels and layouts: gin-kernels/src/moe.cu and gin-kernels/KERNELS.md.
+ * Kernels and layouts: gin-kernels/src/moe.cu and docs/kernels.md.
  */
 public final class MoeAllToAll extends NativeResource {
     private static final int Q_WINDOW_BYTES = 0, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
@@ -195,7 +195,7 @@ public final class MoeAllToAll extends NativeResource {
                 long[] q = queryLayout(group.rank(0).device());
                 if (q[Q_WINDOW_BYTES] == 0) {
                     throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
-                            + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in gin-kernels/KERNELS.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
+                            + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in docs/kernels.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
                             + " maxTokens x ranks and the receive capacity in rows below 2^31)");
                 }
                 return q;
@@ -225,7 +225,7 @@ public final class MoeAllToAll extends NativeResource {
     }
 
     /**
-     * Every rank must run the kernels with the same configuration and channel count C (KERNELS.md:
+     * Every rank must run the kernels with the same configuration and channel count C (docs/kernels.md:
      * the same C on every rank; the HOST exchange sizes its NCCL calls from the configuration). A
      * mismatch would show only as a kernel time-out or an NCCL hang, so the ranks compare them here.
      * C is the configuration's, or (0) comes from the GPU with the fewest SMs (SMs / 2, at most 128).
@@ -297,7 +297,7 @@ public final class MoeAllToAll extends NativeResource {
      * The most specific GIN entry point of {@code base} the code object has for this instance: on the
      * token path, the one compiled for this shape ({@code base_tp_r<R>_e<E>_k<K>_h<H>}, sizes as
      * constants), else at one rank {@code base_tp_r1}, else {@code base_tp}; otherwise, or where the
-     * manifest lists none of them, {@code base} (gin-kernels/KERNELS.md, "Entry points").
+     * manifest lists none of them, {@code base} (docs/kernels.md, "Entry points").
      */
     private String entryPoint(String base, Device device) {
         if (query[Q_TOKEN_PATH] != 1) return base;
@@ -376,7 +376,7 @@ public final class MoeAllToAll extends NativeResource {
         KernelArgs a = r.dispatchArgs;
         // fp8 from bf16: the dispatch quantizes x into r.xq itself, one launch on both paths (1x H200,
         // DeepSeek-V3, one rank: 128 tokens 0.3-0.5 us over ready fp8 rows; 4096 tokens 133.7 us
-        // against 138.0 for moe_fp8_quantize and then the dispatch, session 11).
+        // against 138.0 for moe_fp8_quantize and then the dispatch, 2026-12-01).
         if (cfg.dtype() == DType.FP8_E4M3) {
             if (cfg.quantizes()) a.setPointer(17, r.xq);
             else a.setPointer(17, 0);
