@@ -102,29 +102,6 @@ GIN_DEVICE_INLINE bool args_ok(const uint64_t* peerBases, const uint64_t* seqSta
   return ok;
 }
 
-// a2av: the count this rank sends to peer p, clamped so that neither the send buffer nor the
-// receive slot (capacity) is overrun. Returns the error bits the clamping implies.
-GIN_DEVICE_INLINE uint32_t resolve_count(const uint64_t* sendCounts, const uint64_t* sendOffsets, int p,
-                                         uint64_t sendBytes, uint64_t capacity, uint64_t& count,
-                                         uint64_t& srcOffset) {
-  uint32_t err = 0;
-  count = sendCounts[p];
-  srcOffset = sendOffsets[p];
-  if (srcOffset > sendBytes) {
-    srcOffset = 0;
-    count = 0;
-    err |= GIN_ERR_SEND_RANGE;
-  } else if (count > sendBytes - srcOffset) {
-    count = sendBytes - srcOffset;
-    err |= GIN_ERR_SEND_RANGE;
-  }
-  if (count > capacity) {
-    count = capacity;
-    err |= GIN_ERR_COUNT_CLAMPED;
-  }
-  return err;
-}
-
 // This call's message to peer p: its byte count and where it starts in `send`, clamped to
 // `capacity` (a2av: also to the send buffer); chunk 0's thread 0 reports any clamping. Returns
 // false for a uniform call of 0 bytes, which every rank skips without advancing a sequence.
@@ -133,7 +110,7 @@ GIN_DEVICE_INLINE bool resolve_message(const uint64_t* sendCounts, const uint64_
                                        uint64_t bytesPerPeer, int p, uint64_t capacity, int c, uint32_t tid,
                                        uint32_t* errorFlags, uint64_t& count, uint64_t& srcOffset) {
   if (kVarCounts) {
-    uint32_t err = resolve_count(sendCounts, sendOffsets, p, sendBytes, capacity, count, srcOffset);
+    uint32_t err = gin_resolve_count(sendCounts, sendOffsets, p, sendBytes, capacity, count, srcOffset);
     if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
     return true;
   }

@@ -312,6 +312,29 @@ GIN_DEVICE_INLINE bool gin_warp_any(bool pred) {
 #endif
 }
 
+// All-to-all-v: the count this rank sends to peer p, clamped so that neither the send buffer nor the
+// receive slot (capacity) is overrun. Returns the error bits the clamping implies.
+GIN_DEVICE_INLINE uint32_t gin_resolve_count(const uint64_t* sendCounts, const uint64_t* sendOffsets, int p,
+                                             uint64_t sendBytes, uint64_t capacity, uint64_t& count,
+                                             uint64_t& srcOffset) {
+  uint32_t err = 0;
+  count = sendCounts[p];
+  srcOffset = sendOffsets[p];
+  if (srcOffset > sendBytes) {
+    srcOffset = 0;
+    count = 0;
+    err |= GIN_ERR_SEND_RANGE;
+  } else if (count > sendBytes - srcOffset) {
+    count = sendBytes - srcOffset;
+    err |= GIN_ERR_SEND_RANGE;
+  }
+  if (count > capacity) {
+    count = capacity;
+    err |= GIN_ERR_COUNT_CLAMPED;
+  }
+  return err;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cooperative byte copy: `width` threads (a warp, a block, ...) with indices lane in [0, width)
 // copy n bytes from src to dst (dst may be a peer's window). Any alignment and size. The body
@@ -321,6 +344,7 @@ GIN_DEVICE_INLINE bool gin_warp_any(bool pred) {
 // full 16-byte stores). Heads/tails (< 16 bytes) go byte by byte. src must not change during the
 // copy and must not overlap dst.
 // ---------------------------------------------------------------------------------------------
+
 #ifndef GIN_COPY_UNROLL
 #define GIN_COPY_UNROLL 8
 #endif

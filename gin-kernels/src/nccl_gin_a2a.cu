@@ -1,9 +1,13 @@
-// nccl_gin_a2a.cu - hybrid all-to-all (uniform) over NCCL's device API: per peer, load/store (LSA)
-// when the peer is in this rank's LSA team, GPU-initiated networking (ncclGin put + signal)
-// otherwise. One entry point:
+// nccl_gin_a2a.cu - hybrid all-to-all and all-to-all-v over NCCL's device API: per peer,
+// load/store (LSA) when the peer is in this rank's LSA team, GPU-initiated networking (ncclGin put
+// + signal) otherwise. Entry points:
 //
 //   gin_a2a_hybrid        same grid, chunking and output placement as gin_a2a (a2a.cu): rank r's
 //                         result from source s lies at window offset recvOffset + s*slotBytes.
+//   gin_a2av_hybrid       the same with per-peer byte counts and offsets read on the device (as
+//                         gin_a2av): the count travels ahead of the data (an 8-byte put from
+//                         countStagingOffset + p*8 into the peer's recvCountsOffset + r*8, or a
+//                         store over LSA), and every chunk signals, empty or not.
 //   gin_a2a_hybrid_reset  once per devComm, on every rank, before the first call (then a barrier):
 //                         zeroes seqState, the own LSA flags and the kernel's GIN signals (NCCL
 //                         hands out signals from a pool, so a new devComm's may hold old values).
@@ -14,8 +18,8 @@
 // the ordering arguments are in docs/kernels.md, section "nccl_gin_a2a.cu"; the short form
 // of each argument sits next to the code that relies on it.
 //
-// NOT RUN ANYWHERE YET: no machine available to this project has an RDMA device (the GPU host has
-// NVLink only and NCCL 2.28.3). Correctness of the GIN path rests on the reasoning written here.
+// Run through NCCL 2.29.7's GIN proxy backend and the loopback GIN transport (gin-kernels/loopback)
+// with every peer across the "network" (LoopbackGinGpuTest); not yet on an RDMA NIC.
 #include "gin_sync.cuh"
 #include <nccl.h>
 #include <nccl_device.h>
@@ -82,14 +86,14 @@ GIN_DEVICE_INLINE bool wait_signal_geq(const ncclGin& gin, ncclGinSignal_t id, u
 // Argument checks; every block reaches the same verdict (arguments and devComm are uniform), block
 // 0 reports it. GIN is checked only where this rank has a peer outside its LSA team.
 GIN_DEVICE_INLINE bool args_ok(const ncclDevComm& comm, ncclWindow_t window, const uint8_t* send,
-                               uint64_t bytesPerPeer, uint64_t lsaSignalOffset, int32_t ginSignalBase, const uint64_t* seqState,
+                               uint64_t sendBytes, uint64_t lsaSignalOffset, int32_t ginSignalBase, const uint64_t* seqState,
                                int rank, int nranks, int chunks, int maxChunks, bool needGin,
                                uint32_t* errorFlags) {
   bool ok = window != nullptr && seqState != nullptr && nranks >= 1 && rank >= 0 && rank < nranks &&
             comm.rank == rank && comm.nRanks == nranks && chunks >= 1 && maxChunks >= chunks &&
             (uint64_t)gridDim.x == (uint64_t)nranks * (uint64_t)chunks && gridDim.y == 1 && gridDim.z == 1 &&
             blockDim.y == 1 && blockDim.z == 1 && (lsaSignalOffset & 7u) == 0 &&
-            (send != nullptr || bytesPerPeer == 0);
+            (send != nullptr || sendBytes == 0);
   if (ok && needGin) {
     // A devComm without GIN connections, a railed one (reaches only peers of the same rail) or one
     // with too few signals cannot serve the network path; nothing is moved.
@@ -136,29 +140,49 @@ GIN_DEVICE_INLINE bool args_ok(const ncclDevComm& comm, ncclWindow_t window, con
 // call, so after call s both the expected and the actual value are s: signals only grow, and
 // nothing ever resets them (64 bits do not wrap). LSA flags hold s the same way.
 // ----------------------------------------------------------------------------------------------
-GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window, const uint8_t* send,
-                                    uint64_t bytesPerPeer, uint64_t recvOffset, uint64_t slotBytes,
-                                    uint64_t stagingOffset, uint64_t lsaSignalOffset, int32_t ginSignalBase,
-                                    uint64_t* seqState, int rank, int nranks, int chunks, int maxChunks,
-                                    uint32_t* errorFlags) {
+//
+// All-to-all-v (kVarCounts): the count (clamped to the slot and the send buffer, as gin_a2av's)
+// goes to p's recvCounts[r] in the block of chunk 0, before its data: over LSA a plain store
+// ordered by the done flag; over GIN an 8-byte put staged in this rank's countStaging[p], issued
+// on the same context before the data puts, so the data signal (after every earlier put to p)
+// proves it landed. The receiver does not know the count, so no chunk is skipped: an empty GIN
+// chunk sends its data signal alone.
+template <bool kVarCounts>
+GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window, const uint8_t* send, uint64_t sendBytes,
+                                    uint64_t bytesPerPeer, const uint64_t* sendCounts, const uint64_t* sendOffsets,
+                                    uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
+                                    uint64_t stagingOffset, uint64_t countStagingOffset, uint64_t lsaSignalOffset,
+                                    int32_t ginSignalBase, uint64_t* seqState, int rank, int nranks, int chunks,
+                                    int maxChunks, uint32_t* errorFlags) {
   __shared__ uint64_t sharedSeq;
   __shared__ int sharedOk;
   const ncclTeam world = ncclTeamWorld(comm);
   const ncclTeam lsa = ncclTeamLsa(comm);
   const bool needGin = lsa.nRanks < world.nRanks;
-  if (!args_ok(comm, window, send, bytesPerPeer, lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunks, maxChunks, needGin,
-               errorFlags))
+  if (!args_ok(comm, window, send, kVarCounts ? sendBytes : bytesPerPeer, lsaSignalOffset, ginSignalBase, seqState, rank,
+               nranks, chunks, maxChunks, needGin, errorFlags))
     return;
+  if (kVarCounts && (sendCounts == nullptr || sendOffsets == nullptr || (recvCountsOffset & 7u) != 0 || (countStagingOffset & 7u) != 0)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, GIN_ERR_BAD_ARGS);
+    return;
+  }
   const uint32_t tid = threadIdx.x, nthreads = blockDim.x;
   const int c = (int)(blockIdx.x % (uint32_t)chunks);
   const int p = peer_of_group((int)(blockIdx.x / (uint32_t)chunks), rank, nranks);
 
-  uint64_t count = bytesPerPeer;
-  if (count > slotBytes) {
-    count = slotBytes;
-    if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
+  uint64_t count, srcOffset;
+  if (kVarCounts) {
+    const uint32_t err = gin_resolve_count(sendCounts, sendOffsets, p, sendBytes, slotBytes, count, srcOffset);
+    if (err && c == 0 && tid == 0) gin_error_set(errorFlags, err);
+  } else {
+    count = bytesPerPeer;
+    srcOffset = (uint64_t)p * bytesPerPeer;
+    if (count > slotBytes) {
+      count = slotBytes;
+      if (c == 0 && tid == 0) gin_error_set(errorFlags, GIN_ERR_COUNT_CLAMPED);
+    }
   }
-  const uint64_t srcOffset = (uint64_t)p * bytesPerPeer;
+  const bool sendsCount = kVarCounts && c == 0;
   uint64_t lo, hi;
   chunk_range(count, chunks, c, lo, hi);
   const uint64_t slotOffset = recvOffset + (uint64_t)rank * slotBytes;  // my slot in every window
@@ -167,10 +191,11 @@ GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window
     // Self slot: a local copy, stream-ordered against this rank's own readers; no flags.
     uint8_t* own = (uint8_t*)ncclGetLocalPointer(window, slotOffset);
     gin_copy_bytes(own + lo, send + srcOffset + lo, hi - lo, tid, nthreads);
+    if (sendsCount && tid == 0) ((uint64_t*)ncclGetLocalPointer(window, recvCountsOffset))[rank] = count;
     return;
   }
   // Both sides know the uniform size: an empty chunk is skipped by both, counters stay equal.
-  if (hi == lo) return;
+  if (!kVarCounts && hi == lo) return;
 
   uint64_t* seq = seqState + (uint64_t)p * (uint64_t)maxChunks + (uint64_t)c;
   const bool lsaPeer = ncclTeamRankIsMember(lsa, world, p);
@@ -193,6 +218,7 @@ GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window
     if (!sharedOk) return;  // timed out: never write into a slot the peer may still be reading
     const uint64_t s = sharedSeq;
     gin_copy_bytes(peerSlot + lo, send + srcOffset + lo, hi - lo, tid, nthreads);
+    if (sendsCount && tid == 0) ((uint64_t*)ncclGetLsaPointer(window, recvCountsOffset, lsaP))[rank] = count;
     __syncthreads();
     if (tid == 0) {
       gin_st_release_sys(peerSig + doneBase + mine, s);
@@ -219,9 +245,18 @@ GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window
   const uint64_t s = sharedSeq;
   uint8_t* stage = (uint8_t*)ncclGetLocalPointer(window, stageOffset);
   gin_copy_bytes(stage + lo, send + srcOffset + lo, hi - lo, tid, nthreads);
+  const uint64_t countStage = countStagingOffset + (uint64_t)p * 8u;  // my count for p, staged in registered memory
+  if (sendsCount && tid == 0) *(uint64_t*)ncclGetLocalPointer(window, countStage) = count;
   __syncthreads();
   if (tid == 0) {
     ncclGin gin{comm, kGinContext};
+    // the count first: the data signal below comes after every earlier put of this context to p
+    if (sendsCount)
+      gin.put(world, p, window, recvCountsOffset + (uint64_t)rank * 8u, window, countStage, 8, ncclGin_None{}, ncclGin_None{},
+              ncclCoopThread(), ncclGin_None{}, cuda::thread_scope_thread, cuda::thread_scope_system);
+    if (hi == lo)  // all-to-all-v: nothing to send in this chunk, but the receiver waits for its signal
+      gin.signal(world, p, ncclGin_SignalInc{data_signal(sigBase, rank, c, maxChunks)}, ncclCoopThread(), ncclGin_None{},
+                 cuda::thread_scope_thread, cuda::thread_scope_system);
     for (uint64_t off = lo; off < hi; off += kMaxPutBytes) {
       const uint64_t n = hi - off < kMaxPutBytes ? hi - off : kMaxPutBytes;
       if (off + n < hi) {
@@ -287,7 +322,22 @@ gin_a2a_hybrid(const __grid_constant__ ncclDevComm devComm, ncclWindow_t window,
                uint64_t bytesPerPeer, uint64_t recvOffset, uint64_t slotBytes, uint64_t stagingOffset,
                uint64_t lsaSignalOffset, int32_t ginSignalBase, uint64_t* seqState, int32_t rank, int32_t nranks,
                int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
-  gin_hybrid_detail::hybrid_block(devComm, window, send, bytesPerPeer, recvOffset, slotBytes, stagingOffset,
-                                  lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunksPerPeer,
-                                  maxChunksPerPeer, errorFlags);
+  gin_hybrid_detail::hybrid_block<false>(devComm, window, send, 0, bytesPerPeer, nullptr, nullptr, recvOffset, slotBytes, 0,
+                                         stagingOffset, 0, lsaSignalOffset, ginSignalBase, seqState, rank, nranks,
+                                         chunksPerPeer, maxChunksPerPeer, errorFlags);
+}
+
+// All-to-all-v: sendCounts / sendOffsets (uint64 per peer, device memory) give each message; rank
+// r's message from source s lies at recvOffset + s*slotBytes, its length at recvCountsOffset + s*8.
+// countStagingOffset: nranks uint64 of this window for the counts sent through GIN. Same grid,
+// LSA signal area and GIN signals as gin_a2a_hybrid (of its own window and seqState).
+extern "C" __global__ void __launch_bounds__(GIN_HYBRID_MAX_THREADS)
+gin_a2av_hybrid(const __grid_constant__ ncclDevComm devComm, ncclWindow_t window, const uint8_t* send, uint64_t sendBytes,
+                const uint64_t* sendCounts, const uint64_t* sendOffsets, uint64_t recvOffset, uint64_t slotBytes,
+                uint64_t recvCountsOffset, uint64_t stagingOffset, uint64_t countStagingOffset, uint64_t lsaSignalOffset,
+                int32_t ginSignalBase, uint64_t* seqState, int32_t rank, int32_t nranks, int32_t chunksPerPeer,
+                int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+  gin_hybrid_detail::hybrid_block<true>(devComm, window, send, sendBytes, 0, sendCounts, sendOffsets, recvOffset, slotBytes,
+                                        recvCountsOffset, stagingOffset, countStagingOffset, lsaSignalOffset, ginSignalBase,
+                                        seqState, rank, nranks, chunksPerPeer, maxChunksPerPeer, errorFlags);
 }

@@ -191,7 +191,7 @@ public final class AllToAll extends NativeResource {
         s.noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
         s.noteUse(group);  // the input is noted with each launch's arguments (KernelArgs.setPointer)
         if (gin.hybrid) {
-            // peers on other nodes: LSA stores inside the node, GIN puts with signals across (never run here: no RDMA device)
+            // peers on other nodes: LSA stores inside the node, GIN puts with signals across (nccl_gin_a2a.cu)
             r.hybridArgs.setPointer(2, in).setLong(3, bytesPerPeer).setLong(4, gin.offset("recv")).setLong(5, bytesPerPeer)
                     .setLong(6, gin.offset("staging")).setLong(7, gin.offset("signals")).setInt(8, 0).setPointer(9, r.seq.address())
                     .setInt(10, r.comm.rank()).setInt(11, n).setInt(12, plan.chunksPerPeer()).setInt(13, Plan.MAX_CHUNKS_PER_PEER).setPointer(14, r.errors.buffer().address());

@@ -68,6 +68,9 @@ public final class AllToAllV extends NativeResource {
     }
 
     public Backend backend() { return backend; }
+
+    /** The launch shape of a GIN call on local rank 0, sized by the capacity (the counts are on the device); null for HOST. */
+    public Plan plan() { return gin == null ? null : gin.plan(capacityPerPeer, protocol, 0, false); }
     public long capacityPerPeer() { return capacityPerPeer; }
 
     /** As {@link AllToAll#protocol}: every rank must use the same protocol in a call. */
@@ -117,12 +120,23 @@ public final class AllToAllV extends NativeResource {
             runHost(inputs, sendCounts, sendOffsets, streams);
             return;
         }
-        if (gin.hybrid) throw new UnsupportedOperationException("all-to-all-v with peers on other nodes (GIN) is not available yet: use Backend.HOST");
         // counts are on the device: size the launch by capacity so every rank launches the same grid
         for (int i = 0; i < local; i++) {
             Plan plan = gin.plan(capacityPerPeer, protocol, i, false);
             GinState.Rank r = gin.ranks.get(i);
             DeviceBuffer in = inputs.get(i);
+            if (gin.hybrid) {
+                // peers on other nodes: LSA stores inside the node, GIN puts with signals across (nccl_gin_a2a.cu)
+                streams.get(i).noteUse(this);
+                streams.get(i).noteUse(group);
+                r.hybridVArgs.setPointer(2, in).setLong(3, in.byteSize()).setPointer(4, sendCounts.get(i)).setPointer(5, sendOffsets.get(i))
+                        .setLong(6, gin.offset("recv")).setLong(7, capacityPerPeer).setLong(8, gin.offset("counts"))
+                        .setLong(9, gin.offset("staging")).setLong(10, gin.offset("countStaging")).setLong(11, gin.offset("signals"))
+                        .setInt(12, 0).setPointer(13, r.seq.address()).setInt(14, r.comm.rank()).setInt(15, n)
+                        .setInt(16, plan.chunksPerPeer()).setInt(17, Plan.MAX_CHUNKS_PER_PEER).setPointer(18, r.errors.buffer().address());
+                r.hybridVKernel.launch(streams.get(i), LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridVArgs);
+                continue;
+            }
             // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
             long peerBases = gin.peers.table(i).address();

@@ -61,8 +61,8 @@ final class GinState implements AutoCloseable {
         final KernelErrors errors;
         final java.util.Map<Long, Integer> residentBlocks = new java.util.concurrent.ConcurrentHashMap<>();
         CodeObject hybridCode;       // nccl_gin_a2a: compiled only against NCCL >= 2.29.7 headers
-        Kernel hybridKernel;
-        KernelArgs hybridArgs;
+        Kernel hybridKernel, hybridVKernel;
+        KernelArgs hybridArgs, hybridVArgs;
 
         /** Loads the hybrid kernel and resets its GIN signals (NCCL hands signals out of a pool without zeroing them). */
         void attachHybrid(GinState st, Stream s) {
@@ -74,6 +74,12 @@ final class GinState implements AutoCloseable {
             // gin_a2a_hybrid(devComm, window, send, bytesPerPeer, recvOffset, slotBytes, stagingOffset, lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunks, maxChunks, errorFlags)
             hybridArgs = KernelArgs.of(st.arena, devComm, POINTER, POINTER, I64, I64, I64, I64, I64, I32, POINTER, I32, I32, I32, I32, POINTER);
             hybridArgs.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address());
+            hybridVKernel = hybridCode.kernel("gin_a2av_hybrid");
+            // gin_a2av_hybrid(devComm, window, send, sendBytes, sendCounts, sendOffsets, recvOffset, slotBytes, recvCountsOffset,
+            //                 stagingOffset, countStagingOffset, lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunks, maxChunks, errorFlags)
+            hybridVArgs = KernelArgs.of(st.arena, devComm, POINTER, POINTER, I64, POINTER, POINTER, I64, I64, I64, I64, I64, I64, I32, POINTER,
+                    I32, I32, I32, I32, POINTER);
+            hybridVArgs.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address());
             try (Arena a = Arena.ofConfined()) {
                 // gin_a2a_hybrid_reset(devComm, window, lsaSignalOffset, ginSignalBase, seqState, nranks, maxChunks, errorFlags)
                 KernelArgs reset = KernelArgs.of(a, devComm, POINTER, I64, I32, POINTER, I32, I32, POINTER);
@@ -153,8 +159,8 @@ final class GinState implements AutoCloseable {
                 .region("ll128", Math.multiplyExact(2L * nranks, ll128SlotStride(ll128Capacity)), 128)
                 .region("counts", 8L * nranks, 128)
                 .region("recv", Math.multiplyExact(slotCapacity, (long) nranks), 4096);
-        // GIN puts read from registered memory: blocks for remote peers are staged in the window first
-        if (hybrid) b.region("staging", Math.multiplyExact(slotCapacity, (long) nranks), 4096);
+        // GIN puts read from registered memory: blocks (and all-to-all-v counts) for remote peers are staged in the window first
+        if (hybrid) b.region("staging", Math.multiplyExact(slotCapacity, (long) nranks), 4096).region("countStaging", 8L * nranks, 128);
         return b.build();
     }
 

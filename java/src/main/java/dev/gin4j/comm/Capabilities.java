@@ -51,7 +51,6 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         List<String> rdma = rdmaDevices();
         boolean gin = false;
         boolean devApiWorks = false;
-        String plugin = describeGinPlugin();
         if (devApi && windows && abiOk && !devices.isEmpty()) {
             try (CommGroup g = CommGroup.initAll(devices)) {
                 try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 0, 0))) {
@@ -59,7 +58,7 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
                     notes.add("device communicator with LSA barriers over " + devices.size() + " local GPU(s): created");
                 }
                 String type = ginType(g.rank(0));
-                notes.add("GIN type NCCL reports: " + type + "; GIN plugin: " + plugin);
+                notes.add("GIN type NCCL reports: " + type + "; GIN plugin: " + describeGinPlugin());  // after init: NCCL has loaded it
                 if (!"none".equals(type) && !type.startsWith("unknown")) {
                     try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 1, 0, true))) {
                         gin = true;
@@ -75,7 +74,7 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
                 notes.add("trying a device communicator failed: " + e.getMessage());
             }
         } else {
-            notes.add("GIN plugin: " + plugin);
+            notes.add("GIN plugin: " + describeGinPlugin());
         }
         List<String> summary = new ArrayList<>();
         summary.add("version " + Nccl.versionString(version) + "; symmetric windows: " + (windows ? "yes" : "no") + "; device API: "

@@ -30,11 +30,14 @@ class LoopbackGinGpuTest {
     }
 
     private static void allToAll(int world) throws Exception {
-        List<String> out = TwoProcessGpuTest.runRanks(ranksAsHosts(), "ginAllToAll", Map.of(), world);
+        // NCCL's own log says which GIN plugin it took
+        List<String> out = TwoProcessGpuTest.runRanks(ranksAsHosts(), "ginAllToAll", Map.of("NCCL_DEBUG", "INFO", "NCCL_DEBUG_SUBSYS", "INIT,NET"), world);
         for (String o : out) {
+            assertTrue(o.contains("Assigned GIN plugin gin4j-loopback"), "NCCL did not report taking the loopback GIN plugin:\n" + o);
             assertTrue(o.contains("on the network"), o);
-            assertTrue(o.contains("1000 back-to-back GIN all-to-alls") && o.contains("replayed 1000 times"), o);
-            System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
+            assertTrue(o.contains("1000 back-to-back GIN all-to-alls") && o.contains("replayed 1000 times") && o.contains("all-to-all-v round 5"), o);
+            System.out.println(o.lines().filter(l -> l.startsWith("rank ") || l.contains("GIN plugin") || l.contains("gin4j-loopback"))
+                    .reduce("", (a, b) -> a + b + "\n"));
         }
     }
 
@@ -44,9 +47,15 @@ class LoopbackGinGpuTest {
 
     @Test void fourRanksAllToAllThroughGin() throws Exception { allToAll(4); }
 
-    /** A rank that dies mid-run: the others' next GIN exchange fails within the time-out and their group is aborted. */
+    /**
+     * A rank that dies mid-run: the others' next GIN exchange fails well within the time-out,
+     * naming the peer (the transport sees its process gone and NCCL reports that), and their group
+     * is aborted.
+     */
     @Test void aPeerThatDiesDuringGinIsReportedAndNothingHangs() throws Exception {
         List<String> out = TwoProcessGpuTest.runRanks(ranksAsHosts(), "ginPeerDies", Map.of("GIN4J_COMM_TIMEOUT_S", "15"), 2);
-        assertTrue(out.get(1).contains("with a dead peer failed"), out.get(1));
+        String failure = out.get(1).lines().filter(l -> l.contains("with a dead peer failed")).findFirst().orElse("");
+        System.out.println(failure);
+        assertTrue(failure.contains("peer rank 0") && failure.contains("is gone"), "the error does not name the dead peer:\n" + out.get(1));
     }
 }

@@ -180,7 +180,7 @@ public final class RankMain {
                 }
             }
         }
-        allToAllV(g, rank, seed, arena);
+        allToAllV(g, rank, seed, arena, 300_000, !ONE_GPU_AS_HOSTS, null);
     }
 
     /**
@@ -188,14 +188,13 @@ public final class RankMain {
      * one peer taking everything, tiny and random counts; every rank derives every rank's counts
      * and bytes from the shared seed and checks what it received and the counts it was told.
      */
-    private static void allToAllV(CommGroup g, int rank, long seed, Arena arena) {
+    static void allToAllV(CommGroup g, int rank, long seed, Arena arena, long cap, boolean withGin, LoopbackGinRank.Counters counters) {
         Device d = g.rank(0).device();
         int n = g.worldSize();
-        long cap = 300_000;
         try (Stream s = d.createStream();
-             AllToAllV gin = ONE_GPU_AS_HOSTS ? null : AllToAllV.create(g, cap, Backend.GIN);
+             AllToAllV gin = withGin ? AllToAllV.create(g, cap, Backend.GIN) : null;
              AllToAllV host = AllToAllV.create(g, cap, Backend.HOST)) {
-            for (int round = 0; round < 5; round++) {
+            for (int round = 0; round < 6; round++) {
                 SplittableRandom random = new SplittableRandom(seed * 7919 + round);
                 long[][] cnt = new long[n][n];
                 for (int i = 0; i < n; i++) for (int p = 0; p < n; p++) {
@@ -203,6 +202,7 @@ public final class RankMain {
                         case 0 -> 0;
                         case 1 -> p == 0 ? cap : 0;  // one peer takes everything
                         case 2 -> random.nextInt(64);
+                        case 3 -> cap;  // every peer the whole capacity
                         default -> random.nextInt(4) == 0 ? 0 : random.nextLong(cap + 1);
                     };
                 }
@@ -216,8 +216,10 @@ public final class RankMain {
                 for (AllToAllV v : gin == null ? List.of(host) : List.of(gin, host)) {
                     v.output(0).fill((byte) 0xcd, s);
                     v.receivedCounts(0).fill((byte) 0xee, s);
+                    long[][] before = counters != null && v == gin ? counters.all(n) : null;
                     v.run(List.of(upload(d, arena, data[rank])), List.of(upload(d, arena, cnt[rank])), List.of(upload(d, arena, off[rank])), List.of(s));
                     v.checkErrors(List.of(s));
+                    if (before != null) LoopbackGinRank.expectAllToAllV(counters, before, rank, cnt[rank], gin.plan().chunksPerPeer(), round);
                     byte[] got = v.output(0).toByteArray();
                     long[] told = new long[n];
                     MemorySegment.copy(MemorySegment.ofArray(v.receivedCounts(0).toByteArray()), ValueLayout.JAVA_LONG_UNALIGNED, 0, told, 0, n);
