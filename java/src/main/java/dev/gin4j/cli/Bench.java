@@ -79,39 +79,69 @@ final class Bench {
         }
     }
 
-    /** Refuses what is not "--option value" with a known option: a misspelt one would silently run the defaults. */
+    /** An integer option of at least {@code min}, or an error naming the option, its value and the range. */
+    static int intOption(String[] args, String name, String dflt, int min) {
+        int v = intOption(args, name, dflt);
+        if (v < min) throw new IllegalArgumentException(name + " " + v + ": expected an integer >= " + min);
+        return v;
+    }
+
+    /** An enum constant named case-insensitively, or an error naming the option, the value and every valid one. */
+    static <E extends Enum<E>> E enumValue(String option, String value, Class<E> type) {
+        for (E e : type.getEnumConstants()) if (e.name().equalsIgnoreCase(value.trim())) return e;
+        throw new IllegalArgumentException(option + " " + value + ": expected " + (option.equals("--backends") ? "some of " : "one of ")
+                + java.util.Arrays.stream(type.getEnumConstants()).map(e -> e.name().toLowerCase(Locale.ROOT)).toList()
+                + (option.equals("--backends") ? ", comma-separated" : ""));
+    }
+
+    /** The --out path, refused when the folder it would be written into does not exist. */
+    static Path outPath(String[] args, String dflt) {
+        String v = option(args, "--out", dflt);
+        Path p = Path.of(v);
+        Path parent = p.toAbsolutePath().getParent();
+        if (parent != null && !Files.isDirectory(parent)) throw new IllegalArgumentException("--out " + v + ": the folder " + parent + " does not exist");
+        return p;
+    }
+
+    /** Refuses what is not "--option value" with a known option, once each: a misspelt or repeated one would silently run another setting. */
     static void checkOptions(String[] args, List<String> known) {
+        java.util.Set<String> seen = new java.util.HashSet<>();
         for (int i = 1; i < args.length; i += 2) {
             if (!known.contains(args[i]))
                 throw new IllegalArgumentException("bench " + args[0] + ": unknown option '" + args[i] + "', expected some of " + known);
             if (i + 1 >= args.length) throw new IllegalArgumentException("bench " + args[0] + ": " + args[i] + " needs a value");
+            if (!seen.add(args[i])) throw new IllegalArgumentException("bench " + args[0] + ": " + args[i] + " is given twice; expected it once");
         }
     }
 
-    static long parseSize(String s) {
+    /** A byte count with an optional K/M/G suffix, or an error naming the option. */
+    static long parseSize(String option, String s) {
         String t = s.trim().toUpperCase(Locale.ROOT);
         long mul = 1;
         if (t.endsWith("K")) { mul = 1L << 10; t = t.substring(0, t.length() - 1); }
         else if (t.endsWith("M")) { mul = 1L << 20; t = t.substring(0, t.length() - 1); }
         else if (t.endsWith("G")) { mul = 1L << 30; t = t.substring(0, t.length() - 1); }
         try {
-            return Long.parseLong(t) * mul;
-        } catch (NumberFormatException e) {
-            throw new IllegalArgumentException("'" + s + "' is not a size (examples: 4096, 64K, 16M, 1G)");
+            return Math.multiplyExact(Long.parseLong(t), mul);
+        } catch (NumberFormatException | ArithmeticException e) {
+            throw new IllegalArgumentException(option + " " + s + ": expected a size in bytes (examples: 4096, 64K, 16M, 1G)");
         }
     }
 
     private static int a2a(String[] args, PrintStream out) throws IOException {
         checkOptions(args, List.of("--min", "--max", "--factor", "--iters", "--warmup", "--backends", "--protocol", "--out"));
-        long min = parseSize(option(args, "--min", "4K")), max = parseSize(option(args, "--max", "1G"));
-        int factor = intOption(args, "--factor", "4");
-        int iters = intOption(args, "--iters", "20"), warmup = intOption(args, "--warmup", "5");
-        if (min < 1 || max < min || factor < 2 || iters < 1 || warmup < 0)
-            throw new IllegalArgumentException("need 1 <= --min <= --max, --factor >= 2, --iters >= 1, --warmup >= 0");
+        long min = parseSize("--min", option(args, "--min", "4K")), max = parseSize("--max", option(args, "--max", "1G"));
+        if (min < 1) throw new IllegalArgumentException("--min " + option(args, "--min", "4K") + ": expected a size >= 1 byte");
+        if (max < min) throw new IllegalArgumentException("--max " + option(args, "--max", "1G") + ": expected a size >= --min (" + min + " bytes)");
+        int factor = intOption(args, "--factor", "4", 2);
+        int iters = intOption(args, "--iters", "20", 1), warmup = intOption(args, "--warmup", "5", 0);
         List<Backend> backends = new ArrayList<>();
-        for (String b : option(args, "--backends", "GIN,HOST").split(",")) backends.add(Backend.valueOf(b.trim().toUpperCase(Locale.ROOT)));
-        Protocol protocol = Protocol.valueOf(option(args, "--protocol", "auto").toUpperCase(Locale.ROOT));
-        Path json = Path.of(option(args, "--out", "a2a.json"));
+        for (String b : option(args, "--backends", "GIN,HOST").split(",")) {
+            Backend backend = enumValue("--backends", b, Backend.class);
+            if (!backends.contains(backend)) backends.add(backend);
+        }
+        Protocol protocol = enumValue("--protocol", option(args, "--protocol", "auto"), Protocol.class);
+        Path json = outPath(args, "a2a.json");
         GpuRuntime rt = GpuRuntime.get();
         List<Long> sizes = new ArrayList<>();
         for (long s = min; s <= max; s *= factor) sizes.add(s);

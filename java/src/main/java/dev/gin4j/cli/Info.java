@@ -24,59 +24,105 @@ final class Info {
         }
     }
 
-    static int run(PrintStream out) {
-        GpuRuntime.Discovery d = GpuRuntime.discover();
-        out.println("gin4j " + version());
-        out.println();
-        KernelLibrary kernels = KernelLibrary.get();
-        if (!d.found()) {
-            out.println("GPU runtime: none found");
-            d.notes().forEach(n -> out.println("  - " + n));
-            out.println();
-            out.println("Collective library: " + Capabilities.describeLibrary());
-            out.println("  " + communicatorSettings(System.getenv()));
-            out.println();
-            printKernels(out, kernels, null);
-            out.println();
-            out.println("No GPU here: gin4j looked for the CUDA driver and HIP as listed above. Set GIN4J_CUDA_LIBRARY / GIN4J_HIP_LIBRARY to a library path to use another one.");
-            return 0;
-        }
-        GpuRuntime rt = d.runtime();
-        out.println("GPU runtime: " + rt.name() + " " + rt.versionString() + " (version code " + rt.version() + ")");
-        out.println("  library: " + rt.libraryDescription());
-        d.notes().stream().filter(n -> !n.startsWith("using ")).forEach(n -> out.println("  note: " + n));
-        List<Device> devices = rt.devices();
-        out.println("Devices: " + devices.size());
-        for (Device dev : devices) {
-            out.printf("  [%d] %s  arch %s  %.1f GiB  %d multiprocessors  PCI %s%n", dev.ordinal(), dev.name(), dev.arch(),
-                    dev.totalMemory() / (1024.0 * 1024 * 1024), dev.multiprocessors(), dev.pciBusId());
-            for (Device peer : devices) {
-                if (peer != dev) out.println("      peer [" + peer.ordinal() + "]: " + dev.linkKind(peer));
-            }
-        }
-        out.println();
-        out.println("Collective library: " + Capabilities.describeLibrary());
-        Capabilities.probe(devices).report().lines().forEach(l -> out.println("  " + l));
-        out.println("  " + communicatorSettings(System.getenv()));
-        out.println();
-        printKernels(out, kernels, devices);
+    /** Prints the report as text, or as JSON ({@code info --json}). */
+    static int run(PrintStream out, boolean json) {
+        InfoReport r = collect(System.getenv());
+        out.print(json ? r.json() : r.text());
         return 0;
     }
 
-    private static void printKernels(PrintStream out, KernelLibrary kernels, List<Device> devices) {
-        out.println("Kernel code objects: from " + kernels.source());
-        if (!kernels.hasManifest()) {
-            out.println("  none (no manifest): build them with gin-kernels/build, or point GIN4J_KERNELS_DIR at a build's resources folder");
+    static InfoReport collect(java.util.Map<String, String> env) {
+        GpuRuntime.Discovery d = GpuRuntime.discover();
+        InfoReport r = new InfoReport();
+        r.section("gin4j", "gin4j " + version()).put("version", version(), null);
+        r.line("");
+        KernelLibrary kernels = KernelLibrary.get();
+        if (!d.found()) {
+            InfoReport.Section gpu = r.section("gpu_runtime", "GPU runtime: none found").put("found", false, null);
+            d.notes().forEach(n -> gpu.note("notes", "  - ", n));
+            r.line("");
+            collectiveLibrary(r, null, env);
+            r.line("");
+            printKernels(r, kernels, null);
+            r.line("");
+            gpu.put("hint", "Set GIN4J_CUDA_LIBRARY / GIN4J_HIP_LIBRARY to a library path to use another one",
+                    "No GPU here: gin4j looked for the CUDA driver and HIP as listed above. Set GIN4J_CUDA_LIBRARY / GIN4J_HIP_LIBRARY to a library path to use another one.");
+            return r;
+        }
+        GpuRuntime rt = d.runtime();
+        InfoReport.Section gpu = r.section("gpu_runtime", null).put("found", true, null)
+                .put("name", rt.name(), null).put("version", rt.versionString(), null)
+                .put("version_code", rt.version(), "GPU runtime: " + rt.name() + " " + rt.versionString() + " (version code " + rt.version() + ")")
+                .put("library", rt.libraryDescription(), "  library: " + rt.libraryDescription());
+        d.notes().stream().filter(n -> !n.startsWith("using ")).forEach(n -> gpu.note("notes", "  note: ", n));
+        List<Device> devices = rt.devices();
+        r.line("Devices: " + devices.size());
+        List<java.util.Map<String, Object>> listed = r.list("devices");
+        for (Device dev : devices) {
+            java.util.Map<String, Object> one = new java.util.LinkedHashMap<>();
+            one.put("ordinal", dev.ordinal());
+            one.put("name", dev.name());
+            one.put("arch", dev.arch());
+            one.put("memory_bytes", dev.totalMemory());
+            one.put("multiprocessors", dev.multiprocessors());
+            one.put("pci_bus_id", dev.pciBusId());
+            r.line(String.format(java.util.Locale.ROOT, "  [%d] %s  arch %s  %.1f GiB  %d multiprocessors  PCI %s", dev.ordinal(), dev.name(), dev.arch(),
+                    dev.totalMemory() / (1024.0 * 1024 * 1024), dev.multiprocessors(), dev.pciBusId()));
+            List<java.util.Map<String, Object>> peers = new java.util.ArrayList<>();
+            for (Device peer : devices) {
+                if (peer == dev) continue;
+                String link = dev.linkKind(peer);
+                peers.add(java.util.Map.of("ordinal", peer.ordinal(), "link", link));
+                r.line("      peer [" + peer.ordinal() + "]: " + link);
+            }
+            one.put("peers", peers);
+            listed.add(one);
+        }
+        r.line("");
+        collectiveLibrary(r, devices, env);
+        r.line("");
+        printKernels(r, kernels, devices);
+        return r;
+    }
+
+    /**
+     * The collective library: what is loaded, what it can do over {@code devices} (null: no GPU,
+     * not probed), how communicators will be made.
+     */
+    private static void collectiveLibrary(InfoReport r, List<Device> devices, java.util.Map<String, String> env) {
+        String library = Capabilities.describeLibrary();
+        InfoReport.Section nccl = r.section("collective_library", null).put("library", library, "Collective library: " + library);
+        if (devices != null) {
+            Capabilities caps = Capabilities.probe(devices);
+            nccl.put("loaded", caps.loaded(), null).put("version", caps.version(), null).put("symmetric_windows", caps.windows(), null)
+                    .put("device_api", caps.deviceApi(), null).put("gin", caps.gin(), null);
+            caps.report().lines().forEach(l -> nccl.note("notes", "  ", l));
+        }
+        String comms = communicatorSettings(env);
+        nccl.put("communicators", comms, "  " + comms);
+    }
+
+    private static void printKernels(InfoReport r, KernelLibrary kernels, List<Device> devices) {
+        InfoReport.Section k = r.section("kernels", null).put("source", kernels.source(), "Kernel code objects: from " + kernels.source());
+        if (kernels.folderProblem().isPresent()) {
+            k.put("problem", kernels.folderProblem().get(), "  MISSING: " + kernels.folderProblem().get());
             return;
         }
-        kernels.property("kernels.built").ifPresent(v -> out.println("  built: " + v));
-        kernels.property("nccl.version").ifPresent(v -> out.println("  NCCL device-API objects built against NCCL headers " + v
+        if (!kernels.hasManifest()) {
+            k.put("problem", "no manifest", "  none (no manifest): build them with gin-kernels/build, or point GIN4J_KERNELS_DIR at a build's resources folder");
+            return;
+        }
+        kernels.property("kernels.built").ifPresent(v -> k.put("built", v, "  built: " + v));
+        kernels.property("nccl.version").ifPresent(v -> k.put("nccl_version", v, "  NCCL device-API objects built against NCCL headers " + v
                 + kernels.property("nccl.include").map(i -> " (" + i + ")").orElse("")));
+        kernels.property("nccl.include").ifPresent(i -> k.put("nccl_include", i, null));
+        InfoReport.Section archs = k.child("architectures");
         for (String arch : kernels.architectures()) {
-            out.println("  " + arch + ": " + String.join(", ", kernels.objects(arch)));
+            archs.put(arch, kernels.objects(arch), "  " + arch + ": " + String.join(", ", kernels.objects(arch)));
         }
         if (devices != null) {
-            devices.stream().map(Device::arch).distinct().forEach(a -> out.println("  for this machine's " + a + ": "
+            InfoReport.Section here = k.child("for_this_machine");
+            devices.stream().map(Device::arch).distinct().forEach(a -> here.put(a, !kernels.objects(a).isEmpty(), "  for this machine's " + a + ": "
                     + (kernels.objects(a).isEmpty() ? "NONE shipped (" + KernelLibrary.rebuildHint(a) + ")" : "shipped")));
         }
     }

@@ -75,9 +75,8 @@ final class MoeBench {
 
     static int run(String[] args, PrintStream out) throws IOException {
         Bench.checkOptions(args, List.of("--tokens", "--shapes", "--routing", "--channels", "--iters", "--warmup", "--out"));
-        int iters = Bench.intOption(args, "--iters", "20");
-        int warmup = Bench.intOption(args, "--warmup", "10");  // GIN runs at least 1500
-        if (iters < 1 || warmup < 0) throw new IllegalArgumentException("need --iters >= 1 and --warmup >= 0, got " + iters + " and " + warmup);
+        int iters = Bench.intOption(args, "--iters", "20", 1);
+        int warmup = Bench.intOption(args, "--warmup", "10", 0);  // GIN runs at least 1500
         String tokenList = Bench.option(args, "--tokens", "128,4096");
         int[] tokenCounts;
         try {
@@ -85,12 +84,13 @@ final class MoeBench {
         } catch (NumberFormatException e) {
             throw new IllegalArgumentException("--tokens expects comma-separated integers, got '" + tokenList + "'");
         }
-        for (int t : tokenCounts) if (t < 0) throw new IllegalArgumentException("--tokens: token counts must be >= 0, got " + t);
+        // each count is the instance's maxTokens too, which must be >= 1
+        for (int t : tokenCounts) if (t < 1) throw new IllegalArgumentException("--tokens " + tokenList + ": expected token counts >= 1, got " + t);
         List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q").split(","));
         for (String n : names)
             if (SHAPES.stream().noneMatch(sh -> sh.name().equals(n)))
                 throw new IllegalArgumentException("--shapes: unknown shape '" + n + "', expected some of " + SHAPES.stream().map(Shape::name).toList());
-        Path json = Path.of(Bench.option(args, "--out", "moe.json"));
+        Path json = Bench.outPath(args, "moe.json");
         Routing routing = Routing.parse(Bench.option(args, "--routing", "uniform"));
         int channels = Bench.intOption(args, "--channels", "0");  // 0: MoeConfig's default (the whole GPU)
         if (channels < 0 || channels > 128) throw new IllegalArgumentException("--channels " + channels + ": expected 0 (half the SMs) or 1 to 128");

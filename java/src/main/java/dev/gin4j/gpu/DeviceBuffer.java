@@ -47,12 +47,23 @@ public final class DeviceBuffer {
     }
 
     /**
-     * Wraps memory allocated elsewhere (by NCCL, for instance) on {@code device}; gin4j does not free
-     * it. {@code deviceRange} is a native segment of the device address and size
-     * ({@code MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, null)}), scoped to an arena
-     * that closes no later than the memory is freed, so that use after that is refused.
+     * Wraps device memory allocated elsewhere on {@code device}: by another library (a PyTorch
+     * tensor's {@code data_ptr()}, {@code cudaMalloc} / {@code hipMalloc} through JCuda or JavaCPP,
+     * NCCL's {@code ncclMemAlloc}, a CUDA/HIP caching allocator), so that gin4j's calls read or write
+     * it in place. gin4j never frees it; its maker does. {@code deviceRange} is a native segment of
+     * the device address and size ({@code MemorySegment.ofAddress(ptr).reinterpret(bytes, arena, null)}),
+     * scoped to an arena that closes no later than the memory is freed, so that gin4j refuses use
+     * after that (for a caching allocator: no later than the block goes back to the cache). The
+     * address must be device memory of {@code device} (CUDA: allocated in its primary context, or
+     * managed memory), which gin4j cannot check; the segment is never read on the host. Work queued
+     * on gin4j streams that uses it must be finished (or ordered by an event) before other code frees
+     * or reuses it, as with any memory shared between streams.
+     *
+     * @throws IllegalArgumentException for a heap segment or address 0
+     * @throws NullPointerException for a null device
      */
     public static DeviceBuffer wrap(Device device, MemorySegment deviceRange) {
+        java.util.Objects.requireNonNull(device, "DeviceBuffer.wrap needs the device the memory belongs to, got null");
         if (!deviceRange.isNative() || deviceRange.address() == 0)
             throw new IllegalArgumentException("wrap needs a native segment holding a device address, got " + (deviceRange.isNative() ? "address 0" : "a heap segment"));
         return new DeviceBuffer(device, deviceRange);

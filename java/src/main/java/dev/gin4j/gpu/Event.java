@@ -1,18 +1,53 @@
 package dev.gin4j.gpu;
 
-/** A point in a stream's work: record it, wait for it, time between two of them. */
+/**
+ * A point in a stream's work: record it, wait for it, time between two of them. Made by
+ * {@link Device#createEvent()}, or by other CUDA/HIP code and handed over with {@link #wrap(long, Device)}.
+ */
 public final class Event extends NativeResource {
     private final Device device;
     private final long handle;
     private final boolean timing;
+    private final boolean owned;  // false: made elsewhere (wrap); close forgets it, never destroys it
     private volatile boolean recorded;
     volatile CapturedUses capture;  // the capture of the stream it was last recorded on (a stream waiting for it joins), or null
 
     Event(Device device, boolean timing) {
         this.device = device;
         this.timing = timing;
+        this.owned = true;
         this.handle = created(() -> device.driver().eventCreate(device.ordinal(), timing));
     }
+
+    private Event(Device device, long handle) {
+        this.device = device;
+        this.handle = handle;
+        this.owned = false;
+        // whether it times and whether other code recorded it are unknown here: the runtime refuses what cannot be done
+        this.timing = true;
+        this.recorded = true;
+    }
+
+    /**
+     * An event made by other CUDA/HIP code ({@code CUevent} / {@code hipEvent_t}), to record on
+     * gin4j's streams or to make them wait for. gin4j does not own it: {@link #close()} only forgets
+     * it and never destroys it; its maker destroys it once the wrapper is closed. The handle must
+     * belong to {@code device}, which gin4j cannot check. Whether it was made with timing and
+     * whether it was recorded elsewhere is not known: {@link #elapsedMillisSince} leaves those checks
+     * to the runtime, whose refusal comes as a {@link GpuException}.
+     *
+     * @param handle the native event handle, not 0
+     * @throws IllegalArgumentException for a 0 handle
+     * @throws NullPointerException for a null device
+     */
+    public static Event wrap(long handle, Device device) {
+        if (handle == 0) throw new IllegalArgumentException("Event.wrap needs an event handle made by CUDA/HIP code, got 0 (no event): pass a created event, or use Device.createEvent()");
+        java.util.Objects.requireNonNull(device, "Event.wrap needs the device the event belongs to, got null");
+        return new Event(device, handle);
+    }
+
+    /** Whether gin4j made this event and destroys it on {@link #close()} (false for {@link #wrap}). */
+    public boolean isOwned() { return owned; }
 
     public Device device() { return device; }
 
@@ -47,6 +82,6 @@ public final class Event extends NativeResource {
         return device.driver().eventElapsedMillis(device.ordinal(), start.handle(), handle());
     }
 
-    @Override protected void release() { device.driver().eventDestroy(device.ordinal(), handle); }
-    @Override public String describe() { return "event 0x" + Long.toHexString(handle) + " on " + device; }
+    @Override protected void release() { if (owned) device.driver().eventDestroy(device.ordinal(), handle); }
+    @Override public String describe() { return (owned ? "event 0x" : "wrapped event 0x") + Long.toHexString(handle) + " on " + device; }
 }

@@ -13,7 +13,7 @@ import java.util.Locale;
  * The GPU runtime found on this machine: the CUDA driver ({@code libcuda}) or HIP
  * ({@code libamdhip64}). Chosen once per process: the environment variable {@code GIN4J_RUNTIME}
  * (or system property {@code gin4j.runtime}) set to {@code cuda} or {@code hip} forces one;
- * otherwise CUDA is tried first, then HIP.
+ * otherwise CUDA is tried first, then HIP. Any other value is refused by {@link #discover()}.
  */
 public final class GpuRuntime {
     /** The outcome of looking for a runtime: the runtime, or null and why each candidate failed. */
@@ -33,8 +33,12 @@ public final class GpuRuntime {
         this.devices = List.copyOf(list);
     }
 
-    /** Looks for a runtime once per process and reports what it found and why others were not used. */
+    /**
+     * Looks for a runtime once per process and reports what it found and why others were not used.
+     * @throws IllegalArgumentException when GIN4J_RUNTIME / gin4j.runtime is set to neither cuda nor hip
+     */
     public static Discovery discover() {
+        forcedRuntime(runtimeSetting());  // checked on every call: a bad setting is never answered from the cache
         Discovery d = discovery;
         if (d == null) {
             synchronized (GpuRuntime.class) {
@@ -45,39 +49,51 @@ public final class GpuRuntime {
         return d;
     }
 
-    /** The runtime, or a GpuException that says what was looked for and where. */
+    /**
+     * The runtime, or a GpuException that says, one line per runtime, what was looked for and why
+     * it was not used.
+     */
     public static GpuRuntime get() {
         Discovery d = discover();
-        if (d.runtime == null) throw new GpuException("no GPU runtime found: " + String.join("; ", d.notes));
+        if (d.runtime == null) throw new GpuException("no GPU runtime found:\n  " + String.join("\n  ", d.notes));
         return d.runtime;
+    }
+
+    private static String runtimeSetting() { return System.getProperty("gin4j.runtime", System.getenv("GIN4J_RUNTIME")); }
+
+    /**
+     * The runtime a GIN4J_RUNTIME / gin4j.runtime value forces ({@code cuda} or {@code hip}), null
+     * for none.
+     * @throws IllegalArgumentException for any other value, naming the valid ones
+     */
+    static String forcedRuntime(String setting) {
+        if (setting == null || setting.isBlank()) return null;
+        String name = setting.trim().toLowerCase(Locale.ROOT);
+        if (!name.equals("cuda") && !name.equals("hip"))
+            throw new IllegalArgumentException("GIN4J_RUNTIME (or -Dgin4j.runtime) is '" + setting + "': expected cuda or hip, or unset to try CUDA, then HIP");
+        return name;
     }
 
     private static Discovery probe() {
         NativeAccess.require();
-        String forced = System.getProperty("gin4j.runtime", System.getenv("GIN4J_RUNTIME"));
-        List<String> order = forced == null ? List.of("cuda", "hip") : List.of(forced.toLowerCase(Locale.ROOT));
+        String forced = forcedRuntime(runtimeSetting());
+        List<String> order = forced == null ? List.of("cuda", "hip") : List.of(forced);
         List<String> notes = new ArrayList<>();
-        if (forced != null) notes.add("runtime forced to '" + forced + "' by GIN4J_RUNTIME / gin4j.runtime");
+        if (forced != null) notes.add("runtime forced to " + forced + " by GIN4J_RUNTIME / gin4j.runtime");
         for (String name : order) {
+            NativeLibrary library = name.equals("cuda") ? NativeLibrary.CUDA : NativeLibrary.HIP;
             try {
-                Driver driver = switch (name) {
-                    case "cuda" -> CudaDriver.open();
-                    case "hip" -> HipDriver.open();
-                    default -> throw new IllegalArgumentException("unknown runtime '" + name + "': expected cuda or hip");
-                };
+                Driver driver = name.equals("cuda") ? CudaDriver.open() : HipDriver.open();
                 if (driver.deviceCount() == 0) {
                     notes.add(driver.name() + " " + driver.versionString() + " loaded but reports no device");
                     continue;
                 }
                 notes.add("using " + driver.name() + " " + driver.versionString() + " (" + driver.libraryDescription() + ")");
                 return new Discovery(new GpuRuntime(driver), List.copyOf(notes));
-            } catch (GpuException | IllegalArgumentException | UnsatisfiedLinkError e) {
-                notes.add(name + ": " + e.getMessage());
+            } catch (GpuException | UnsatisfiedLinkError e) {
+                // not loaded: the message is the library's own account; loaded: which library, then what failed
+                notes.add(library.isAvailable() ? library.describe() + ", but " + e.getMessage() : e.getMessage());
             }
-        }
-        if (forced == null) {
-            notes.add("looked for the CUDA driver (GIN4J_CUDA_LIBRARY, else libcuda.so.1 through the system loader) and HIP (GIN4J_HIP_LIBRARY, else libamdhip64.so*): "
-                    + NativeLibrary.CUDA.describe() + " | " + NativeLibrary.HIP.describe());
         }
         return new Discovery(null, List.copyOf(notes));
     }

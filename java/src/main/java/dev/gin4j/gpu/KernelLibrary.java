@@ -24,10 +24,12 @@ public final class KernelLibrary {
 
     private final Path folder;       // null: class path
     private final Properties manifest;
+    private final String problem;    // why GIN4J_KERNELS_DIR gives no manifest, or null
 
-    private KernelLibrary(Path folder, Properties manifest) {
+    private KernelLibrary(Path folder, Properties manifest, String problem) {
         this.folder = folder;
         this.manifest = manifest;
+        this.problem = problem;
     }
 
     public static KernelLibrary get() {
@@ -41,27 +43,34 @@ public final class KernelLibrary {
         return k;
     }
 
-    private static KernelLibrary locate() {
-        String dir = System.getProperty("gin4j.kernels.dir", System.getenv("GIN4J_KERNELS_DIR"));
+    private static KernelLibrary locate() { return locate(System.getProperty("gin4j.kernels.dir", System.getenv("GIN4J_KERNELS_DIR"))); }
+
+    static KernelLibrary locate(String dir) {
         Properties p = new Properties();
         if (dir != null && !dir.isEmpty()) {
             Path f = Path.of(dir);
             Path m = f.resolve(ROOT + "manifest.properties");
-            if (Files.isRegularFile(m)) {
+            String problem = null;
+            if (!Files.isDirectory(f)) {
+                problem = "GIN4J_KERNELS_DIR names " + f.toAbsolutePath() + ", which is missing (" + (Files.exists(f) ? "not a folder" : "no such folder")
+                        + "); expected a kernel build's resources folder (gin-kernels/out/resources), or unset it to use the kernels in the jar";
+            } else if (!Files.isRegularFile(m)) {
+                problem = "GIN4J_KERNELS_DIR names " + f.toAbsolutePath() + ", which has no " + ROOT + "manifest.properties; expected a kernel build's resources folder (gin-kernels/out/resources)";
+            } else {
                 try (InputStream in = Files.newInputStream(m)) {
                     p.load(in);
                 } catch (IOException e) {
                     throw new UncheckedIOException("cannot read " + m, e);
                 }
             }
-            return new KernelLibrary(f, p);
+            return new KernelLibrary(f, p, problem);
         }
         try (InputStream in = resource(ROOT + "manifest.properties")) {
             if (in != null) p.load(in);
         } catch (IOException e) {
             throw new UncheckedIOException("cannot read the kernel manifest", e);
         }
-        return new KernelLibrary(null, p);
+        return new KernelLibrary(null, p, null);
     }
 
     // through the module: a named module's resources are not visible through its class loader
@@ -75,6 +84,9 @@ public final class KernelLibrary {
     }
 
     public boolean hasManifest() { return !manifest.isEmpty(); }
+
+    /** Why the folder GIN4J_KERNELS_DIR names gives no code objects (missing, or no manifest in it), if so. */
+    public Optional<String> folderProblem() { return Optional.ofNullable(problem); }
     public Properties manifest() { return manifest; }
 
     /** A manifest value, if present. */
@@ -118,7 +130,7 @@ public final class KernelLibrary {
         String rel = manifest.getProperty("object." + arch + "." + object);
         if (rel == null) {
             throw new GpuException("no code object '" + object + "' for " + arch + " in " + source()
-                    + (hasManifest() ? "; it ships objects for " + architectures() : "; no manifest found: build the kernels with gin-kernels/build")
+                    + (hasManifest() ? "; it ships objects for " + architectures() : problem != null ? "; " + problem : "; no manifest found: build the kernels with gin-kernels/build")
                     + "; " + rebuildHint(arch));
         }
         try {

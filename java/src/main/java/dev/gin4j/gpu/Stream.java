@@ -2,17 +2,51 @@ package dev.gin4j.gpu;
 
 import java.lang.foreign.MemorySegment;
 
-/** An ordered queue of GPU work on one device (a non-blocking stream). */
+/**
+ * An ordered queue of GPU work on one device: a non-blocking stream made by
+ * {@link Device#createStream()}, or one made by other CUDA/HIP code and handed over with
+ * {@link #wrap(long, Device)}.
+ */
 public final class Stream extends NativeResource {
     private final Device device;
     private final long handle;
+    private final boolean owned;  // false: made elsewhere (wrap); close forgets it, never destroys it
     private volatile CapturedUses capture;  // while capturing (as origin or joined): what the captured work uses
     private volatile boolean captureBegunHere;  // capture was begun on this stream (not joined through an event)
 
     Stream(Device device) {
         this.device = device;
+        this.owned = true;
         this.handle = created(() -> device.driver().streamCreate(device.ordinal()));
     }
+
+    private Stream(Device device, long handle) {
+        this.device = device;
+        this.owned = false;
+        this.handle = handle;
+    }
+
+    /**
+     * A stream made by other CUDA/HIP code ({@code CUstream} / {@code hipStream_t}, PyTorch's
+     * {@code torch.cuda.Stream.cuda_stream}, a JCuda or JavaCPP stream's address), for gin4j's calls
+     * to queue their work on. gin4j does not own it: {@link #close()} only forgets it and never
+     * destroys it; its maker destroys it, after the work queued here is done and the wrapper is
+     * closed. The handle must belong to {@code device} (CUDA: that device's primary context), which
+     * gin4j cannot check. A capture begun by other code on it is seen ({@link #isCapturing()}) but
+     * gets none of the replay checks of {@link #beginCapture()}'s graphs.
+     *
+     * @param handle the native stream handle; 0 (the legacy default stream) is refused
+     * @throws IllegalArgumentException for a 0 handle
+     * @throws NullPointerException for a null device
+     */
+    public static Stream wrap(long handle, Device device) {
+        if (handle == 0) throw new IllegalArgumentException("Stream.wrap needs a stream handle made by CUDA/HIP code, got 0 (the legacy default stream, which gin4j does not queue on): pass a created stream, or use Device.createStream()");
+        java.util.Objects.requireNonNull(device, "Stream.wrap needs the device the stream belongs to, got null");
+        return new Stream(device, handle);
+    }
+
+    /** Whether gin4j made this stream and destroys it on {@link #close()} (false for {@link #wrap}). */
+    public boolean isOwned() { return owned; }
 
     public Device device() { return device; }
 
@@ -88,8 +122,12 @@ public final class Stream extends NativeResource {
         return c == null || c.ended ? null : c;
     }
 
-    /** true between {@link #beginCapture()} and {@link #endCapture()}, or while joined to another stream's capture. */
-    public boolean isCapturing() { return activeCapture() != null; }
+    /**
+     * true between {@link #beginCapture()} and {@link #endCapture()}, or while joined to another
+     * stream's capture; for a {@link #wrap wrapped} stream also while a capture begun by other code
+     * is under way on it (asked of the runtime).
+     */
+    public boolean isCapturing() { return activeCapture() != null || !owned && device.driver().isCapturing(device.ordinal(), handle()); }
 
     /**
      * For calls that wait for the host and so cannot go into a graph: refuses, before anything is
@@ -138,11 +176,11 @@ public final class Stream extends NativeResource {
 
     @Override protected void release() {
         try {
-            device.driver().streamDestroy(device.ordinal(), handle);
+            if (owned) device.driver().streamDestroy(device.ordinal(), handle);
         } finally {
             // Closed mid-capture: no graph can come of it, so streams that joined it stop noting into it.
             if (captureBegunHere) captureEnded(capture);
         }
     }
-    @Override public String describe() { return "stream 0x" + Long.toHexString(handle) + " on " + device; }
+    @Override public String describe() { return (owned ? "stream 0x" : "wrapped stream 0x") + Long.toHexString(handle) + " on " + device; }
 }

@@ -51,6 +51,11 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
         return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels);
     }
 
+    /**
+     * Bf16 rows in and out. The four sizes are positional: {@code bf16(4096, 256, 8, 7168, GIN)}
+     * (hidden and maxTokens swapped) is a valid shape too and cannot be refused here; {@link #builder()}
+     * names each value instead.
+     */
     public static MoeConfig bf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.BF16, backend);
     }
@@ -67,6 +72,69 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
      */
     public static MoeConfig fp8FromBf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.FP8_E4M3, backend, DType.BF16);
+    }
+
+    /**
+     * A builder that names every value, so that two sizes cannot be swapped unnoticed:
+     * {@code MoeConfig.builder().hidden(7168).experts(256).topK(8).maxTokensPerRank(4096).backend(Backend.GIN).bf16().build()}.
+     * hidden, experts, topK, maxTokensPerRank and backend must be set; the rows are bf16 and the
+     * channels chosen from the GPUs unless set.
+     */
+    public static Builder builder() { return new Builder(); }
+
+    /**
+     * Collects a configuration value by value; {@link #build()} checks it as the constructor does and
+     * names any required value that was not set. Each setter replaces an earlier call's value.
+     */
+    public static final class Builder {
+        private Integer hidden, experts, topK, maxTokens;
+        private Backend backend;
+        private DType dtype = DType.BF16, input = DType.BF16;
+        private int channels;
+
+        private Builder() {}
+
+        /** Elements per token row (the model's hidden size). */
+        public Builder hidden(int hidden) { this.hidden = hidden; return this; }
+
+        /** Experts in all, split evenly over the ranks. */
+        public Builder experts(int experts) { this.experts = experts; return this; }
+
+        /** Experts each token is routed to. */
+        public Builder topK(int topK) { this.topK = topK; return this; }
+
+        /** The most tokens one rank sends in one dispatch (the record's {@code maxTokens}). */
+        public Builder maxTokensPerRank(int maxTokens) { this.maxTokens = maxTokens; return this; }
+
+        /** {@link Backend#GIN} or {@link Backend#HOST}. */
+        public Builder backend(Backend backend) { this.backend = backend; return this; }
+
+        /** Bf16 x and bf16 dispatched rows (the default). */
+        public Builder bf16() { dtype = DType.BF16; input = DType.BF16; return this; }
+
+        /** Scaled fp8 rows that x already holds ({@link Fp8Rows}), as {@link MoeConfig#fp8}. */
+        public Builder fp8() { dtype = DType.FP8_E4M3; input = DType.FP8_E4M3; return this; }
+
+        /** Bf16 x quantized into scaled fp8 rows by the dispatch, as {@link MoeConfig#fp8FromBf16}. */
+        public Builder fp8FromBf16() { dtype = DType.FP8_E4M3; input = DType.BF16; return this; }
+
+        /** The GIN kernels on 2 x {@code channels} SMs (1 to 128), or 0 (the default) to choose from the GPUs, as {@link MoeConfig#withChannels}. */
+        public Builder channels(int channels) { this.channels = channels; return this; }
+
+        /**
+         * The configuration.
+         * @throws IllegalArgumentException naming the required values not set, or the value out of range
+         */
+        public MoeConfig build() {
+            java.util.List<String> missing = new java.util.ArrayList<>();
+            if (hidden == null) missing.add("hidden(int)");
+            if (experts == null) missing.add("experts(int)");
+            if (topK == null) missing.add("topK(int)");
+            if (maxTokens == null) missing.add("maxTokensPerRank(int)");
+            if (backend == null) missing.add("backend(Backend)");
+            if (!missing.isEmpty()) throw new IllegalArgumentException("MoeConfig.builder(): set " + String.join(", ", missing) + " before build()");
+            return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels);
+        }
     }
 
     /** True if the dispatch quantizes bf16 x into fp8 rows. */

@@ -5,6 +5,8 @@ import org.junit.jupiter.api.Test;
 import java.io.ByteArrayOutputStream;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.util.List;
+import java.util.Map;
 
 import static org.junit.jupiter.api.Assertions.*;
 
@@ -52,9 +54,165 @@ class MainTest {
         assertRefused(new String[] {"bench", "moe", "--channels", "200"}, "--channels 200: expected 0 (half the SMs) or 1 to 128");
         assertRefused(new String[] {"bench", "moe", "--shapes", "deepseek-v3,gpt-oss"}, "unknown shape 'gpt-oss'", "qwen3-30b-a3b");
         assertRefused(new String[] {"bench", "moe", "--iter", "5"}, "unknown option '--iter'", "--iters");  // misspelt: refused, not run with the defaults
-        assertRefused(new String[] {"bench", "moe", "--iters", "0"}, "--iters >= 1");
+        assertRefused(new String[] {"bench", "moe", "--iters", "0"}, "--iters 0: expected an integer >= 1");
         assertRefused(new String[] {"bench", "a2a", "--factor", "four"}, "--factor expects an integer, got 'four'");
         assertRefused(new String[] {"bench", "moe", "--tokens", "128,x"}, "--tokens expects comma-separated integers");
         assertRefused(new String[] {"bench", "a2a", "--iters"}, "--iters needs a value");
+    }
+
+    @Test void everyBadOptionIsNamedWithItsValidValuesOrRange() {
+        assertRefused(new String[] {"bench", "a2a", "--backends", "FOO"}, "--backends FOO: expected some of [gin, host], comma-separated");
+        assertRefused(new String[] {"bench", "a2a", "--backends", "GIN,nccl"}, "--backends nccl: expected some of [gin, host]");
+        assertRefused(new String[] {"bench", "a2a", "--protocol", "fast"}, "--protocol fast: expected one of [auto, ll, ll128, direct, copy_engine]");
+        assertRefused(new String[] {"bench", "a2a", "--min", "4Q"}, "--min 4Q: expected a size in bytes (examples: 4096, 64K, 16M, 1G)");
+        assertRefused(new String[] {"bench", "a2a", "--max", "99999999999G"}, "--max 99999999999G: expected a size in bytes");
+        assertRefused(new String[] {"bench", "a2a", "--min", "0"}, "--min 0: expected a size >= 1 byte");
+        assertRefused(new String[] {"bench", "a2a", "--min", "4K", "--max", "1K"}, "--max 1K: expected a size >= --min (4096 bytes)");
+        assertRefused(new String[] {"bench", "a2a", "--factor", "1"}, "--factor 1: expected an integer >= 2");
+        assertRefused(new String[] {"bench", "a2a", "--warmup", "-1"}, "--warmup -1: expected an integer >= 0");
+        assertRefused(new String[] {"bench", "a2a", "--iters", "5", "--iters", "6"}, "--iters is given twice; expected it once");
+        assertRefused(new String[] {"bench", "a2a", "--out", "/no/such/folder/a2a.json"}, "--out /no/such/folder/a2a.json: the folder /no/such/folder does not exist");
+        assertRefused(new String[] {"bench", "moe", "--tokens", "128,0"}, "--tokens 128,0: expected token counts >= 1, got 0");
+        assertRefused(new String[] {"bench", "moe", "--warmup", "-3"}, "--warmup -3: expected an integer >= 0");
+        assertRefused(new String[] {"info", "--jsn"}, "gin4j info: unknown option '--jsn', expected --json");
+    }
+
+    @Test void versionIsPrinted() {
+        for (String flag : new String[] {"--version", "version"}) {
+            Result r = run(flag);
+            assertEquals(0, r.status(), r.err());
+            assertTrue(r.out().matches("gin4j \\S+\\R"), r.out());
+        }
+        assertTrue(run("help").out().contains("--version"));
+    }
+
+    @Test void anUnknownRuntimeSettingExitsNonZeroNamingTheValidOnes() {
+        String before = System.getProperty("gin4j.runtime");
+        System.setProperty("gin4j.runtime", "foo");  // as GIN4J_RUNTIME=foo, which this JVM cannot set for itself
+        try {
+            assertRefused(new String[] {"info"}, "GIN4J_RUNTIME (or -Dgin4j.runtime) is 'foo': expected cuda or hip, or unset");
+            assertRefused(new String[] {"info", "--json"}, "expected cuda or hip");
+            assertRefused(new String[] {"bench", "a2a"}, "expected cuda or hip");
+        } finally {
+            if (before == null) System.clearProperty("gin4j.runtime");
+            else System.setProperty("gin4j.runtime", before);
+        }
+    }
+
+    @Test void infoJsonHoldsWhatInfoPrintsWhereThereIsNoGpu() {
+        dev.gin4j.gpu.GpuRuntime.Discovery d = dev.gin4j.gpu.GpuRuntime.discover();
+        dev.gin4j.testing.Gpus.skipUnless(!d.found(), "info --json without a GPU: this machine has one (the GPU path probes communicators)");
+        Result text = run("info"), json = run("info", "--json");
+        assertEquals(0, text.status(), text.err());
+        assertEquals(0, json.status(), json.err());
+        Map<?, ?> root = (Map<?, ?>) new JsonReader(json.out()).read();
+        assertEquals(List.of("gin4j", "gpu_runtime", "collective_library", "kernels"), List.copyOf(root.keySet()));
+        Map<?, ?> gpu = (Map<?, ?>) root.get("gpu_runtime");
+        assertEquals(false, gpu.get("found"));
+        for (Object note : (List<?>) gpu.get("notes")) assertTrue(text.out().contains("  - " + note), note + " in\n" + text.out());
+        Map<?, ?> nccl = (Map<?, ?>) root.get("collective_library");
+        assertTrue(text.out().contains("Collective library: " + nccl.get("library")), text.out());
+        assertTrue(text.out().contains("  " + nccl.get("communicators")), text.out());
+        assertEquals(Info.version(), ((Map<?, ?>) root.get("gin4j")).get("version"));
+        assertTrue(text.out().contains("Kernel code objects: from " + ((Map<?, ?>) root.get("kernels")).get("source")), text.out());
+        // the no-GPU account: each runtime once, on lines of their own
+        assertTrue(text.out().lines().noneMatch(l -> l.length() > 400), text.out());
+        String all = text.out();
+        assertEquals(all.indexOf("CUDA driver: not loaded"), all.lastIndexOf("CUDA driver: not loaded"), all);
+    }
+
+    @Test void infoReportJsonEscapesAndNests() {
+        InfoReport r = new InfoReport();
+        r.section("a", "headline").put("s", "quote \" back\\ slash\nnew line\u0001", "line one").put("n", 42, null).put("b", true, null).put("z", null, null)
+                .note("notes", "  - ", "first").child("inner").put("list", List.of("x", "y"), "  x, y");
+        r.list("items").add(Map.of("k", 1.5));
+        assertEquals("headline\nline one\n  - first\n  x, y\n", r.text());
+        Map<?, ?> root = (Map<?, ?>) new JsonReader(r.json()).read();
+        Map<?, ?> a = (Map<?, ?>) root.get("a");
+        assertEquals("quote \" back\\ slash\nnew line\u0001", a.get("s"));
+        assertEquals(42.0, a.get("n"));
+        assertEquals(true, a.get("b"));
+        assertTrue(a.containsKey("z") && a.get("z") == null);
+        assertEquals(List.of("first"), a.get("notes"));
+        assertEquals(List.of("x", "y"), ((Map<?, ?>) a.get("inner")).get("list"));
+        assertEquals(1.5, ((Map<?, ?>) ((List<?>) root.get("items")).get(0)).get("k"));
+    }
+
+    /** Just enough JSON to read the report back: objects keep their key order; numbers come back as doubles. */
+    private static final class JsonReader {
+        private final String s;
+        private int i;
+
+        JsonReader(String s) { this.s = s; }
+
+        Object read() {
+            Object v = value();
+            space();
+            assertEquals(s.length(), i, "trailing text after the JSON value");
+            return v;
+        }
+
+        private void space() { while (i < s.length() && Character.isWhitespace(s.charAt(i))) i++; }
+
+        private void expect(char c) {
+            space();
+            assertEquals(c, s.charAt(i), "at " + i + " of\n" + s);
+            i++;
+        }
+
+        private Object value() {
+            space();
+            char c = s.charAt(i);
+            if (c == '{') {
+                Map<String, Object> m = new java.util.LinkedHashMap<>();
+                i++;
+                space();
+                if (s.charAt(i) == '}') { i++; return m; }
+                do {
+                    space();
+                    String k = string();
+                    expect(':');
+                    m.put(k, value());
+                    space();
+                } while (s.charAt(i++) == ',');
+                assertEquals('}', s.charAt(i - 1), "at " + i);
+                return m;
+            }
+            if (c == '[') {
+                List<Object> l = new java.util.ArrayList<>();
+                i++;
+                space();
+                if (s.charAt(i) == ']') { i++; return l; }
+                do { l.add(value()); space(); } while (s.charAt(i++) == ',');
+                assertEquals(']', s.charAt(i - 1), "at " + i);
+                return l;
+            }
+            if (c == '"') return string();
+            for (String word : new String[] {"true", "false", "null"}) {
+                if (s.startsWith(word, i)) { i += word.length(); return word.equals("null") ? null : Boolean.valueOf(word); }
+            }
+            int start = i;
+            while (i < s.length() && "+-0123456789.eE".indexOf(s.charAt(i)) >= 0) i++;
+            return Double.valueOf(s.substring(start, i));
+        }
+
+        private String string() {
+            assertEquals('"', s.charAt(i), "a string at " + i);
+            StringBuilder b = new StringBuilder();
+            for (i++; s.charAt(i) != '"'; i++) {
+                char c = s.charAt(i);
+                if (c != '\\') { b.append(c); continue; }
+                c = s.charAt(++i);
+                switch (c) {
+                    case 'n' -> b.append('\n');
+                    case 'r' -> b.append('\r');
+                    case 't' -> b.append('\t');
+                    case 'u' -> { b.append((char) Integer.parseInt(s.substring(i + 1, i + 5), 16)); i += 4; }
+                    default -> b.append(c);
+                }
+            }
+            i++;
+            return b.toString();
+        }
     }
 }

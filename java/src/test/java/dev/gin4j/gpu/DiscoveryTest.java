@@ -33,6 +33,29 @@ class DiscoveryTest {
         assertEquals(100, e.code());
     }
 
+    @Test void theRuntimeSettingTakesCudaOrHipOnly() {
+        assertNull(GpuRuntime.forcedRuntime(null));
+        assertNull(GpuRuntime.forcedRuntime(" "));
+        assertEquals("cuda", GpuRuntime.forcedRuntime(" CUDA "));
+        assertEquals("hip", GpuRuntime.forcedRuntime("hip"));
+        IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> GpuRuntime.forcedRuntime("foo"));
+        assertTrue(e.getMessage().contains("'foo': expected cuda or hip"), e.getMessage());
+    }
+
+    @Test void aMissingKernelsFolderIsCalledMissing(@org.junit.jupiter.api.io.TempDir java.nio.file.Path tmp) throws Exception {
+        KernelLibrary missing = KernelLibrary.locate(tmp.resolve("no-such-folder").toString());
+        String why = missing.folderProblem().orElseThrow();
+        assertTrue(why.contains("GIN4J_KERNELS_DIR names " + tmp.resolve("no-such-folder")) && why.contains("which is missing (no such folder)")
+                && why.contains("gin-kernels/out/resources"), why);
+        GpuException read = assertThrows(GpuException.class, () -> missing.read("sm_90", "moe"));
+        assertTrue(read.getMessage().contains("which is missing"), read.getMessage());
+        java.nio.file.Path file = java.nio.file.Files.writeString(tmp.resolve("a-file"), "x");
+        assertTrue(KernelLibrary.locate(file.toString()).folderProblem().orElseThrow().contains("which is missing (not a folder)"));
+        String empty = KernelLibrary.locate(tmp.toString()).folderProblem().orElseThrow();
+        assertTrue(empty.contains("which has no dev/gin4j/kernels/manifest.properties"), empty);
+        assertTrue(KernelLibrary.locate(null).folderProblem().isEmpty(), "the class path is no folder to miss");
+    }
+
     @Test void nativeAccessIsGrantedInTests() {
         // surefire passes --enable-native-access; without it require() must name the flag
         NativeAccess.require();

@@ -60,6 +60,24 @@ class MoeConfigTest {
         assertEquals(1, MoeAllToAll.channelsFor(new long[] {1}));
     }
 
+    @Test void theBuilderNamesEveryValueAndMatchesTheFactories() {
+        MoeConfig built = MoeConfig.builder().hidden(7168).experts(256).topK(8).maxTokensPerRank(4096).backend(Backend.GIN).bf16().build();
+        assertEquals(MoeConfig.bf16(7168, 256, 8, 4096, Backend.GIN), built);
+        assertEquals(7168, built.hidden());
+        assertEquals(4096, built.maxTokens());
+        assertEquals(built, MoeConfig.builder().maxTokensPerRank(4096).topK(8).backend(Backend.GIN).experts(256).hidden(7168).build(), "any order; bf16 by default");
+        assertEquals(MoeConfig.fp8(7168, 256, 8, 128, Backend.HOST),
+                MoeConfig.builder().hidden(7168).experts(256).topK(8).maxTokensPerRank(128).backend(Backend.HOST).fp8().build());
+        assertEquals(MoeConfig.fp8FromBf16(7168, 256, 8, 128, Backend.GIN).withChannels(12),
+                MoeConfig.builder().hidden(7168).experts(256).topK(8).maxTokensPerRank(128).backend(Backend.GIN).fp8FromBf16().channels(12).build());
+        assertEquals(DType.BF16, MoeConfig.builder().hidden(64).experts(8).topK(2).maxTokensPerRank(16).backend(Backend.GIN).fp8().bf16().build().dtype(), "the last row type set wins");
+        refused("set hidden(int), maxTokensPerRank(int), backend(Backend) before build()", () -> MoeConfig.builder().experts(256).topK(8).build());
+        refused("set experts(int), topK(int)", () -> MoeConfig.builder().hidden(7168).maxTokensPerRank(4096).backend(Backend.GIN).build());
+        refused("topK must be in [1, min(32, experts)], got 9", () -> MoeConfig.builder().hidden(128).experts(8).topK(9).maxTokensPerRank(16).backend(Backend.GIN).build());
+        refused("positive multiple of 16, got 120", () -> MoeConfig.builder().hidden(120).experts(8).topK(2).maxTokensPerRank(16).backend(Backend.GIN).fp8().build());
+        refused("channels must be 0", () -> MoeConfig.builder().hidden(128).experts(8).topK(2).maxTokensPerRank(16).backend(Backend.GIN).channels(129).build());
+    }
+
     @Test void rowSizes() {
         MoeConfig q = MoeConfig.fp8FromBf16(7168, 256, 8, 128, Backend.GIN);
         assertTrue(q.quantizes());

@@ -39,7 +39,7 @@ public final class CudaDriver implements Driver {
     /** Loads the CUDA driver and calls cuInit; throws if the library or a device is missing. */
     public static CudaDriver open() {
         if (!NativeLibrary.CUDA.isAvailable()) {
-            throw new GpuException("CUDA driver not loadable: " + NativeLibrary.CUDA.describe());
+            throw new GpuException(NativeLibrary.CUDA.describe());  // "CUDA driver: not loaded; tried ..."
         }
         return new CudaDriver();
     }

@@ -35,7 +35,7 @@ public final class HipDriver implements Driver {
     /** Loads HIP and counts devices; a machine without an AMD GPU gives hipErrorNoDevice as a GpuException. */
     public static HipDriver open() {
         if (!NativeLibrary.HIP.isAvailable()) {
-            throw new GpuException("HIP runtime not loadable: " + NativeLibrary.HIP.describe());
+            throw new GpuException(NativeLibrary.HIP.describe());  // "HIP runtime: not loaded; tried ..."
         }
         return new HipDriver();
     }
