@@ -95,7 +95,8 @@ final class Info {
         if (devices != null) {
             Capabilities caps = Capabilities.probe(devices);
             nccl.put("loaded", caps.loaded(), null).put("version", caps.version(), null).put("symmetric_windows", caps.windows(), null)
-                    .put("device_api", caps.deviceApi(), null).put("gin", caps.gin(), null);
+                    .put("device_api", caps.deviceApi(), null).put("gin", caps.gin(), null)
+                    .put("gin_type", caps.ginType(), null).put("gin_plugin", caps.ginPlugin(), null);
             caps.report().lines().forEach(l -> nccl.note("notes", "  ", l));
         }
         String comms = communicatorSettings(env);

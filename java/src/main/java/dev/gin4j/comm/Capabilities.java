@@ -16,7 +16,7 @@ import java.util.List;
  * communicators, LSA) and GIN. Found by asking the library and, where it has no query for it
  * (NCCL 2.28), by trying on a throw-away communicator over the given devices.
  */
-public record Capabilities(boolean loaded, int version, boolean windows, boolean deviceApi, boolean gin, List<String> notes) {
+public record Capabilities(boolean loaded, int version, boolean windows, boolean deviceApi, boolean gin, String ginType, String ginPlugin, List<String> notes) {
 
     public static String describeLibrary() {
         if (!Nccl.isAvailable()) return "none loaded: " + Nccl.describe();
@@ -33,7 +33,7 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         List<String> notes = new ArrayList<>();
         if (!Nccl.isAvailable()) {
             notes.add("collective library not loaded");
-            return new Capabilities(false, 0, false, false, false, notes);
+            return new Capabilities(false, 0, false, false, false, "none", describeGinPlugin(), notes);
         }
         int version = Nccl.version();
         boolean windows = NativeLibrary.NCCL.find("ncclCommWindowRegister").isPresent() && NativeLibrary.NCCL.find("ncclMemAlloc").isPresent();
@@ -51,13 +51,14 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         List<String> rdma = rdmaDevices();
         boolean gin = false;
         boolean devApiWorks = false;
+        String ginType = "not probed";
         if (devApi && windows && abiOk && !devices.isEmpty()) {
             try (CommGroup g = CommGroup.initAll(devices)) {
                 try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 0, 0))) {
                     devApiWorks = true;
                     notes.add("device communicator with LSA barriers over " + devices.size() + " local GPU(s): created");
                 }
-                String type = ginType(g.rank(0));
+                String type = ginType = ginType(g.rank(0));
                 notes.add("GIN type NCCL reports: " + type + "; GIN plugin: " + describeGinPlugin());  // after init: NCCL has loaded it
                 if (!"none".equals(type) && !type.startsWith("unknown")) {
                     try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 1, 0, true))) {
@@ -80,7 +81,7 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         summary.add("version " + Nccl.versionString(version) + "; symmetric windows: " + (windows ? "yes" : "no") + "; device API: "
                 + (devApiWorks ? "yes" : devApi ? "exported, not usable here (see below)" : "no") + "; GIN: " + (gin ? "yes" : "no"));
         summary.addAll(notes);
-        return new Capabilities(true, version, windows, devApiWorks, gin, summary);
+        return new Capabilities(true, version, windows, devApiWorks, gin, ginType, describeGinPlugin(), summary);
     }
 
     public String report() { return String.join("\n", notes); }
