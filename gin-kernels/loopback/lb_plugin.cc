@@ -32,23 +32,13 @@ void to_nccl_log(int level, const char* msg) {
   }
 }
 
-void info(const char* fmt, ...) {
+void log_at(int level, const char* fmt, va_list ap) {
   char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
   vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  to_nccl_log(2, buf);
+  to_nccl_log(level, buf);
 }
-
-void warn(const char* fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  to_nccl_log(0, buf);
-}
+void info(const char* fmt, ...) { va_list ap; va_start(ap, fmt); log_at(2, fmt, ap); va_end(ap); }
+void warn(const char* fmt, ...) { va_list ap; va_start(ap, fmt); log_at(0, fmt, ap); va_end(ap); }
 
 ncclResult_t to_nccl(int e) {
   switch (e) {

@@ -137,8 +137,10 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
      * ncclGinPlugin_v11, the interfaces NCCL 2.29 loads. NCCL itself only logs such a plugin and
      * goes on without it.
      */
-    public static String ginPluginProblem() {
-        String setting = System.getenv("NCCL_GIN_PLUGIN");
+    public static String ginPluginProblem() { return ginPluginProblem(System.getenv("NCCL_GIN_PLUGIN")); }
+
+    /** {@link #ginPluginProblem()} for the given NCCL_GIN_PLUGIN value (null: unset). */
+    static String ginPluginProblem(String setting) {
         if (setting == null || setting.isBlank() || setting.equalsIgnoreCase("none") || !setting.contains("/")) return null;
         for (String part : setting.split(",")) {
             java.nio.file.Path path = java.nio.file.Path.of(part.trim());

@@ -204,13 +204,7 @@ final class LoopbackGinRank {
             DeviceBuffer in = d.allocate(perPeer * world, arena);
             in.copyFromHost(MemorySegment.ofArray(RankMain.dataOf(seed + 70, rank, (int) (perPeer * world))));
             check(run(gin, in, perPeer, s, world), seed + 70, rank, perPeer, world, "the GIN all-to-all before rank 0 dies");
-            g.allGatherLongs(new long[] {rank});
-            if (rank == 0) {
-                System.out.println("RANK 0 OK (halting without closing anything)");
-                System.out.flush();
-                Runtime.getRuntime().halt(0);
-            }
-            Thread.sleep(1000);  // rank 0 is gone
+            RankMain.rankZeroHalts(g, rank);
             long start = System.nanoTime();
             try {
                 run(gin, in, perPeer, s, world);

@@ -342,6 +342,20 @@ public final class RankMain {
     }
 
     /**
+     * Collective: once every rank is past the collectives before, rank 0 halts without closing
+     * anything; the others return a second later, when it is gone.
+     */
+    static void rankZeroHalts(CommGroup g, int rank) throws InterruptedException {
+        g.allGatherLongs(new long[] {rank});
+        if (rank == 0) {
+            System.out.println("RANK 0 OK (halting without closing anything)");
+            System.out.flush();
+            Runtime.getRuntime().halt(0);
+        }
+        Thread.sleep(1000);
+    }
+
+    /**
      * Rank 0 dies (halts, closing nothing) after a HOST all-to-all with rank 1, or, when
      * {@code connected} is false, before the ranks ever exchanged anything point to point. Rank 1's
      * next HOST all-to-all must then fail within the host-wait time-out (GIN4J_COMM_TIMEOUT_S),
@@ -349,13 +363,7 @@ public final class RankMain {
      */
     private static void peerDies(CommGroup g, int rank, long seed, Arena arena, boolean connected) throws InterruptedException {
         if (connected) hostAllToAll(g, rank, seed + 13, 4099, arena, "the all-to-all before rank 0 dies");
-        g.allGatherLongs(new long[] {rank});  // rank 1 is past every earlier collective before rank 0 goes
-        if (rank == 0) {
-            System.out.println("RANK 0 OK (halting without closing anything)");
-            System.out.flush();
-            Runtime.getRuntime().halt(0);
-        }
-        Thread.sleep(1000);  // rank 0 is gone
+        rankZeroHalts(g, rank);
         long timeout = g.hostWaitTimeout().toNanos(), start = System.nanoTime();
         try {
             hostAllToAll(g, rank, seed + 17, 4099, arena, "the all-to-all after rank 0 died");
@@ -379,13 +387,7 @@ public final class RankMain {
      */
     private static void peerDiesThenClose(CommGroup g, int rank, long seed, Arena arena) throws InterruptedException {
         hostAllToAll(g, rank, seed + 19, 4099, arena, "the all-to-all before rank 0 dies");
-        g.allGatherLongs(new long[] {rank});
-        if (rank == 0) {
-            System.out.println("RANK 0 OK (halting without closing anything)");
-            System.out.flush();
-            Runtime.getRuntime().halt(0);
-        }
-        Thread.sleep(1000);  // rank 0 is gone
+        rankZeroHalts(g, rank);
         Device d = g.rank(0).device();
         Stream s = d.createStream();
         DeviceBuffer send = d.allocate(2 * 4099, arena), recv = d.allocate(2 * 4099, arena);
