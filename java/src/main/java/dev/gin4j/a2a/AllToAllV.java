@@ -184,8 +184,8 @@ public final class AllToAllV extends NativeResource {
         List<DeviceBuffer> countSend = new ArrayList<>();
         for (int i = 0; i < local; i++) {
             group.await(streams.get(i), "a HOST all-to-all-v (reading the send counts)");
-            sc[i] = sendCounts.get(i).readLongs(n);
-            so[i] = sendOffsets.get(i).readLongs(n);
+            sc[i] = sendCounts.get(i).readLongs(n, streams.get(i));
+            so[i] = sendOffsets.get(i).readLongs(n, streams.get(i));
             List<String> clamped = new ArrayList<>();
             for (int p = 0; p < n; p++) {
                 String wrong = clamp(sc[i], so[i], p, inputs.get(i).byteSize(), capacityPerPeer);
@@ -194,13 +194,13 @@ public final class AllToAllV extends NativeResource {
             }
             // the first call that clamped is kept until checkErrors (the kernels' error word is sticky too)
             if (!clamped.isEmpty() && hostClamped[i] == null) hostClamped[i] = group.rank(i) + " clamped what it sent " + String.join("; ", clamped);
-            hostSendCounts.get(i).copyFromHost(MemorySegment.ofArray(sc[i]));  // what is sent, clamped
+            hostSendCounts.get(i).copyFromHost(MemorySegment.ofArray(sc[i]), streams.get(i));  // what is sent, clamped
             countSend.add(hostSendCounts.get(i));
         }
         group.allToAll(countSend, hostCounts, 8, streams);   // who sends me how much
         for (int i = 0; i < local; i++) {
             group.await(streams.get(i), "a HOST all-to-all-v (the count exchange)");
-            rc[i] = hostCounts.get(i).readLongs(n);
+            rc[i] = hostCounts.get(i).readLongs(n, streams.get(i));
         }
         group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
     }

@@ -515,14 +515,15 @@ public final class CommGroup extends NativeResource {
                 for (int i = 0; i < ranks.size(); i++) {
                     Device d = ranks.get(i).device();
                     DeviceBuffer s = d.allocate(bytes, a), r = d.allocate(bytes * worldSize, a);
-                    s.copyFromHost(MemorySegment.ofArray(valuesPerLocalRank[i]));
-                    send.add(s); recv.add(r); streams.add(d.createStream());
+                    streams.add(d.createStream());
+                    s.copyFromHost(MemorySegment.ofArray(valuesPerLocalRank[i]), streams.get(i));
+                    send.add(s); recv.add(r);
                 }
                 allGather(send, recv, bytes, streams);
                 long[][] out = new long[ranks.size()][];
                 for (int i = 0; i < ranks.size(); i++) {
                     await(streams.get(i), "an all-gather of setup values (every rank must make the same collective calls)");
-                    out[i] = recv.get(i).readLongs(n * worldSize);
+                    out[i] = recv.get(i).readLongs(n * worldSize, streams.get(i));
                 }
                 return out;
             } finally {

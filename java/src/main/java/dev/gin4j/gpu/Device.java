@@ -11,6 +11,7 @@ public final class Device {
     private final int ordinal;
     private volatile String name, arch;
     private volatile int[] maxGrid, maxBlock;
+    private final java.util.Set<Stream> capturing = java.util.concurrent.ConcurrentHashMap.newKeySet();  // gin4j streams that began a capture and have not ended it
 
     Device(GpuRuntime runtime, int ordinal) {
         this.runtime = runtime;
@@ -93,6 +94,18 @@ public final class Device {
 
     /** Loads a code object shipped with gin4j for this device's architecture (see {@link KernelLibrary}). */
     public CodeObject loadKernels(String objectName) { return KernelLibrary.load(this, objectName); }
+
+    /** A capture was begun on {@code stream} ({@link Stream#beginCapture}) or ended there (ended true). */
+    void noteCapture(Stream stream, boolean ended) {
+        if (ended) capturing.remove(stream);
+        else capturing.add(stream);
+    }
+
+    /** One gin4j stream of this device that is capturing a graph, described, or null (captures begun by other code on wrapped streams are not seen). */
+    String capturingStream() {
+        for (Stream s : capturing) return s.describe();
+        return null;
+    }
 
     void check(Device other, String what) {
         if (other != this) throw new IllegalArgumentException(what + " is on " + other + " but this operation runs on " + this);

@@ -84,6 +84,7 @@ public final class Stream extends NativeResource {
         device.driver().beginCapture(device.ordinal(), handle());
         capture = new CapturedUses();
         captureBegunHere = true;
+        device.noteCapture(this, false);
     }
 
     /**
@@ -111,6 +112,7 @@ public final class Stream extends NativeResource {
     }
 
     private void captureEnded(CapturedUses uses) {
+        if (captureBegunHere) device.noteCapture(this, true);
         if (uses != null) uses.ended = true;
         capture = null;
         captureBegunHere = false;
