@@ -103,7 +103,9 @@ public final class AllToAll extends NativeResource {
         return new AllToAll(group, backend, maxBytesPerPeer);
     }
 
+    /** The backend this all-to-all was created with. */
     public Backend backend() { return backend; }
+    /** The most bytes per peer a call may move (the size it was created for). */
     public long maxBytesPerPeer() { return maxBytesPerPeer; }
 
     /**
@@ -322,7 +324,7 @@ public final class AllToAll extends NativeResource {
      * Synchronizes the streams (one per local rank, in order) and throws if a kernel reported an
      * error (time-out, bad arguments); a time-out also aborts the group. HOST: waits for the
      * streams (within the group's host-wait time-out).
-     * @throws CommException naming what each rank's kernels reported
+     * @throws dev.gin4j.comm.CommException naming what each rank's kernels reported
      */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();

@@ -69,10 +69,12 @@ public final class AllToAllV extends NativeResource {
         return new AllToAllV(group, backend, capacityPerPeer);
     }
 
+    /** The backend this all-to-all-v was created with. */
     public Backend backend() { return backend; }
 
     /** The launch shape of a GIN call on local rank 0, sized by the capacity (the counts are on the device); null for HOST. */
     public Plan plan() { return gin == null ? null : gin.plan(capacityPerPeer, protocol, 0, false); }
+    /** The receive slot size per source rank, in bytes: counts above it are clamped. */
     public long capacityPerPeer() { return capacityPerPeer; }
 
     /** As {@link AllToAll#protocol}: every rank must use the same protocol in a call. */

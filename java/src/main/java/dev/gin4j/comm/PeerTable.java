@@ -101,5 +101,6 @@ public final class PeerTable {
         return true;
     }
 
+    /** Where the addresses came from (for reports). */
     public String source() { return source; }
 }

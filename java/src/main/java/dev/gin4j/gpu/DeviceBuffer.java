@@ -84,9 +84,11 @@ public final class DeviceBuffer {
     /** Device buffers allocated by gin4j and not yet freed (their arenas still open). */
     public static long liveCount() { return LIVE_COUNT.get(); }
 
+    /** The device the memory is on. */
     public Device device() { return device; }
     /** Device address range; never dereference it on the host. */
     public MemorySegment segment() { return segment; }
+    /** The size in bytes. */
     public long byteSize() { return segment.byteSize(); }
 
     /** The device address, after checking that the memory is still alive. */

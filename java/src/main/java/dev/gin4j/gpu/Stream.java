@@ -48,6 +48,7 @@ public final class Stream extends NativeResource {
     /** Whether gin4j made this stream and destroys it on {@link #close()} (false for {@link #wrap}). */
     public boolean isOwned() { return owned; }
 
+    /** The device the stream belongs to. */
     public Device device() { return device; }
 
     /** The native handle, after checking the stream is open. */

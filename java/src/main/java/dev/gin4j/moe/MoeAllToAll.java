@@ -312,9 +312,11 @@ public final class MoeAllToAll extends NativeResource {
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
     public String dispatchKernelName() { return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL"; }
 
+    /** The configuration it was created with. */
     public MoeConfig config() { return cfg; }
     /** C: the GIN kernels run 2C blocks (one per SM); {@link MoeConfig#channels()}, or half the SMs of the smallest GPU. */
     public int channels() { return channels; }
+    /** Experts on each rank: experts / ranks. */
     public int localExperts() { return localExperts; }
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
     public long capacityRows() { return query[Q_RECV_ROWS]; }
