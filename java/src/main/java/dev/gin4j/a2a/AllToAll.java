@@ -2,6 +2,7 @@ package dev.gin4j.a2a;
 
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.ErrorCheck;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
@@ -31,6 +32,7 @@ public final class AllToAll extends NativeResource {
     private final GinState gin;
     private final Arena arena;
     private final List<DeviceBuffer> hostOutputs = new ArrayList<>();
+    private final List<KernelErrors> hostWords = new ArrayList<>();
     private Protocol protocol = Protocol.AUTO;
     private final long[] lastBytesPerPeer;
 
@@ -101,7 +103,9 @@ public final class AllToAll extends NativeResource {
         return new AllToAll(group, backend, maxBytesPerPeer);
     }
 
+    /** The backend this all-to-all was created with. */
     public Backend backend() { return backend; }
+    /** The most bytes per peer a call may move (the size it was created for). */
     public long maxBytesPerPeer() { return maxBytesPerPeer; }
 
     /**
@@ -129,13 +133,76 @@ public final class AllToAll extends NativeResource {
     /** The result of the last call on local rank {@code i}: {@code worldSize * bytesPerPeer} bytes. */
     public DeviceBuffer result(int localIndex) { return output(localIndex).slice(0, lastBytesPerPeer[localIndex] * group.worldSize()); }
 
-    /** Exchanges {@code count} elements of {@code type} per peer. */
-    public void run(List<DeviceBuffer> inputs, long count, DType type, List<Stream> streams) {
-        if (count < 0) throw new IllegalArgumentException("count must be >= 0, got " + count);
-        run(inputs, Math.multiplyExact(count, (long) type.bytes()), streams);
+    /**
+     * One process per GPU (a group with one local rank): {@link #output(int)} of its rank.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public DeviceBuffer output() {
+        requireOneLocalRank("output()");
+        return output(0);
     }
 
-    /** Exchanges {@code bytesPerPeer} bytes per peer on every local rank; inputs hold {@code worldSize * bytesPerPeer} bytes. */
+    /**
+     * One process per GPU (a group with one local rank): {@link #result(int)} of its rank.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public DeviceBuffer result() {
+        requireOneLocalRank("result()");
+        return result(0);
+    }
+
+    /**
+     * Exchanges {@code count} elements of {@code type} per peer on every local rank: {@link #run(List, long, List)}
+     * with {@code count * type.bytes()} bytes per peer (the {@code run} methods count bytes, the
+     * {@code runElements} methods elements).
+     * @throws IllegalArgumentException for a negative count, a null type, or a byte size that does not fit a long
+     */
+    public void runElements(List<DeviceBuffer> inputs, long count, DType type, List<Stream> streams) {
+        run(inputs, elementBytes(count, type), streams);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): exchanges {@code count} elements of
+     * {@code type} per peer, as {@link #runElements(List, long, DType, List)}.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void runElements(DeviceBuffer input, long count, DType type, Stream stream) {
+        run(input, elementBytes(count, type), stream);
+    }
+
+    static long elementBytes(long count, DType type) {
+        if (type == null) throw new IllegalArgumentException("runElements needs the element type (DType), got null");
+        if (count < 0) throw new IllegalArgumentException("count must be >= 0 elements per peer, got " + count);
+        try {
+            return Math.multiplyExact(count, (long) type.bytes());
+        } catch (ArithmeticException e) {
+            throw new IllegalArgumentException(count + " elements of " + type + " per peer do not fit a 64-bit byte size");
+        }
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): exchanges {@code bytesPerPeer} bytes per
+     * peer, as {@link #run(List, long, List)}.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void run(DeviceBuffer input, long bytesPerPeer, Stream stream) {
+        requireOneLocalRank("run(input, bytesPerPeer, stream)");
+        run(0, input, bytesPerPeer, stream);
+    }
+
+    /** Refuses a call without a local rank index where the process drives several local ranks. */
+    private void requireOneLocalRank(String call) {
+        ensureOpen();
+        if (group.localCount() != 1)
+            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + group.localCount()
+                    + " local ranks of " + group.worldSize() + ": pass one per local rank (the List form) or a local rank index");
+    }
+
+    /**
+     * Exchanges {@code bytesPerPeer} bytes per peer on every local rank; inputs hold
+     * {@code worldSize * bytesPerPeer} bytes. One input and one stream per local rank, in local
+     * rank order.
+     */
     public void run(List<DeviceBuffer> inputs, long bytesPerPeer, List<Stream> streams) {
         ensureOpen();
         group.ensureOpen();  // GIN kernels store through the peer mappings that went with its communicators
@@ -253,7 +320,12 @@ public final class AllToAll extends NativeResource {
         r.ceDone.launch(s, onePerPeer, r.ceSignalArgs);
     }
 
-    /** Synchronizes the streams and throws if a kernel reported an error (time-out, bad arguments); a time-out also aborts the group (KernelErrors.checkAll). */
+    /**
+     * Synchronizes the streams (one per local rank, in order) and throws if a kernel reported an
+     * error (time-out, bad arguments); a time-out also aborts the group. HOST: waits for the
+     * streams (within the group's host-wait time-out).
+     * @throws dev.gin4j.comm.CommException naming what each rank's kernels reported
+     */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         group.checkStreams(streams);
@@ -262,6 +334,50 @@ public final class AllToAll extends NativeResource {
             return;
         }
         KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams, group);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #checkErrors(List)} of its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void checkErrors(Stream stream) {
+        requireOneLocalRank("checkErrors(stream)");
+        checkErrors(List.of(stream));
+    }
+
+    /**
+     * The check of {@link #checkErrors(List)}, reported later without waiting now (see
+     * {@link ErrorCheck}): queued on each stream (one per local rank, in order) after the calls
+     * already there; its {@link ErrorCheck#poll()} reports them once the streams get there.
+     * @throws IllegalStateException when a stream captures a graph
+     */
+    public ErrorCheck errorsAfter(List<Stream> streams) {
+        ensureOpen();
+        group.checkStreams(streams);
+        if (backend == Backend.GIN)
+            return KernelErrors.later("GIN all-to-all", this, gin.ranks.stream().map(r -> r.errors).toList(), streams, null, group);
+        Stream.refuseCapture(streams, "a later error check of the HOST all-to-all, which reads the error words on the host,");  // before the words are made
+        return KernelErrors.later("HOST all-to-all", this, hostWords(), streams, null, group);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #errorsAfter(List)} of its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public ErrorCheck errorsAfter(Stream stream) {
+        requireOneLocalRank("errorsAfter(stream)");
+        return errorsAfter(List.of(stream));
+    }
+
+    /** HOST: error words no kernel sets, made at the first later check, so that its checks work as GIN's. */
+    private synchronized List<KernelErrors> hostWords() {
+        for (int i = hostWords.size(); i < group.localCount(); i++) {
+            try (Stream setup = group.rank(i).device().createStream()) {
+                hostWords.add(new KernelErrors(group.rank(i).device(), arena, setup));
+                setup.synchronize();
+            }
+        }
+        return hostWords;
     }
 
     @Override protected void release() {

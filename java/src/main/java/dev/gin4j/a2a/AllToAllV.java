@@ -3,6 +3,7 @@ package dev.gin4j.a2a;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.ErrorCheck;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
@@ -36,6 +37,7 @@ public final class AllToAllV extends NativeResource {
     private final GinState gin;
     private final Arena arena = Arena.ofShared();
     private final List<DeviceBuffer> hostOutputs = new ArrayList<>(), hostCounts = new ArrayList<>(), hostSendCounts = new ArrayList<>();
+    private final List<KernelErrors> hostWords = new ArrayList<>();
     private final String[] hostClamped;  // HOST: what the last calls clamped, per local rank, until checkErrors reports it
     private Protocol protocol = Protocol.AUTO;
 
@@ -67,10 +69,12 @@ public final class AllToAllV extends NativeResource {
         return new AllToAllV(group, backend, capacityPerPeer);
     }
 
+    /** The backend this all-to-all-v was created with. */
     public Backend backend() { return backend; }
 
     /** The launch shape of a GIN call on local rank 0, sized by the capacity (the counts are on the device); null for HOST. */
     public Plan plan() { return gin == null ? null : gin.plan(capacityPerPeer, protocol, 0, false); }
+    /** The receive slot size per source rank, in bytes: counts above it are clamped. */
     public long capacityPerPeer() { return capacityPerPeer; }
 
     /** As {@link AllToAll#protocol}: every rank must use the same protocol in a call. */
@@ -94,6 +98,50 @@ public final class AllToAllV extends NativeResource {
         return backend == Backend.GIN ? gin.window.region(localIndex, "counts") : hostCounts.get(localIndex);
     }
 
+    /**
+     * One process per GPU (a group with one local rank): {@link #output(int)} of its rank.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public DeviceBuffer output() {
+        requireOneLocalRank("output()");
+        return output(0);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #receivedCounts(int)} of its rank.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public DeviceBuffer receivedCounts() {
+        requireOneLocalRank("receivedCounts()");
+        return receivedCounts(0);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #run(List, List, List, List)} of its
+     * input, send counts and offsets on its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void run(DeviceBuffer input, DeviceBuffer sendCounts, DeviceBuffer sendOffsets, Stream stream) {
+        requireOneLocalRank("run(input, sendCounts, sendOffsets, stream)");
+        run(List.of(input), List.of(sendCounts), List.of(sendOffsets), List.of(stream));
+    }
+
+    /** Refuses a call without a local rank index where the process drives several local ranks. */
+    private void requireOneLocalRank(String call) {
+        ensureOpen();
+        if (group.localCount() != 1)
+            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + group.localCount()
+                    + " local ranks of " + group.worldSize() + ": pass one per local rank (the List form) or a local rank index");
+    }
+
+    /**
+     * Exchanges, on every local rank, {@code sendCounts[p]} bytes from {@code sendOffsets[p]} of
+     * the input to rank p (uint64 counts and offsets on the device, one per rank); what rank s
+     * sent lands in receive slot s of {@link #output(int)}, its size in
+     * {@link #receivedCounts(int)}. One input, count array, offset array and stream per local
+     * rank, in local rank order. A count or range that does not fit is clamped and reported by
+     * {@link #checkErrors} (see the class comment).
+     */
     public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
         ensureOpen();
         group.ensureOpen();  // GIN kernels store through the peer mappings that went with its communicators
@@ -184,9 +232,10 @@ public final class AllToAllV extends NativeResource {
         List<DeviceBuffer> countSend = new ArrayList<>();
         for (int i = 0; i < local; i++) {
             group.await(streams.get(i), "a HOST all-to-all-v (reading the send counts)");
-            sc[i] = sendCounts.get(i).readLongs(n);
-            so[i] = sendOffsets.get(i).readLongs(n);
-            List<String> clamped = new ArrayList<>();
+            sc[i] = sendCounts.get(i).readLongs(n, streams.get(i));
+            so[i] = sendOffsets.get(i).readLongs(n, streams.get(i));
+            Stream.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
+        List<String> clamped = new ArrayList<>();
             for (int p = 0; p < n; p++) {
                 String wrong = clamp(sc[i], so[i], p, inputs.get(i).byteSize(), capacityPerPeer);
                 if (wrong != null) clamped.add("to rank " + p + ": " + wrong);
@@ -194,13 +243,13 @@ public final class AllToAllV extends NativeResource {
             }
             // the first call that clamped is kept until checkErrors (the kernels' error word is sticky too)
             if (!clamped.isEmpty() && hostClamped[i] == null) hostClamped[i] = group.rank(i) + " clamped what it sent " + String.join("; ", clamped);
-            hostSendCounts.get(i).copyFromHost(MemorySegment.ofArray(sc[i]));  // what is sent, clamped
+            hostSendCounts.get(i).copyFromHost(MemorySegment.ofArray(sc[i]), streams.get(i));  // what is sent, clamped
             countSend.add(hostSendCounts.get(i));
         }
         group.allToAll(countSend, hostCounts, 8, streams);   // who sends me how much
         for (int i = 0; i < local; i++) {
             group.await(streams.get(i), "a HOST all-to-all-v (the count exchange)");
-            rc[i] = hostCounts.get(i).readLongs(n);
+            rc[i] = hostCounts.get(i).readLongs(n, streams.get(i));
         }
         group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
     }
@@ -231,7 +280,12 @@ public final class AllToAllV extends NativeResource {
         return wrong;
     }
 
-    /** Synchronizes and throws if a call clamped a count or range (both backends) or a kernel reported an error (time-out, bad arguments); a time-out also aborts the group (KernelErrors.checkAll). */
+    /**
+     * Synchronizes the streams (one per local rank, in order) and throws if a call clamped a count
+     * or range (both backends) or a kernel reported an error (time-out, bad arguments); a time-out
+     * also aborts the group.
+     * @throws CommException naming what each rank reported
+     */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         group.checkStreams(streams);
@@ -249,6 +303,55 @@ public final class AllToAllV extends NativeResource {
             return;
         }
         KernelErrors.checkAll("GIN all-to-all-v", gin.ranks.stream().map(r -> r.errors).toList(), streams, group);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #checkErrors(List)} of its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void checkErrors(Stream stream) {
+        requireOneLocalRank("checkErrors(stream)");
+        checkErrors(List.of(stream));
+    }
+
+    /**
+     * The check of {@link #checkErrors(List)}, reported later without waiting now (see
+     * {@link ErrorCheck}): queued on each stream (one per local rank, in order) after the calls
+     * already there. HOST: what the calls so far clamped (found on the host) goes into this check
+     * and is not reported again.
+     * @throws IllegalStateException when a stream captures a graph
+     */
+    public ErrorCheck errorsAfter(List<Stream> streams) {
+        ensureOpen();
+        group.checkStreams(streams);
+        if (backend == Backend.GIN)
+            return KernelErrors.later("GIN all-to-all-v", this, gin.ranks.stream().map(r -> r.errors).toList(), streams, null, group);
+        Stream.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
+        List<String> clamped = new ArrayList<>();
+        for (String c : hostClamped) clamped.add(c == null ? null : "HOST all-to-all-v: " + c);
+        ErrorCheck check = KernelErrors.later("HOST all-to-all-v", this, hostWords(), streams, clamped, group);
+        java.util.Arrays.fill(hostClamped, null);  // reported by this check, once
+        return check;
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #errorsAfter(List)} of its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public ErrorCheck errorsAfter(Stream stream) {
+        requireOneLocalRank("errorsAfter(stream)");
+        return errorsAfter(List.of(stream));
+    }
+
+    /** HOST: error words no kernel sets, made at the first later check, so that its checks work as GIN's. */
+    private synchronized List<KernelErrors> hostWords() {
+        for (int i = hostWords.size(); i < group.localCount(); i++) {
+            try (Stream setup = group.rank(i).device().createStream()) {
+                hostWords.add(new KernelErrors(group.rank(i).device(), arena, setup));
+                setup.synchronize();
+            }
+        }
+        return hostWords;
     }
 
     @Override protected void release() {

@@ -23,6 +23,7 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
     public static final int COPY_ENGINE_SELF_BLOCKS = 32;
     public static final int MAX_CHUNKS_PER_PEER = 64;
 
+    /** Checks the plan: a concrete protocol, chunks per peer in [1, MAX_CHUNKS_PER_PEER], and a thread count the protocol takes. */
     public Plan {
         if (protocol == Protocol.AUTO) throw new IllegalArgumentException("a plan names a concrete protocol");
         if (chunksPerPeer < 1 || chunksPerPeer > MAX_CHUNKS_PER_PEER) throw new IllegalArgumentException("chunks per peer " + chunksPerPeer + " outside [1, " + MAX_CHUNKS_PER_PEER + "]");

@@ -5,6 +5,7 @@ package dev.gin4j.a2a;
  * benchmarks and tests.
  */
 public enum Protocol {
+    /** Picks by size: LL, LL128 or DIRECT (and COPY_ENGINE for large messages where it is measured faster). */
     AUTO,
     /**
      * Small messages: 8-byte words that carry their own flag into a double-buffered staging area; one one-way

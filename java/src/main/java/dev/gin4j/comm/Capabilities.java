@@ -18,6 +18,7 @@ import java.util.List;
  */
 public record Capabilities(boolean loaded, int version, boolean windows, boolean deviceApi, boolean gin, String ginType, String ginPlugin, List<String> notes) {
 
+    /** The collective library found (NCCL or RCCL), its version and file, or why none was loaded. */
     public static String describeLibrary() {
         if (!Nccl.isAvailable()) return "none loaded: " + Nccl.describe();
         return Nccl.flavour() + " " + Nccl.versionString(Nccl.version()) + " (" + Nccl.describe() + ")";
@@ -29,6 +30,7 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         return names == null ? List.of() : List.of(names);
     }
 
+    /** What the library and the devices allow: peer access, LSA, GIN. */
     public static Capabilities probe(List<Device> devices) {
         List<String> notes = new ArrayList<>();
         if (!Nccl.isAvailable()) {
@@ -84,6 +86,7 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         return new Capabilities(true, version, windows, devApiWorks, gin, ginType, describeGinPlugin(), summary);
     }
 
+    /** The findings, one per line. */
     public String report() { return String.join("\n", notes); }
 
     /**

@@ -5,6 +5,7 @@ public class CommException extends RuntimeException {
     private final String call;
     private final int code;
 
+    /** A failed library call: its name, the status code, the library's name for it and what it said. */
     public CommException(String call, int code, String errorName, String detail) {
         super(call + " failed: " + errorName + " (" + code + "): " + detail);
         this.call = call;
@@ -18,18 +19,22 @@ public class CommException extends RuntimeException {
         this.code = failure.code;
     }
 
+    /** A failure gin4j found itself. */
     public CommException(String message) {
         super(message);
         this.call = "";
         this.code = 0;
     }
 
+    /** A failure gin4j found itself, caused by {@code cause}. */
     public CommException(String message, Throwable cause) {
         super(message, cause);
         this.call = "";
         this.code = 0;
     }
 
+    /** The library call that failed, or empty. */
     public String call() { return call; }
+    /** The library's status code, or 0. */
     public int code() { return code; }
 }

@@ -45,6 +45,7 @@ public final class CommGroup extends NativeResource {
      * "Using it"). GPU-initiated calls make no NCCL host call.
      */
     public record Options(java.time.Duration hostWaitTimeout, boolean nonblocking) {
+        /** Checks the time-out: positive. */
         public Options {
             requirePositive(hostWaitTimeout);
         }
@@ -225,11 +226,16 @@ public final class CommGroup extends NativeResource {
         return c;
     }
 
+    /** Ranks in the whole job. */
     public int worldSize() { return worldSize; }
     /** Whether the communicators are in NCCL's nonblocking mode ({@link Options#nonblocking}). */
     public boolean isNonblocking() { return nonblocking; }
     /** The ranks this process drives, in local order. */
     public List<Communicator> ranks() { return List.copyOf(ranks); }
+    /**
+     * The communicator of local rank {@code localIndex}.
+     * @throws IndexOutOfBoundsException for an index this process does not drive
+     */
     public Communicator rank(int localIndex) {
         checkLocalIndex(localIndex);
         return ranks.get(localIndex);
@@ -248,7 +254,9 @@ public final class CommGroup extends NativeResource {
             if (streams.get(i).device() != ranks.get(i).device())
                 throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", local rank " + i + " (" + ranks.get(i) + ") on " + ranks.get(i).device());
     }
+    /** Ranks this process drives (one per GPU it uses). */
     public int localCount() { return ranks.size(); }
+    /** Whether this process drives every rank. */
     public boolean isSingleProcess() { return ranks.size() == worldSize; }
 
     /**
@@ -515,14 +523,15 @@ public final class CommGroup extends NativeResource {
                 for (int i = 0; i < ranks.size(); i++) {
                     Device d = ranks.get(i).device();
                     DeviceBuffer s = d.allocate(bytes, a), r = d.allocate(bytes * worldSize, a);
-                    s.copyFromHost(MemorySegment.ofArray(valuesPerLocalRank[i]));
-                    send.add(s); recv.add(r); streams.add(d.createStream());
+                    streams.add(d.createStream());
+                    s.copyFromHost(MemorySegment.ofArray(valuesPerLocalRank[i]), streams.get(i));
+                    send.add(s); recv.add(r);
                 }
                 allGather(send, recv, bytes, streams);
                 long[][] out = new long[ranks.size()][];
                 for (int i = 0; i < ranks.size(); i++) {
                     await(streams.get(i), "an all-gather of setup values (every rank must make the same collective calls)");
-                    out[i] = recv.get(i).readLongs(n * worldSize);
+                    out[i] = recv.get(i).readLongs(n * worldSize, streams.get(i));
                 }
                 return out;
             } finally {
@@ -546,6 +555,7 @@ public final class CommGroup extends NativeResource {
         return this;
     }
 
+    /** How long a host wait for the streams (checkErrors, HOST exchanges) may take before the group is aborted. */
     public java.time.Duration hostWaitTimeout() { return java.time.Duration.ofNanos(hostWaitNanos); }
 
     private static void requirePositive(java.time.Duration timeout) {

@@ -20,10 +20,13 @@ public final class Communicator {
         this.localIndex = localIndex;
     }
 
+    /** The group it belongs to. */
     public CommGroup group() { return group; }
+    /** The GPU this rank runs on. */
     public Device device() { return device; }
     /** Rank in the whole communicator (all processes). */
     public int rank() { return rank; }
+    /** Ranks in the whole job. */
     public int size() { return group.worldSize(); }
     /** Index among the ranks this process drives. */
     public int localIndex() { return localIndex; }

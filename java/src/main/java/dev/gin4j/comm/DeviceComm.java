@@ -22,6 +22,7 @@ public final class DeviceComm extends NativeResource {
      * {@code ginFullConnection} asks for a GIN connection to every rank (not railed).
      */
     public record Requirements(int lsaBarrierCount, int ginSignalCount, int ginCounterCount, boolean ginFullConnection) {
+        /** Requirements without a full GIN connection. */
         public Requirements(int lsaBarrierCount, int ginSignalCount, int ginCounterCount) {
             this(lsaBarrierCount, ginSignalCount, ginCounterCount, false);
         }
@@ -38,6 +39,7 @@ public final class DeviceComm extends NativeResource {
         this.created = new boolean[group.localCount()];
     }
 
+    /** Collective: a device communicator for every local rank of {@code group}. */
     public static DeviceComm create(CommGroup group, Requirements req) {
         group.ensureOpen();
         NcclDeviceAbi abi = NcclDeviceAbi.forLoadedLibrary();
@@ -81,6 +83,7 @@ public final class DeviceComm extends NativeResource {
 
     private final boolean[] created;
 
+    /** The device-API struct layout of the loaded NCCL. */
     public NcclDeviceAbi abi() { return abi; }
 
     /** The ncclDevComm struct of local rank {@code i}, as bytes to pass by value to a kernel. */

@@ -2,16 +2,23 @@ package dev.gin4j.comm;
 
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Event;
+import dev.gin4j.gpu.NativeResource;
+import dev.gin4j.gpu.PinnedBuffer;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 
 /**
  * The error word gin4j's kernels set instead of hanging or writing out of bounds
  * ({@code errorFlags}, bits in gin-kernels/src/gin_sync.cuh and docs/kernels.md). Kernels only OR
- * bits in; {@link #check} reads the word after the stream is synchronized and throws.
+ * bits in; {@link #check} reads the word after the stream is synchronized and throws;
+ * {@link #later} queues a read for an {@link ErrorCheck} to report without stalling the stream.
+ * For gin4j's exchanges; not meant to be used by applications.
  */
 public final class KernelErrors {
     // bit -> meaning, as gin-kernels/src/gin_sync.cuh and moe.cu define them
@@ -26,16 +33,31 @@ public final class KernelErrors {
             10, "the MoE configuration or launch shape is outside the kernels' limits; nothing was done",
             11, "received counts or row indices were inconsistent; rows were dropped");
 
-    private final DeviceBuffer word;
+    /** The most {@link ErrorCheck}s of one word not yet reported: more means checks are made and never polled. */
+    static final int MAX_PENDING_CHECKS = 256;
 
+    private final DeviceBuffer word;
+    private final Arena arena;
+    private final ArrayDeque<Slot> freeSlots = new ArrayDeque<>();  // pinned words and events of reported checks, for reuse
+    private int pendingChecks;
+
+    /** Where a later check's copy of the word lands (pinned host memory), and the event after it. */
+    record Slot(PinnedBuffer copy, Event done) {}
+
+    /**
+     * A word on {@code device} in memory of {@code arena}, cleared on {@code stream}; the pinned
+     * memory and events of later checks ({@link #later}) are freed when {@code arena} closes.
+     */
     public KernelErrors(Device device, Arena arena, Stream stream) {
         this.word = device.allocate(4, arena);
+        this.arena = arena;
         word.fill((byte) 0, stream);
     }
 
+    /** The word on the device, for a kernel's error argument. */
     public DeviceBuffer buffer() { return word; }
 
-    /** The bits set so far (a synchronous read). */
+    /** The bits set so far (a synchronous read, after all work on the device). */
     public int read() { return word.readInts(1)[0]; }
 
     private static final int TIMED_OUT = 1;  // bit 0: after it the kernels' protocol state is undefined (docs/kernels.md)
@@ -49,7 +71,7 @@ public final class KernelErrors {
 
     /** The bits set once the stream's work is done; the word is cleared if any were. */
     private int readAndClear(Stream stream) {
-        int bits = read();
+        int bits = word.readInts(1, stream)[0];
         if (bits != 0) {
             word.fill((byte) 0, stream);
             stream.synchronize();
@@ -57,7 +79,7 @@ public final class KernelErrors {
         return bits;
     }
 
-    private CommException failure(String operation, int bits) {
+    CommException failure(String operation, int bits) {
         return new CommException(operation + " on " + word.device() + " reported: " + String.join("; ", describe(bits)) + " (error bits 0x" + Integer.toHexString(bits) + ")");
     }
 
@@ -84,7 +106,12 @@ public final class KernelErrors {
                 else first.addSuppressed(e);
             }
         }
-        if (timedOut) {
+        throwCollected(first, timedOut, group);
+    }
+
+    /** Throws {@code first} (if any); after a time-out, wrapped in the group's abort (see {@link #checkAll}). */
+    static void throwCollected(RuntimeException first, boolean timedOut, CommGroup group) {
+        if (timedOut && group != null) {
             CommException aborted = new CommException(first.getMessage() + "; after a time-out the ranks' kernels no longer agree on their state, so "
                     + group.describe() + " was aborted: close what was built on it and make a new group", first);
             try {
@@ -97,6 +124,95 @@ public final class KernelErrors {
         if (first != null) throw first;
     }
 
+    static boolean timedOut(int bits) { return (bits & TIMED_OUT) != 0; }
+
+    /**
+     * A check of every local rank's word that reports later ({@link ErrorCheck}): on each
+     * {@code streams.get(i)}, after the work queued there, an asynchronous copy of
+     * {@code words.get(i)} into pinned memory, a clear of the word, and an event; nothing waits.
+     * {@code hostFailures}, where not null, holds per rank what the host part of a call already
+     * found wrong (null entries for none), reported with the kernels' bits. The same error text
+     * as {@link #checkAll}; a time-out aborts {@code group} (null: nothing to abort) when reported.
+     * {@code owner} is the instance the words belong to: a check is refused once it is closed.
+     *
+     * @throws IllegalStateException when a stream captures a graph (the check reads on the host),
+     *         or more than {@value #MAX_PENDING_CHECKS} checks of a word were never reported
+     */
+    public static ErrorCheck later(String operation, NativeResource owner, List<KernelErrors> words, List<Stream> streams, List<String> hostFailures, CommGroup group) {
+        if (words.size() != streams.size()) throw new IllegalArgumentException("one stream per error word expected (" + words.size() + "), got " + streams.size());
+        Stream.refuseCapture(streams, "a later error check of the " + operation + ", which reads the error words on the host,");
+        for (int i = 0; i < words.size(); i++) {
+            streams.get(i).handle();  // a closed stream throws here, before anything is queued
+            if (streams.get(i).device() != words.get(i).word.device())
+                throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", its rank's error word on " + words.get(i).word.device());
+        }
+        List<ErrorCheck.Entry> entries = new ArrayList<>();
+        try {
+            for (int i = 0; i < words.size(); i++) {
+                KernelErrors w = words.get(i);
+                entries.add(new ErrorCheck.Entry(w, w.queueRead(streams.get(i)), streams.get(i), hostFailures == null ? null : hostFailures.get(i)));
+            }
+        } catch (RuntimeException e) {
+            for (ErrorCheck.Entry en : entries) en.words().dropSlot();  // queued: their copies may still land, so the slots are not reused
+            throw e;
+        }
+        return new ErrorCheck(operation, owner, group, entries);
+    }
+
+    /** Queues copy, clear and event on {@code stream}; the slot is this check's until {@link #release}. */
+    private Slot queueRead(Stream stream) {
+        Slot slot = takeSlot();
+        try {
+            word.copyToHostAsync(slot.copy().host(), stream);
+            word.fill((byte) 0, stream);  // stream-ordered after the copy: the next check sees only later bits
+            slot.done().record(stream);
+            return slot;
+        } catch (RuntimeException e) {
+            dropSlot();  // part of it may be queued: not reused
+            throw e;
+        }
+    }
+
+    private synchronized Slot takeSlot() {
+        if (pendingChecks >= MAX_PENDING_CHECKS)
+            throw new IllegalStateException(MAX_PENDING_CHECKS + " later error checks of " + word.device() + " were made and not yet reported: poll() or await() them "
+                    + "(each holds pinned memory and an event until it reports)");
+        Slot slot = freeSlots.poll();
+        if (slot == null) slot = newSlot();
+        pendingChecks++;
+        return slot;
+    }
+
+    /** Pinned memory and an event, both freed when the arena closes. */
+    private Slot newSlot() {
+        Device device = word.device();
+        PinnedBuffer copy = device.allocatePinned(16, arena);
+        Event done = device.createEvent(false);
+        try {
+            MemorySegment.NULL.reinterpret(arena, s -> done.close());  // the event is destroyed with the arena
+        } catch (RuntimeException e) {
+            done.close();
+            throw e;
+        }
+        return new Slot(copy, done);
+    }
+
+    /** A reported check gives its slot back for reuse. */
+    synchronized void release(Slot slot) {
+        pendingChecks--;
+        freeSlots.push(slot);
+    }
+
+    /** A check that failed to queue, or was given up before it completed: its slot is not reused (the arena frees it). */
+    synchronized void dropSlot() { pendingChecks--; }
+
+    /** The word's device. */
+    Device device() { return word.device(); }
+
+    /** Whether the memory of this word (and of its checks' slots) is still alive. */
+    boolean isAlive() { return word.segment().scope().isAlive(); }
+
+    /** What each set bit of {@code bits} means, lowest bit first. */
     public static List<String> describe(int bits) {
         List<String> out = new ArrayList<>();
         for (int i = 0; i < 32; i++) {

@@ -17,6 +17,7 @@ public final class Nccl {
             "ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
             "ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"};
 
+    /** Whether NCCL or RCCL could be loaded. */
     public static boolean isAvailable() { return NativeLibrary.NCCL.isAvailable(); }
 
     /** Which file was loaded and its version, or what was tried. */
@@ -40,6 +41,7 @@ public final class Nccl {
         return v;
     }
 
+    /** A version code as "2.29.7". */
     public static String versionString(int code) {
         return code >= 10000 ? (code / 10000) + "." + (code / 100) % 100 + "." + code % 100 : (code / 1000) + "." + (code / 100) % 10 + "." + code % 100;
     }

@@ -77,7 +77,7 @@ public final class PeerTable {
                     t.fill((byte) 0, s);
                     peers.kernel("gin_resolve_peers").launch(s, LaunchConfig.of(1, 64), args);
                     err.check("gin_resolve_peers", s);
-                    long[] bases = t.readLongs(g.worldSize());
+                    long[] bases = t.readLongs(g.worldSize(), s);
                     // NCCL maps the symmetric window into its own address range, so even the own
                     // entry may be an alias of the allocation rather than its address: both work.
                     if (bases[g.rank(i).rank()] == 0) throw new CommException("NCCL's device API gives no address for " + g.rank(i) + "'s own window");
@@ -101,5 +101,6 @@ public final class PeerTable {
         return true;
     }
 
+    /** Where the addresses came from (for reports). */
     public String source() { return source; }
 }

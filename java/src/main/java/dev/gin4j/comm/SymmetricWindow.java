@@ -85,8 +85,11 @@ public final class SymmetricWindow extends NativeResource {
         return w;
     }
 
+    /** The group the window is registered with. */
     public CommGroup group() { return group; }
+    /** The layout of the window's regions. */
     public WindowLayout layout() { return layout; }
+    /** The window's size in bytes. */
     public long size() { return layout.size(); }
 
     /** The whole window on local rank {@code localIndex}. */

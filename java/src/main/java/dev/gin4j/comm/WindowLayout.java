@@ -27,9 +27,12 @@ public final class WindowLayout {
         this.fingerprint = h;
     }
 
+    /** A builder of an empty layout. */
     public static Builder builder() { return new Builder(); }
 
+    /** The window's size in bytes. */
     public long size() { return size; }
+    /** The regions by name, in order. */
     public Map<String, Region> regions() { return regions; }
 
     /**
@@ -38,12 +41,17 @@ public final class WindowLayout {
      */
     public long fingerprint() { return fingerprint; }
 
+    /**
+     * The region of that name.
+     * @throws IllegalArgumentException for a name the layout does not have
+     */
     public Region region(String name) {
         Region r = regions.get(name);
         if (r == null) throw new IllegalArgumentException("window has no region '" + name + "'; it has " + regions.keySet());
         return r;
     }
 
+    /** Adds regions one after the other, each aligned. */
     public static final class Builder {
         private final Map<String, Region> regions = new LinkedHashMap<>();
         private long end;
@@ -65,6 +73,7 @@ public final class WindowLayout {
             return this;
         }
 
+        /** The layout of the regions added so far. */
         public WindowLayout build() {
             // windows are registered in whole 4 KiB pages at least; keep the size a page multiple
             long size = Math.max(4096, (end + 4095) & -4096L);  // region() checked that this does not overflow

@@ -49,7 +49,9 @@ public final class CodeObject extends NativeResource {
         }
     }
 
+    /** The device the code object is loaded on. */
     public Device device() { return device; }
+    /** The name it was loaded under. */
     public String name() { return name; }
 
     long module() {

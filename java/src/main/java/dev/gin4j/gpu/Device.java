@@ -11,6 +11,7 @@ public final class Device {
     private final int ordinal;
     private volatile String name, arch;
     private volatile int[] maxGrid, maxBlock;
+    private final java.util.Set<Stream> capturing = java.util.concurrent.ConcurrentHashMap.newKeySet();  // gin4j streams that began a capture and have not ended it
 
     Device(GpuRuntime runtime, int ordinal) {
         this.runtime = runtime;
@@ -18,9 +19,12 @@ public final class Device {
     }
 
     Driver driver() { return runtime.driver(); }
+    /** The runtime this device belongs to. */
     public GpuRuntime runtime() { return runtime; }
+    /** The runtime's index of this device (0-based, as CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES leave them). */
     public int ordinal() { return ordinal; }
 
+    /** The device's name as the runtime reports it ("NVIDIA H200", ...). */
     public String name() {
         String n = name;
         return n != null ? n : (name = driver().deviceName(ordinal));
@@ -32,7 +36,9 @@ public final class Device {
         return a != null ? a : (arch = driver().arch(ordinal));
     }
 
+    /** Device memory in bytes. */
     public long totalMemory() { return driver().totalMemory(ordinal); }
+    /** Streaming multiprocessors (NVIDIA) or compute units (AMD). */
     public int multiprocessors() { return driver().multiprocessors(ordinal); }
     /** Threads per warp (NVIDIA: 32) or wavefront (AMD CDNA: 64). */
     public int warpSize() { return driver().warpSize(ordinal); }
@@ -53,11 +59,14 @@ public final class Device {
         return b != null ? b : (maxBlock = driver().maxBlockDims(ordinal));
     }
 
+    /** The PCI bus id ("0000:19:00.0"). */
     public String pciBusId() { return driver().pciBusId(ordinal); }
     /** {free, total} bytes. */
     public long[] memoryInfo() { return driver().memoryInfo(ordinal); }
 
+    /** Whether kernels on this device can load and store {@code peer}'s memory once {@link #enablePeerAccess} was called. */
     public boolean canAccessPeer(Device peer) { return driver().canAccessPeer(ordinal, sameRuntime(peer).ordinal); }
+    /** How this device and {@code peer} are linked, as far as the runtime tells ("NVLink", "XGMI", "PCIe", ...). */
     public String linkKind(Device peer) { return driver().linkKind(ordinal, sameRuntime(peer).ordinal); }
 
     /** Lets kernels on this device load and store the peer's memory. */
@@ -84,8 +93,11 @@ public final class Device {
     /** Allocates page-locked host memory, readable by the host and by kernels on this device. */
     public PinnedBuffer allocatePinned(long bytes, Arena arena) { return PinnedBuffer.allocate(this, bytes, arena); }
 
+    /** A new non-blocking stream on this device; close it when done. */
     public Stream createStream() { return new Stream(this); }
+    /** A new timing event on this device; close it when done. */
     public Event createEvent() { return new Event(this, true); }
+    /** A new event on this device, timing or not (a non-timing event is cheaper to record and wait for); close it when done. */
     public Event createEvent(boolean timing) { return new Event(this, timing); }
 
     /** Loads a code object (cubin/fatbin on NVIDIA, hsaco on AMD) from its bytes. */
@@ -93,6 +105,18 @@ public final class Device {
 
     /** Loads a code object shipped with gin4j for this device's architecture (see {@link KernelLibrary}). */
     public CodeObject loadKernels(String objectName) { return KernelLibrary.load(this, objectName); }
+
+    /** A capture was begun on {@code stream} ({@link Stream#beginCapture}) or ended there (ended true). */
+    void noteCapture(Stream stream, boolean ended) {
+        if (ended) capturing.remove(stream);
+        else capturing.add(stream);
+    }
+
+    /** One gin4j stream of this device that is capturing a graph, described, or null (captures begun by other code on wrapped streams are not seen). */
+    String capturingStream() {
+        for (Stream s : capturing) return s.describe();
+        return null;
+    }
 
     void check(Device other, String what) {
         if (other != this) throw new IllegalArgumentException(what + " is on " + other + " but this operation runs on " + this);

@@ -11,13 +11,25 @@ import java.util.concurrent.atomic.AtomicLong;
  * owning {@link Arena}'s lifetime, for bounds and slicing only: it must never be read or written
  * on the host (that would touch unmapped memory). Host access goes through the copy methods.
  *
- * <p>Ordering: the synchronous host copies ({@link #copyFromHost}, {@link #copyToHost},
- * {@link #toByteArray}, {@link #readLongs}, {@link #readInts}) run on the runtime's default stream,
- * and gin4j's {@link Stream}s are non-blocking streams, which do not wait for the default stream
- * nor it for them. So a synchronous copy is <em>not</em> ordered with work queued on a gin4j
- * stream: {@link Stream#synchronize() synchronize} the stream (or the device) first when a kernel,
- * fill or asynchronous copy queued there writes or reads the same memory. The other operations
- * ({@link #copyFrom}, {@link #fill}, {@link #fill32}, the {@code Async} copies) are ordered on the
+ * <p>Ordering. gin4j's {@link Stream}s are non-blocking streams: they do not wait for the
+ * runtime's default stream, nor it for them. The host copies come in three forms:
+ * <ul>
+ * <li>With a stream ({@link #copyToHost(MemorySegment, Stream)}, {@link #copyFromHost(MemorySegment, Stream)},
+ *     {@link #toByteArray(Stream)}, {@link #readLongs(int, Stream)}, {@link #readInts(int, Stream)}):
+ *     queued on that stream after the work already there, and returning once the stream has run it.
+ *     The usual form: read a result on the stream that made it.</li>
+ * <li>Asynchronous ({@link #copyToHostAsync}, {@link #copyFromHostAsync}): queued on the stream and
+ *     returning at once; truly overlapped with the host where the host side is pinned
+ *     ({@link PinnedBuffer#host()}).</li>
+ * <li>Without a stream ({@link #copyToHost(MemorySegment)}, {@link #copyFromHost(MemorySegment)},
+ *     {@link #toByteArray()}, {@link #readLongs(int)}, {@link #readInts(int)}): these first wait
+ *     for <em>all</em> work on the device (every stream: gin4j's, wrapped ones, other libraries'),
+ *     then copy and wait. Always correct after any stream's work, but they stall the whole device:
+ *     for tests, setup and small results. Since a device-wide wait is not allowed while a stream of
+ *     the device captures a graph, they are refused then (use a stream form on a stream that does
+ *     not capture, or copy after the capture ends).</li>
+ * </ul>
+ * The other operations ({@link #copyFrom}, {@link #fill}, {@link #fill32}) are ordered on the
  * stream they are given.
  */
 public final class DeviceBuffer {
@@ -72,9 +84,11 @@ public final class DeviceBuffer {
     /** Device buffers allocated by gin4j and not yet freed (their arenas still open). */
     public static long liveCount() { return LIVE_COUNT.get(); }
 
+    /** The device the memory is on. */
     public Device device() { return device; }
     /** Device address range; never dereference it on the host. */
     public MemorySegment segment() { return segment; }
+    /** The size in bytes. */
     public long byteSize() { return segment.byteSize(); }
 
     /** The device address, after checking that the memory is still alive. */
@@ -114,15 +128,19 @@ public final class DeviceBuffer {
     }
 
     /**
-     * Copies all of {@code host} (same size as this buffer) to the device and waits. Not ordered
-     * with work queued on gin4j streams (see the class comment): synchronize the stream first.
-     * @throws IllegalStateException when {@code host}'s arena is closed
+     * Copies all of {@code host} (same size as this buffer, heap or native) to the device, after
+     * waiting for all work on the device (every stream), and waits until the copy is done: correct
+     * after any stream's work, at the price of a device-wide wait (see the class comment).
+     * @throws IllegalStateException when {@code host}'s arena is closed, or a gin4j stream of this
+     *         device is capturing a graph (a device-wide wait is not allowed then)
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     * @throws IllegalArgumentException when {@code host}'s size differs from this buffer's
      */
     public void copyFromHost(MemorySegment host) {
         checkHost(host, false);
         checkLength(byteSize(), host.byteSize(), "host segment");
         if (byteSize() == 0) return;
+        waitForDevice("copyFromHost");
         if (host.isNative()) {
             device.driver().copyToDevice(device.ordinal(), address(), host, byteSize(), 0, false);
         } else {
@@ -134,16 +152,19 @@ public final class DeviceBuffer {
     }
 
     /**
-     * Copies this buffer into {@code host} (same size) and waits. Not ordered with work queued on
-     * gin4j streams (see the class comment): synchronize the stream first.
-     * @throws IllegalStateException when {@code host}'s arena is closed
+     * Copies this buffer into {@code host} (same size, heap or native), after waiting for all work
+     * on the device (every stream), and waits: correct after any stream's work, at the price of a
+     * device-wide wait (see the class comment).
+     * @throws IllegalStateException when {@code host}'s arena is closed, or a gin4j stream of this
+     *         device is capturing a graph (a device-wide wait is not allowed then)
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
-     * @throws IllegalArgumentException when {@code host} is read-only
+     * @throws IllegalArgumentException when {@code host} is read-only or its size differs from this buffer's
      */
     public void copyToHost(MemorySegment host) {
         checkHost(host, true);
         checkLength(byteSize(), host.byteSize(), "host segment");
         if (byteSize() == 0) return;
+        waitForDevice("copyToHost");
         if (host.isNative()) {
             device.driver().copyToHost(device.ordinal(), host, address(), byteSize(), 0, false);
         } else {
@@ -155,10 +176,85 @@ public final class DeviceBuffer {
         }
     }
 
+    /** The device-wide wait before a copy without a stream; refused while a gin4j stream of the device captures. */
+    private void waitForDevice(String operation) {
+        String capturing = device.capturingStream();
+        if (capturing != null)
+            throw new IllegalStateException(operation + " without a stream waits for all work on " + device + ", which the runtime does not allow while "
+                    + capturing + " captures a graph: pass a stream that does not capture (" + operation + "(host, stream)), or copy after endCapture");
+        device.synchronize();
+    }
+
+    /**
+     * Copies all of {@code host} (same size as this buffer, heap or native) to the device, ordered
+     * on {@code stream} after the work already queued there, and returns once the stream has run it
+     * (so {@code host} may be reused at once). Only {@code stream} is waited for, not the device.
+     * @throws IllegalStateException when {@code host}'s arena is closed, or {@code stream} is
+     *         capturing a graph (this waits for it on the host)
+     * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     * @throws IllegalArgumentException when the sizes differ or {@code stream} is on another device
+     */
+    public void copyFromHost(MemorySegment host, Stream stream) {
+        checkHost(host, false);
+        checkLength(byteSize(), host.byteSize(), "host segment");
+        checkWaitable(stream, "copyFromHost");
+        if (byteSize() == 0) return;
+        if (host.isNative()) {
+            device.driver().copyToDevice(device.ordinal(), address(), host, byteSize(), stream.handle(), true);
+            stream.synchronize();
+        } else {
+            try (Arena a = Arena.ofConfined()) {
+                MemorySegment staged = a.allocate(host.byteSize(), 16).copyFrom(host);
+                device.driver().copyToDevice(device.ordinal(), address(), staged, byteSize(), stream.handle(), true);
+                stream.synchronize();  // before the staging memory is freed
+            }
+        }
+    }
+
+    /**
+     * Copies this buffer into {@code host} (same size, heap or native), ordered on {@code stream}
+     * after the work already queued there (a kernel's result is read on the stream that made it),
+     * and returns once the copy is done. Only {@code stream} is waited for, not the device.
+     * @throws IllegalStateException when {@code host}'s arena is closed, or {@code stream} is
+     *         capturing a graph (this waits for it on the host)
+     * @throws WrongThreadException when {@code host}'s arena is confined to another thread
+     * @throws IllegalArgumentException when {@code host} is read-only, the sizes differ, or
+     *         {@code stream} is on another device
+     */
+    public void copyToHost(MemorySegment host, Stream stream) {
+        checkHost(host, true);
+        checkLength(byteSize(), host.byteSize(), "host segment");
+        checkWaitable(stream, "copyToHost");
+        if (byteSize() == 0) return;
+        if (host.isNative()) {
+            device.driver().copyToHost(device.ordinal(), host, address(), byteSize(), stream.handle(), true);
+            stream.synchronize();
+        } else {
+            try (Arena a = Arena.ofConfined()) {
+                MemorySegment staged = a.allocate(host.byteSize(), 16);
+                device.driver().copyToHost(device.ordinal(), staged, address(), byteSize(), stream.handle(), true);
+                stream.synchronize();
+                host.copyFrom(staged);
+            }
+        }
+    }
+
+    /** A stream a stream-ordered copy waits for on the host: this device's, open, not capturing. */
+    private void checkWaitable(Stream stream, String operation) {
+        requireStream(stream, operation);
+        device.check(stream.device(), "stream");
+        stream.handle();  // a closed stream is refused here, naming it
+        if (stream.isCapturing())
+            throw new IllegalStateException(operation + "(host, stream) waits for the stream on the host, which cannot be captured in a graph ("
+                    + stream.describe() + " is capturing): use the Async form inside a capture");
+    }
+
     /**
      * Copies a native (off-heap or pinned) host segment to the device, ordered on {@code stream}.
      * The runtime reads {@code host} after this returns: keep its memory alive (its arena open)
      * and unchanged until the stream is synchronized (or an event recorded after it completes).
+     * The copy overlaps the host's work only from pinned memory ({@link PinnedBuffer#host()}); from
+     * other native memory the runtime may stage it and return later.
      * @throws IllegalStateException when {@code host}'s arena is closed
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
      */
@@ -176,6 +272,8 @@ public final class DeviceBuffer {
      * Copies this buffer to a native (off-heap or pinned) host segment, ordered on {@code stream}.
      * The runtime writes {@code host} after this returns: keep its memory alive (its arena open)
      * until the stream is synchronized (or an event recorded after it completes), and read it only then.
+     * Only into pinned memory ({@link PinnedBuffer#host()}) does this return at once; into other
+     * native memory the runtime returns once the copy is done.
      * @throws IllegalStateException when {@code host}'s arena is closed
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
      * @throws IllegalArgumentException when {@code host} is read-only
@@ -268,32 +366,63 @@ public final class DeviceBuffer {
         stream.noteUse(this);
     }
 
-    /** Reads the whole buffer into a new heap array (a synchronous copy, not ordered with gin4j streams; for tests and small results). */
-    public byte[] toByteArray() {
+    /**
+     * Reads the whole buffer into a new heap array, after waiting for all work on the device (as
+     * {@link #copyToHost(MemorySegment)}; for tests, setup and small results).
+     */
+    public byte[] toByteArray() { return readBytes(null); }
+
+    /**
+     * Reads the whole buffer into a new heap array, ordered on {@code stream} (as
+     * {@link #copyToHost(MemorySegment, Stream)}).
+     */
+    public byte[] toByteArray(Stream stream) { return readBytes(requireStream(stream, "toByteArray")); }
+
+    private byte[] readBytes(Stream stream) {
         if (byteSize() > Integer.MAX_VALUE - 16) throw new IllegalStateException("buffer of " + byteSize() + " bytes does not fit a Java array");
         byte[] out = new byte[(int) byteSize()];
-        copyToHost(MemorySegment.ofArray(out));
+        copyOut(MemorySegment.ofArray(out), stream);
         return out;
     }
 
-    /** The first {@code n} 64-bit values (a synchronous copy, not ordered with gin4j streams; for counts, tables, small results). */
-    public long[] readLongs(int n) {
+    /** The first {@code n} 64-bit values, after waiting for all work on the device (as {@link #copyToHost(MemorySegment)}). */
+    public long[] readLongs(int n) { return longs(n, null); }
+
+    /** The first {@code n} 64-bit values, ordered on {@code stream} (as {@link #copyToHost(MemorySegment, Stream)}). */
+    public long[] readLongs(int n, Stream stream) { return longs(n, requireStream(stream, "readLongs")); }
+
+    private long[] longs(int n, Stream stream) {
         checkRead(n, 8, "64-bit");
         try (Arena a = Arena.ofConfined()) {
             MemorySegment h = a.allocate(8L * n, 8);
-            slice(0, 8L * n).copyToHost(h);
+            slice(0, 8L * n).copyOut(h, stream);
             return h.toArray(ValueLayout.JAVA_LONG);
         }
     }
 
-    /** The first {@code n} 32-bit values (a synchronous copy, not ordered with gin4j streams). */
-    public int[] readInts(int n) {
+    /** The first {@code n} 32-bit values, after waiting for all work on the device (as {@link #copyToHost(MemorySegment)}). */
+    public int[] readInts(int n) { return ints(n, null); }
+
+    /** The first {@code n} 32-bit values, ordered on {@code stream} (as {@link #copyToHost(MemorySegment, Stream)}). */
+    public int[] readInts(int n, Stream stream) { return ints(n, requireStream(stream, "readInts")); }
+
+    private int[] ints(int n, Stream stream) {
         checkRead(n, 4, "32-bit");
         try (Arena a = Arena.ofConfined()) {
             MemorySegment h = a.allocate(4L * n, 4);
-            slice(0, 4L * n).copyToHost(h);
+            slice(0, 4L * n).copyOut(h, stream);
             return h.toArray(ValueLayout.JAVA_INT);
         }
+    }
+
+    /** A device-to-host copy on {@code stream}, or with a device-wide wait where it is null. */
+    private void copyOut(MemorySegment host, Stream stream) {
+        if (stream == null) copyToHost(host);
+        else copyToHost(host, stream);
+    }
+
+    private static Stream requireStream(Stream stream, String operation) {
+        return java.util.Objects.requireNonNull(stream, () -> operation + "(.., stream) needs a stream (the one whose work it follows), got null; the form without a stream waits for the whole device");
     }
 
     private void checkRead(int n, int width, String what) {

@@ -49,13 +49,16 @@ public final class Event extends NativeResource {
     /** Whether gin4j made this event and destroys it on {@link #close()} (false for {@link #wrap}). */
     public boolean isOwned() { return owned; }
 
+    /** The device the event belongs to. */
     public Device device() { return device; }
 
+    /** The native handle ({@code CUevent} / {@code hipEvent_t}), after checking the event is open. */
     public long handle() {
         ensureOpen();
         return handle;
     }
 
+    /** Records the event at the current end of {@code stream}'s work (a stream of the same device). */
     public void record(Stream stream) {
         device.check(stream.device(), "stream");
         device.driver().eventRecord(device.ordinal(), handle(), stream.handle());
@@ -63,7 +66,9 @@ public final class Event extends NativeResource {
         capture = stream.activeCapture();  // no note of the event itself: a plain record adds no event to the graph
     }
 
+    /** Waits until the work before the last record of this event has finished. */
     public void synchronize() { device.driver().eventSynchronize(device.ordinal(), handle()); }
+    /** Whether the work before the last record of this event has finished (true for an event never recorded). */
     public boolean isComplete() { return device.driver().eventQuery(device.ordinal(), handle()); }
 
     /**

@@ -10,6 +10,7 @@ public class GpuException extends RuntimeException {
     private final int code;
     private final String errorName;
 
+    /** A failed runtime call: its name, the runtime's status code, and the runtime's name and text for it. */
     public GpuException(String call, int code, String errorName, String errorMessage) {
         super(call + " failed: " + errorName + " (" + code + "): " + errorMessage);
         this.call = call;
@@ -36,7 +37,10 @@ public class GpuException extends RuntimeException {
         this.errorName = cause.errorName;
     }
 
+    /** The runtime call that failed ("cuLaunchKernel", ...), or empty for a failure gin4j found itself. */
     public String call() { return call; }
+    /** The runtime's status code, or 0. */
     public int code() { return code; }
+    /** The runtime's name of the status ("CUDA_ERROR_ILLEGAL_ADDRESS", ...), or empty. */
     public String errorName() { return errorName; }
 }

@@ -18,6 +18,7 @@ import java.util.Locale;
 public final class GpuRuntime {
     /** The outcome of looking for a runtime: the runtime, or null and why each candidate failed. */
     public record Discovery(GpuRuntime runtime, List<String> notes) {
+        /** Whether a runtime was found. */
         public boolean found() { return runtime != null; }
     }
 
@@ -102,12 +103,21 @@ public final class GpuRuntime {
 
     /** "CUDA driver" or "HIP". */
     public String name() { return driver.name(); }
+    /** The runtime's version code (CUDA: 13000 for 13.0; HIP: its driver version). */
     public int version() { return driver.version(); }
+    /** The runtime's version, readable ("13.0"). */
     public String versionString() { return driver.versionString(); }
+    /** Which library file was loaded, and its version. */
     public String libraryDescription() { return driver.libraryDescription(); }
+    /** Whether this is the CUDA driver (else HIP). */
     public boolean isCuda() { return driver instanceof CudaDriver; }
+    /** The devices the runtime reports, by ordinal. */
     public List<Device> devices() { return devices; }
 
+    /**
+     * The device of that ordinal.
+     * @throws IllegalArgumentException for an ordinal the runtime does not report
+     */
     public Device device(int ordinal) {
         if (ordinal < 0 || ordinal >= devices.size()) {
             throw new IllegalArgumentException("device " + ordinal + " does not exist: " + name() + " reports " + devices.size() + " device(s)");

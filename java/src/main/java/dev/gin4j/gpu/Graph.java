@@ -25,6 +25,7 @@ public final class Graph extends NativeResource {
         });
     }
 
+    /** The device the graph runs on. */
     public Device device() { return device; }
 
     /** How many objects and memory scopes the captured work was noted to use (see {@link Stream#beginCapture()}). */

@@ -45,16 +45,22 @@ public final class Kernel {
         checkedArgs = args;
     }
 
+    /** The kernel's entry point name. */
     public String name() { return name; }
+    /** The device its code object is loaded on. */
     public Device device() { return codeObject.device(); }
 
+    /** One of the runtime's attributes of the compiled kernel. */
     public int attribute(FunctionAttribute attribute) {
         codeObject.ensureOpen();
         return device().driver().functionAttribute(device().ordinal(), function, attribute);
     }
 
+    /** Registers per thread. */
     public int registers() { return attribute(FunctionAttribute.NUM_REGS); }
+    /** The most threads per block this kernel can be launched with. */
     public int maxThreadsPerBlock() { return maxThreadsPerBlock; }
+    /** Static shared memory per block, in bytes. */
     public int staticSharedBytes() { return attribute(FunctionAttribute.SHARED_SIZE_BYTES); }
 
     /** Raises the dynamic shared memory this kernel may use (needed above 48 KiB on NVIDIA). */

@@ -23,6 +23,7 @@ public final class KernelArgs {
         public static final Type F64 = new Type("double", 8, 8);
         public static final Type POINTER = new Type("pointer", 8, 8);
 
+        /** Checks the type: a name, a positive size and a power-of-two alignment. */
         public Type {
             if (name == null || name.isEmpty()) throw new IllegalArgumentException("a kernel argument type needs a name");
             if (size <= 0 || alignment <= 0 || Long.bitCount(alignment) != 1) {
@@ -71,6 +72,7 @@ public final class KernelArgs {
     /** Argument slots for the given C types, living as long as {@code arena}. */
     public static KernelArgs of(Arena arena, Type... types) { return new KernelArgs(arena, types); }
 
+    /** The number of arguments. */
     public int count() { return types.length; }
 
     /** The type of argument {@code index}. */

@@ -32,6 +32,7 @@ public final class KernelLibrary {
         this.problem = problem;
     }
 
+    /** The kernel library of this process: GIN4J_KERNELS_DIR where set, else the code objects shipped in the jar. */
     public static KernelLibrary get() {
         KernelLibrary k = instance;
         if (k == null) {
@@ -83,10 +84,12 @@ public final class KernelLibrary {
         return folder != null ? folder.resolve(ROOT) + " (GIN4J_KERNELS_DIR)" : "the class path (" + ROOT + ")";
     }
 
+    /** Whether the library carries a manifest (which kernels each code object holds). */
     public boolean hasManifest() { return !manifest.isEmpty(); }
 
     /** Why the folder GIN4J_KERNELS_DIR names gives no code objects (missing, or no manifest in it), if so. */
     public Optional<String> folderProblem() { return Optional.ofNullable(problem); }
+    /** The manifest as read (empty where there is none). */
     public Properties manifest() { return manifest; }
 
     /** A manifest value, if present. */

@@ -11,6 +11,7 @@ package dev.gin4j.gpu;
  */
 public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int blockY, int blockZ,
                            int sharedBytes, boolean cooperative, boolean programmaticDependent) {
+    /** Checks the shape: every dimension at least 1, shared bytes >= 0, not both cooperative and programmatic-dependent. */
     public LaunchConfig {
         if (cooperative && programmaticDependent) throw new IllegalArgumentException("a launch is either cooperative or programmatic-dependent, not both");
         if (gridX < 1 || gridY < 1 || gridZ < 1) throw new IllegalArgumentException("grid " + gridX + "x" + gridY + "x" + gridZ + " must be at least 1 in every dimension");
@@ -18,11 +19,15 @@ public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int bloc
         if (sharedBytes < 0) throw new IllegalArgumentException("dynamic shared memory " + sharedBytes + " must be >= 0");
     }
 
+    /** A one-dimensional launch of {@code grid} blocks of {@code block} threads, no dynamic shared memory. */
     public static LaunchConfig of(int grid, int block) { return new LaunchConfig(grid, 1, 1, block, 1, 1, 0, false, false); }
+    /** The same launch with {@code bytes} of dynamic shared memory per block. */
     public LaunchConfig withSharedBytes(int bytes) { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, bytes, cooperative, programmaticDependent); }
+    /** The same launch as a cooperative launch (all blocks resident at once, grid-wide sync allowed). */
     public LaunchConfig asCooperative() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, true, programmaticDependent); }
     /** See the class comment: only for kernels that wait for prior grids before their first memory access. */
     public LaunchConfig asProgrammaticDependent() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, cooperative, true); }
+    /** Threads per block: the product of the block dimensions. */
     public long threadsPerBlock() { return (long) blockX * blockY * blockZ; }
 
     /** "grid 4x1x1, block 256x1x1, 0 bytes of dynamic shared memory" and the launch kind, for messages. */

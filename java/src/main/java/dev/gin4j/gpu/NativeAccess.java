@@ -2,12 +2,17 @@ package dev.gin4j.gpu;
 
 /** Fails early, with the exact JVM flag to add, when gin4j was not granted native access. */
 public final class NativeAccess {
+    /** The JVM option that grants native access where gin4j runs on the module path. */
     public static final String FLAG_MODULE = "--enable-native-access=dev.gin4j,dev.gin4j.bindings";
+    /** The JVM option that grants native access where gin4j runs on the class path. */
     public static final String FLAG_CLASSPATH = "--enable-native-access=ALL-UNNAMED";
 
     private NativeAccess() {}
 
-    /** @throws IllegalCallerException naming the flag to add when native access is not enabled */
+    /**
+     * Checks that the JVM grants gin4j native access.
+     * @throws IllegalCallerException naming the flag to add when native access is not enabled
+     */
     public static void require() {
         Module m = NativeAccess.class.getModule();
         if (!m.isNativeAccessEnabled()) {

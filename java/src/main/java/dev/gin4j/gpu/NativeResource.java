@@ -15,6 +15,7 @@ public abstract class NativeResource implements AutoCloseable {
     private static final Map<NativeResource, String> LIVE = new ConcurrentHashMap<>();
     private final AtomicBoolean closed = new AtomicBoolean();
 
+    /** Registers the new object as live (see {@link #liveCount()}). */
     protected NativeResource() {
         LIVE.put(this, getClass().getSimpleName());
     }
@@ -49,9 +50,13 @@ public abstract class NativeResource implements AutoCloseable {
     /** What this object is, for messages ("stream 0x7f.. on device 0"). */
     public abstract String describe();
 
+    /** Whether {@link #close()} was called. */
     public final boolean isClosed() { return closed.get(); }
 
-    /** @throws IllegalStateException when this object was closed */
+    /**
+     * Checks that this object is still open.
+     * @throws IllegalStateException when this object was closed
+     */
     public final void ensureOpen() {
         if (closed.get()) throw new IllegalStateException(describe() + " is closed");
     }

@@ -48,6 +48,7 @@ public final class Stream extends NativeResource {
     /** Whether gin4j made this stream and destroys it on {@link #close()} (false for {@link #wrap}). */
     public boolean isOwned() { return owned; }
 
+    /** The device the stream belongs to. */
     public Device device() { return device; }
 
     /** The native handle, after checking the stream is open. */
@@ -84,6 +85,7 @@ public final class Stream extends NativeResource {
         device.driver().beginCapture(device.ordinal(), handle());
         capture = new CapturedUses();
         captureBegunHere = true;
+        device.noteCapture(this, false);
     }
 
     /**
@@ -111,6 +113,7 @@ public final class Stream extends NativeResource {
     }
 
     private void captureEnded(CapturedUses uses) {
+        if (captureBegunHere) device.noteCapture(this, true);
         if (uses != null) uses.ended = true;
         capture = null;
         captureBegunHere = false;

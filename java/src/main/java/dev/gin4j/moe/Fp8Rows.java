@@ -1,5 +1,6 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.comm.ErrorCheck;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
@@ -101,6 +102,17 @@ public final class Fp8Rows extends NativeResource {
     public void checkErrors(Stream stream) {
         ensureOpen();
         errors.check("fp8 quantize", stream);
+    }
+
+    /**
+     * The check of {@link #checkErrors(Stream)}, reported later without waiting now (see
+     * {@link ErrorCheck}): queued on {@code stream} after the quantizations already there.
+     * @throws IllegalStateException when the stream captures a graph
+     * @throws IllegalArgumentException when the stream is on another device
+     */
+    public ErrorCheck errorsAfter(Stream stream) {
+        ensureOpen();
+        return KernelErrors.later("fp8 quantize", this, java.util.List.of(errors), java.util.List.of(stream), null, null);
     }
 
     @Override protected void release() { releaseAll(() -> { if (code != null) code.close(); }, arena::close); }

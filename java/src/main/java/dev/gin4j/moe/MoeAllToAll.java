@@ -5,6 +5,7 @@ import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.ErrorCheck;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.comm.PeerTable;
 import dev.gin4j.comm.SymmetricWindow;
@@ -311,9 +312,11 @@ public final class MoeAllToAll extends NativeResource {
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
     public String dispatchKernelName() { return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL"; }
 
+    /** The configuration it was created with. */
     public MoeConfig config() { return cfg; }
     /** C: the GIN kernels run 2C blocks (one per SM); {@link MoeConfig#channels()}, or half the SMs of the smallest GPU. */
     public int channels() { return channels; }
+    /** Experts on each rank: experts / ranks. */
     public int localExperts() { return localExperts; }
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
     public long capacityRows() { return query[Q_RECV_ROWS]; }
@@ -722,6 +725,55 @@ public final class MoeAllToAll extends NativeResource {
         ensureOpen();
         group.checkStreams(streams);
         KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams, group);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #checkErrors(List)} of its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void checkErrors(Stream stream) {
+        requireOneLocalRank("checkErrors(stream)");
+        checkErrors(List.of(stream));
+    }
+
+    /**
+     * The check of {@link #checkErrors(List)}, reported later without waiting now (see
+     * {@link ErrorCheck}): queued on each stream (one per local rank, in order) after the
+     * dispatches, combines and row-value returns already there; its {@link ErrorCheck#poll()}
+     * reports them once the streams get there, with the text {@code checkErrors} gives.
+     * @throws IllegalStateException when a stream captures a graph
+     */
+    public ErrorCheck errorsAfter(List<Stream> streams) {
+        ensureOpen();
+        group.checkStreams(streams);
+        return KernelErrors.later("MoE exchange", this, ranks.stream().map(r -> r.errors).toList(), streams, null, group);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #errorsAfter(List)} of its stream.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public ErrorCheck errorsAfter(Stream stream) {
+        requireOneLocalRank("errorsAfter(stream)");
+        return errorsAfter(List.of(stream));
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): the dispatch of its tokens, as
+     * {@link #dispatch(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)} for local rank 0.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public MoeDispatch dispatch(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+        requireOneLocalRank("dispatch(x, topkIdx, topkWeights, tokens, stream)");
+        return dispatch(0, x, topkIdx, topkWeights, tokens, stream);
+    }
+
+    /** Refuses a call without a local rank index where the process drives several local ranks. */
+    private void requireOneLocalRank(String call) {
+        ensureOpen();
+        if (group.localCount() != 1)
+            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + group.localCount()
+                    + " local ranks of " + group.worldSize() + ": pass one per local rank (the List form) or a local rank index");
     }
 
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */

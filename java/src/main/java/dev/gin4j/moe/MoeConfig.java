@@ -19,6 +19,7 @@ import dev.gin4j.a2a.DType;
  * measured trade). Every rank must use the same configuration, this included.
  */
 public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input, int channels) {
+    /** Checks every field against the kernels' limits, naming the one that is wrong and its valid range. */
     public MoeConfig {
         if (hidden < 1) throw new IllegalArgumentException("hidden must be >= 1, got " + hidden);
         if (experts < 1 || experts > 2048) throw new IllegalArgumentException("experts must be in [1, 2048], got " + experts);

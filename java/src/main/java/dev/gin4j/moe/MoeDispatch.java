@@ -34,8 +34,11 @@ public final class MoeDispatch {
     public int numTokens() { return numTokens; }
     /** This rank's dispatch number on its instance (1 for the first). */
     public long sequence() { return sequence; }
+    /** The received rows, expert-major (see the class comment). */
     public DeviceBuffer rows() { return rows; }
+    /** int32 rows received per local expert. */
     public DeviceBuffer counts() { return counts; }
+    /** f32 router weight per received row. */
     public DeviceBuffer weights() { return weights; }
 
     @Override public String toString() { return "MoeDispatch[local rank " + localIndex + ", T = " + numTokens + ", call " + sequence + "]"; }

@@ -132,7 +132,7 @@ class AllToAllGpuTest {
                 for (int i = 0; i < n; i++) data[i] = randomBytes(b * n);
                 List<DeviceBuffer> in = upload(data, 0);
                 poison(a, b * n);
-                a.run(in, count, t, streams);
+                a.runElements(in, count, t, streams);
                 a.checkErrors(streams);
                 checkUniform(a, data, b, "GIN " + t);
             }
@@ -142,7 +142,7 @@ class AllToAllGpuTest {
             assertTrue(tooBig.getMessage().contains("created for"), tooBig.getMessage());
             IllegalArgumentException shortIn = assertThrows(IllegalArgumentException.class, () -> a.run(small, 1024, streams));
             assertTrue(shortIn.getMessage().contains("needed"), shortIn.getMessage());
-            assertThrows(IllegalArgumentException.class, () -> a.run(small, -1, DType.FP32, streams));
+            assertThrows(IllegalArgumentException.class, () -> a.runElements(small, -1, DType.FP32, streams));
             List<DeviceBuffer> swapped = new ArrayList<>(small);
             swapped.set(0, small.get(1));
             swapped.set(1, small.get(0));

@@ -2,6 +2,7 @@ package dev.gin4j.a2a;
 
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.ErrorCheck;
 import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -31,7 +32,7 @@ class AllToAllVClampGpuTest {
     private static final long CAP = 4096;
     private final SplittableRandom random = new SplittableRandom();
 
-    @Test void overCapacityAndPastTheInputAreClampedAndReportedOnBothBackends() {
+    @Test void overCapacityAndPastTheInputAreClampedAndReportedOnBothBackends() throws InterruptedException {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
         Gpus.requireKernels(rt, "a2a");
@@ -81,6 +82,34 @@ class AllToAllVClampGpuTest {
                             }
                         }
                         v.checkErrors(streams);  // reported once: the next check is clean
+
+                        // the same call checked later (errorsAfter): the same report, with the same text, and only once
+                        for (int i = 0; i < n; i++) {
+                            v.output(i).fill((byte) 0xcd, streams.get(i));
+                            v.receivedCounts(i).fill((byte) 0xee, streams.get(i));
+                        }
+                        v.run(in, counts, offs, streams);
+                        ErrorCheck later = v.errorsAfter(streams);
+                        CommException laterError = assertThrows(CommException.class, () -> SingleRankAndLaterChecksGpuTest.pollUntilDone(later), backend + ": the later check must report the clamping");
+                        assertEquals(e.getMessage(), laterError.getMessage(), backend + ": the later check words it as checkErrors does");
+                        assertSame(laterError, assertThrows(CommException.class, later::poll), backend + ": the outcome stays");
+                        for (int i = 0; i < n; i++)
+                            assertEquals(want[0][i], v.receivedCounts(i).readLongs(n, streams.get(i))[0], backend + ": count at rank " + i + " from 0 (second call)");
+                        v.checkErrors(streams);  // the later check took the report: nothing left
+                        // a clean call, checked later: nothing reported
+                        for (int i = 0; i < n; i++) {
+                            long[] fits = new long[n];
+                            for (int p = 0; p < n; p++) fits[p] = 1000L * p;
+                            counts.get(i).copyFromHost(MemorySegment.ofArray(new long[n]), streams.get(i));  // zero bytes to every peer
+                            offs.get(i).copyFromHost(MemorySegment.ofArray(fits), streams.get(i));
+                        }
+                        v.run(in, counts, offs, streams);
+                        ErrorCheck clean = v.errorsAfter(streams);
+                        assertTrue(SingleRankAndLaterChecksGpuTest.pollUntilDone(clean), backend + ": a clean call reports nothing");
+                        for (int i = 0; i < n; i++) {
+                            long[] rc = v.receivedCounts(i).readLongs(n, streams.get(i));
+                            for (int src = 0; src < n; src++) assertEquals(0, rc[src], backend + ": zero bytes at rank " + i + " from " + src);
+                        }
                     }
                 }
             } finally {

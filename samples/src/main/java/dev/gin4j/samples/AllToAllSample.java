@@ -37,7 +37,7 @@ public final class AllToAllSample {
                 inputs.add(in);
                 streams.add(devices.get(r).createStream());
             }
-            a2a.run(inputs, count, DType.FP32, streams);
+            a2a.runElements(inputs, count, DType.FP32, streams);
             a2a.checkErrors(streams);
             MemorySegment got = arena.allocate(4L * count * n);
             a2a.result(0).copyToHost(got);
