@@ -459,9 +459,9 @@ public final class MoeAllToAll extends NativeResource {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             group.await(streams.get(i), "a HOST MoE dispatch (the count exchange)");
-            int[] matrix = r.countMatrix.readInts(nRanks * L);
-            int[] expertOffset = r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1);
-            int[] rowsTo = r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks).readInts(nRanks);
+            int[] matrix = r.countMatrix.readInts(nRanks * L, streams.get(i));
+            int[] expertOffset = r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1, streams.get(i));
+            int[] rowsTo = r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks).readInts(nRanks, streams.get(i));
             r.recvRowsFrom = new long[nRanks]; r.recvRowOffset = new long[nRanks]; r.sendRowsTo = new long[nRanks]; r.sendRowOffset = new long[nRanks];
             long off = 0;
             for (int s = 0; s < nRanks; s++) {
