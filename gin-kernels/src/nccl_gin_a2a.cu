@@ -16,7 +16,7 @@
 //
 // NOT RUN ANYWHERE YET: no machine available to this project has an RDMA device (the GPU host has
 // NVLink only and NCCL 2.28.3). Correctness of the GIN path rests on the reasoning written here.
-#include "gin_sync.cuh"
+#include "include/gin_sync.cuh"
 #include <nccl.h>
 #include <nccl_device.h>
 
