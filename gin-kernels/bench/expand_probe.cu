@@ -5,7 +5,7 @@
 // 2 KB segments, one warp per segment. At R = 1 (no link) it still takes ~13 us per call, so the
 // expansion itself is slow. This program times that access pattern alone, one warp per segment:
 //   simt: the lanes load the segment (4 x 16 bytes each) and store it to each target row (what
-//         moe.cu's warp_expand_seg does); simt.cs: the same with streaming (evict-first) stores
+//         the MoE kernels' warp_expand_seg does); simt.cs: the same with streaming (evict-first) stores
 //   tma:  lane 0 moves the segment into shared memory with one bulk copy (cp.async.bulk, sm_90)
 //         and writes it to each target row with one bulk store per row: no registers hold data,
 //         so a warp has T x 2 KB of stores in flight at once

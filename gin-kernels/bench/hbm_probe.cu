@@ -8,7 +8,7 @@
 //                 device-to-device cudaMemcpyAsync (the roofline);
 //   reduce:       y[t] = sum of K gathered rows (fp32 sums of bf16, one bf16 rounding), one warp
 //                 per (token, 2 KB pass), 4 x 16 bytes per lane, 2 rows of loads in flight (the
-//                 shape of moe.cu's warp_reduce_seg without its L2 prefetch);
+//                 shape of the MoE kernels' warp_reduce_seg without its L2 prefetch);
 //   expand:       each token row to K gathered rows (the shape of warp_expand_seg);
 // with 66 blocks (one MoE role's half of the grid) and 132 (every SM), 512 threads each.
 // Checks: the expand's every output word against the source's fill pattern, and the reduce's
@@ -25,7 +25,7 @@
 // their stores, bulk L2 prefetches ahead, sequential or expert-major target rows) all stay at
 // 3.20-3.49 TB/s (151-165 us), while the same scattered stores without the loads reach 3.86 TB/s
 // (121 us) and a linear write 4.10-4.15. The 58 MB of reads cost ~33 us among 470 MB of writes, where
-// alone they take ~14 us: the read/write mix, not the SMs, bounds the pattern. moe.cu's 4096-token
+// alone they take ~14 us: the read/write mix, not the SMs, bounds the pattern. the MoE kernels' 4096-token
 // expansion is at that rate already (see docs/kernels.md, "What bounds the MoE numbers").
 //
 // Build: nvcc -arch=sm_90 -O3 -std=c++17 -o hbm_probe hbm_probe.cu
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(1024, 1) expand_v(const V* in, V* out, const i
     else load(it + nw, r);
   }
 }
-// Lane k < K holds the pass's row k (one idx load per pass, shuffled to the warp, as moe.cu's expand
+// Lane k < K holds the pass's row k (one idx load per pass, shuffled to the warp, as the MoE kernels' expand
 // does); kMode 0: plain stores, 1: evict-first stores (st.global.cs), 2: no loads at all (the
 // values are made up, unchecked: the scattered stores alone).
 template <int kMode>

@@ -1,18 +1,19 @@
-// walk_probe.cu - the token-path dispatch receiver's layout (tp_recv_layout in moe.cu) timed alone.
+// walk_probe.cu - the token-path dispatch receiver's layout (tp_recv_layout in
+// src/moe/token_path_layout.cuh) timed alone.
 //
 // The question behind it (issue 7): inside moe_gin_dispatch at DeepSeek-V3 shape and 128 tokens
 // the receivers take ~5 us from "every source's T known" to "layout done", for one token per
 // thread and a handful of shared atomics. Here the same function runs on one GPU with every
 // source's id list already in place (tagged for the call), so no wait, no NVLink and no other
 // kernel role is involved: what is left is the code itself. Phases come from the kernel's own
-// profile stamps (cycles of the SM clock; slots as in moe_test --profile).
+// trace stamps (GIN_TRACE, cycles of the SM clock; slots as in moe_test_trace --profile).
 // Checks: recvCounts (receiver 0) against a count on the host, every element; the error word.
 //
 // Build: gin-kernels/build --tests (or nvcc -arch=sm_90 -O3 -std=c++17 -o walk_probe walk_probe.cu)
 // Run:   walk_probe [channels, default 66] [blocks, default = channels]
 // Exit status: 0 = checks passed, 1 = a check failed, 2 = CUDA error or no GPU.
-#define MOE_PROFILE 1
-#include "../src/moe.cu"
+#define GIN4J_TRACE 1  // its own kernel, with the trace stamps of tp_recv_layout
+#include "../src/moe/token_path_layout.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -37,10 +38,10 @@ walk_probe_kernel(const int32_t* topkIdx, uint8_t* win, uint8_t* workspace, int3
   const Dims d = make_dims(rank, R, E, K, H, M, C, T);
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
-  MOE_PROF(0, 0);
+  GIN_TRACE(MOE_TRACE_DISPATCH_START);
   tp_recv_layout(s, d, (int)blockIdx.x, wl, win, workspace, ws, seq, topkIdx, recvCounts, errorFlags);
   __syncthreads();
-  MOE_PROF(0, 11);
+  GIN_TRACE(MOE_TRACE_TP_RECEIVER_LAYOUT);
   // What the items read, for the host to check: [Ts, t0s, runD, maskD, slots, itemEnd (R+1),
   // nseg, segBytes] then cnt, run, mask, rowBase ([R][L] each), then hist ([R][C], block 0).
   int* o = dump + (size_t)blockIdx.x * kDumpInts;
@@ -166,7 +167,7 @@ int main(int argc, char** argv) {
   int32_t *topk, *recvCounts;
   uint32_t* err;
   uint64_t* prof;
-  const size_t profWords = 2ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
+  const size_t profWords = GIN_TRACE_WORDS;
   CK(cudaMalloc(&win, wl.totalBytes));
   CK(cudaMalloc(&workspace, ws.totalBytes));
   CK(cudaMalloc(&topk, (size_t)T * K * 4));
@@ -180,9 +181,10 @@ int main(int argc, char** argv) {
   CK(cudaMemset(workspace, 0, ws.totalBytes));
   CK(cudaMemcpy(topk, ids[rank].data(), (size_t)T * K * 4, cudaMemcpyHostToDevice));
   CK(cudaMemset(err, 0, 4));
-  CK(cudaMemcpyToSymbol(moe_profile_buf, &prof, sizeof(prof)));
+  CK(cudaMemcpyToSymbol(gin_trace_buffer, &prof, sizeof(prof)));
   std::vector<uint64_t> h(profWords);
-  const int slots[] = {17, 18, 19, 20, 11};
+  const int slots[] = {MOE_TRACE_TP_WALK_CLEARED, MOE_TRACE_TP_WALK_FIRST, MOE_TRACE_TP_WALK_COUNTED,
+                       MOE_TRACE_TP_WALK_DONE, MOE_TRACE_TP_RECEIVER_LAYOUT};
   const char* names[] = {"counters cleared (remote T probed)", "thread 0's first (own) tokens counted", "thread 0's tokens counted",
                          "walk barrier passed", "layout done (scan, items)"};
   std::vector<std::vector<double>> us(5);
@@ -218,17 +220,18 @@ int main(int argc, char** argv) {
       printf("walk_probe: FAILED (rep %d): %d of %d recvCounts wrong, error word 0x%x\n", rep, wrong, L, e);
       ++bad;
     }
-    const size_t cyc0 = 2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
-    auto at = [&](int b, int sl) { return h[(size_t)b * MOE_PROF_SLOTS + sl]; };
-    auto cy = [&](int b, int sl) { return h[cyc0 + (size_t)b * MOE_PROF_SLOTS + sl]; };
+    const size_t cyc0 = GIN_TRACE_WORDS / 2;
+    auto at = [&](int b, int sl) { return h[(size_t)b * GIN_TRACE_SLOTS + sl]; };
+    auto cy = [&](int b, int sl) { return h[cyc0 + (size_t)b * GIN_TRACE_SLOTS + sl]; };
     double cs = 0, ns = 0;
-    for (int b = 0; b < blocks; ++b) cs += (double)(cy(b, 11) - cy(b, 0)), ns += (double)(at(b, 11) - at(b, 0));
+    for (int b = 0; b < blocks; ++b) cs += (double)(cy(b, MOE_TRACE_TP_RECEIVER_LAYOUT) - cy(b, MOE_TRACE_DISPATCH_START)),
+      ns += (double)(at(b, MOE_TRACE_TP_RECEIVER_LAYOUT) - at(b, MOE_TRACE_DISPATCH_START));
     const double ghz = cs / ns;
     ghzSum += ghz;
     for (int i = 0; i < 5; ++i) {
       std::vector<double> v;
       for (int b = 0; b < blocks; ++b)
-        if (at(b, slots[i])) v.push_back((double)(int64_t)(cy(b, slots[i]) - cy(b, 0)) / ghz * 1e-3);
+        if (at(b, slots[i])) v.push_back((double)(int64_t)(cy(b, slots[i]) - cy(b, MOE_TRACE_DISPATCH_START)) / ghz * 1e-3);
       std::sort(v.begin(), v.end());
       us[i].push_back(v.empty() ? 0.0 : v[v.size() / 2]);
     }

@@ -22,7 +22,7 @@
 // Signatures, window layout, grid rules, error bits and the memory-ordering arguments (including
 // the proof that the LL protocol needs no ready handshake) are in docs/kernels.md, section
 // "a2a.cu"; the short form of each argument is repeated next to the code that relies on it.
-#include "gin_sync.cuh"
+#include "include/gin_sync.cuh"
 
 #define GIN_A2A_MAX_THREADS 1024    // direct kernels: blockDim.x <= 1024
 #define GIN_A2A_LL_MAX_THREADS 512  // LL kernels: blockDim.x <= 512 (more registers for pairs in flight)

@@ -1,7 +1,7 @@
 // basic.cu: the runtime layer's test kernels (launch cost, fills, copies, argument packing,
 // peer access). Signatures and the GinTestStruct layout are documented in docs/kernels.md.
 // All loops are 1-D grid-stride loops: any grid and block size gives the same result.
-#include "gin_sync.cuh"  // gin_clock_ns; includes gin_device.cuh
+#include "include/gin_sync.cuh"  // gin_clock_ns; includes gin_device.cuh
 #include <stddef.h>
 
 // No arguments, no work: measures the bare launch path.

@@ -20,7 +20,7 @@
 //
 // Run through NCCL 2.29.7's GIN proxy backend and the loopback GIN transport (gin-kernels/loopback)
 // with every peer across the "network" (LoopbackGinGpuTest); not yet on an RDMA NIC.
-#include "gin_sync.cuh"
+#include "include/gin_sync.cuh"
 #include <nccl.h>
 #include <nccl_device.h>
 

@@ -3,7 +3,7 @@
 // gin4j kernel uses, so only this code object has to be rebuilt per NCCL release.
 // Uses only calls present in both NCCL 2.28.3 and 2.29.x: ncclTeamWorld/ncclTeamLsa(devComm),
 // ncclTeamRankIsMember, ncclTeamRankToTeam, ncclGetLsaPointer.
-#include "gin_device.cuh"
+#include "include/gin_device.cuh"
 #include <nccl.h>
 #include <nccl_device.h>
 

@@ -1,4 +1,9 @@
-// moe_test.cu - standalone check and benchmark of gin-kernels/src/moe.cu (CUDA runtime only).
+// gin-kernels-test: link=moe_gin,moe_host trace-variant
+// moe_test.cu - standalone check and benchmark of the MoE code objects (gin-kernels/src/moe_gin.cu,
+// moe_host.cu; CUDA runtime only). gin-kernels/build --tests links it against those sources
+// compiled as the shipped code objects are (same nvcc flags, sm_90), so the kernels checked are
+// the kernels shipped; moe_test_trace is the same program linked against a second build with
+// -DGIN4J_TRACE, for --profile.
 //
 // One process drives every visible GPU as one rank each (one GPU: R = 1, nothing crosses a link), or
 // with --ranks R, R ranks with rank r on GPU r % GPUs (how the R = 4 and 8 entry points run on a
@@ -14,13 +19,18 @@
 // Part 2 (timing): GIN dispatch / combine and the HOST local kernels for DeepSeek-V3, Qwen3-30B-A3B
 // and Mixtral shapes at 128 and 4096 tokens per rank.
 //
-//   nvcc -arch=sm_90 -O3 -std=c++17 -Igin-kernels/src -o /tmp/moe_test gin-kernels/test/moe_test.cu
-//   /tmp/moe_test [--seed N] [--no-bench] [--bench-only] [--channels C] [--profile] [--ranks R]
-// --profile: after each timed shape, one more gated dispatch and combine with per-block phase
-// stamps (%globaltimer, see MOE_PROF in moe.cu), printed as median / max over blocks in us from the
-// kernel's first block start on that GPU.
-#define MOE_PROFILE 1
-#include "../src/moe.cu"
+//   gin-kernels/build --tests   (bin/moe_test, bin/moe_test_trace)
+//   moe_test [--seed N] [--no-bench] [--bench-only] [--channels C] [--ranks R]
+//   moe_test_trace --profile [...]
+// --profile (moe_test_trace): after each timed shape, one more gated dispatch and combine with
+// per-block phase stamps (%globaltimer, GIN_TRACE at the slots of src/moe/trace_slots.cuh), printed
+// as median / max over blocks in us from the kernel's first block start on that GPU.
+#include "../src/moe/entry_points.cuh"
+#include "../src/moe/trace_slots.cuh"
+
+#ifdef GIN4J_TRACE
+extern "C" cudaError_t moe_gin_trace_buffer(uint64_t* buf);  // moe_gin.cu, trace builds
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -72,7 +82,7 @@ __device__ __forceinline__ uint16_t dev_f2bf(float f) {
   return (uint16_t)(u >> 16);
 }
 
-// e4m3fn (the format moe.cu's fp8 rows take on NVIDIA): sign, 4 exponent bits (bias 7), 3 mantissa
+// e4m3fn (the format the kernels' fp8 rows take on NVIDIA): sign, 4 exponent bits (bias 7), 3 mantissa
 // bits; exponent 0 = subnormal (m * 2^-9); 0x7f / 0xff = NaN.
 __host__ __device__ inline float e4m3_value(uint32_t c) {
   const uint32_t E = (c >> 3) & 15u, m = c & 7u;
@@ -386,7 +396,7 @@ struct Rank {
   int *countMatrix = nullptr, *hRecvCounts = nullptr;
 };
 
-// A pair of GIN entry points (moe.cu, "Entry points").
+// A pair of GIN entry points (moe_gin.cu, "Entry points").
 using DispatchKernel = decltype(&moe_gin_dispatch);
 using Fp8DispatchKernel = decltype(&moe_gin_dispatch_fp8);  // one more argument: xq
 using CombineKernel = decltype(&moe_gin_combine);
@@ -1441,9 +1451,9 @@ struct Shape {
 
 static bool gProfile = false;
 
-// Per-GPU profile buffers: [2 kernels][MOE_MAX_BLOCKS][MOE_PROF_SLOTS] %globaltimer, then the same
-// of SM cycles (zeroed before each use).
-static const size_t kProfWords = 2ull * 2 * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
+// Per-GPU profile buffers: [2 kernels][GIN_TRACE_BLOCKS][GIN_TRACE_SLOTS] %globaltimer, then the
+// same of SM cycles (zeroed before each use).
+static const size_t kProfWords = GIN_TRACE_WORDS;
 static std::vector<uint64_t*> gProfBuf;
 static void profile_enable(Setup& s, bool on) {
   if (gProfBuf.empty()) {
@@ -1457,7 +1467,9 @@ static void profile_enable(Setup& s, bool on) {
     CUDA_CHECK(cudaDeviceSynchronize());
     uint64_t* p = on ? gProfBuf[r] : nullptr;
     if (on) CUDA_CHECK(cudaMemset(p, 0, 8 * kProfWords));
-    CUDA_CHECK(cudaMemcpyToSymbol(moe_profile_buf, &p, sizeof(p)));
+#ifdef GIN4J_TRACE
+    CUDA_CHECK(moe_gin_trace_buffer(p));
+#endif
     CUDA_CHECK(cudaDeviceSynchronize());
   }
 }
@@ -1465,37 +1477,51 @@ static void profile_enable(Setup& s, bool on) {
 struct ProfRole {
   const char* name;
   int kernel, b0, b1;  // blocks [b0, b1)
-  std::vector<std::pair<int, const char*>> slots;
+  std::vector<std::pair<int, const char*>> slots;  // MoeTraceSlot (kernel * GIN_TRACE_SLOTS + n), label
 };
 
 static void profile_print(Setup& s, const char* what, float gatedUs) {
   const int C = s.C;
   std::vector<ProfRole> roles = {
       {"dispatch sender", 0, 0, C,
-       {{10, "entry"}, {23, "prologue: checks and layouts done (then a barrier)"}, {8, "small layout: counters cleared"},
-        {9, "small layout: ids walked"},
-        {1, "routing counted (+ positions if <= 32 tok/block)"}, {2, "start offsets known"},
-        {3, "LEADER count tables stored (LL words)"}, {4, "positions released"}, {5, "remote slots sent"},
-        {6, "tables read (joins own items; absent: skipped)"}, {7, "own items done / end"},
-        {16, "token path: thread 0's token out (pre-barrier)"}, {13, "thread 0's warp quantized its share"}, {11, "token path: ids pushed, masks (sends start)"}, {12, "token path: tokenPos, chanStartTo / end"}}},
+       {{MOE_TRACE_DISPATCH_ENTRY, "entry"}, {MOE_TRACE_DISPATCH_PROLOGUE, "prologue: checks and layouts done (then a barrier)"},
+        {MOE_TRACE_SMALL_LAYOUT_CLEARED, "small layout: counters cleared"},
+        {MOE_TRACE_SMALL_LAYOUT_WALKED, "small layout: ids walked"},
+        {MOE_TRACE_SENDER_ROUTED, "routing counted (+ positions if <= 32 tok/block)"}, {MOE_TRACE_SENDER_OFFSETS, "start offsets known"},
+        {MOE_TRACE_SENDER_TABLES, "LEADER count tables stored (LL words)"}, {MOE_TRACE_SENDER_POSITIONS, "positions released"},
+        {MOE_TRACE_SENDER_SENT, "remote slots sent"},
+        {MOE_TRACE_SENDER_JOINS_OWN, "tables read (joins own items; absent: skipped)"}, {MOE_TRACE_SENDER_END, "own items done / end"},
+        {MOE_TRACE_TP_SENDER_IDS, "token path: thread 0's token out (pre-barrier)"},
+        {MOE_TRACE_SENDER_QUANTIZED, "thread 0's warp quantized its share"},
+        {MOE_TRACE_TP_SENDER_SENDS, "token path: ids pushed, masks (sends start)"},
+        {MOE_TRACE_TP_SENDER_END, "token path: tokenPos, chanStartTo / end"}}},
       {"dispatch receiver", 0, C, 2 * C,
-       {{10, "entry"}, {1, "count tables read"},
-        {17, "token path: counters cleared (remote T probed)"}, {18, "token path: thread 0's first (own) tokens counted"},
-        {19, "token path: thread 0's tokens counted"}, {20, "token path: walk barrier passed"},
-        {11, "token path: layout done (scan, items)"}, {14, "token path: warp 0 saw sender c's fp8 rows"}, {15, "layout path: its share of the fp8 rows released"}, {21, "token path: warp 0's first own item"}, {2, "warp 0: first remote item landed"},
-        {3, "remote + claimed own items done / end"}}},
-      {"combine producer", 1, 0, C, {{10, "entry (before the prologue)"}, {1, "partials sent"}, {2, "one rank: y done (these blocks consume too)"}}},
+       {{MOE_TRACE_DISPATCH_ENTRY, "entry"}, {MOE_TRACE_RECEIVER_TABLES, "count tables read"},
+        {MOE_TRACE_TP_WALK_CLEARED, "token path: counters cleared (remote T probed)"},
+        {MOE_TRACE_TP_WALK_FIRST, "token path: thread 0's first (own) tokens counted"},
+        {MOE_TRACE_TP_WALK_COUNTED, "token path: thread 0's tokens counted"}, {MOE_TRACE_TP_WALK_DONE, "token path: walk barrier passed"},
+        {MOE_TRACE_TP_RECEIVER_LAYOUT, "token path: layout done (scan, items)"},
+        {MOE_TRACE_TP_RECEIVER_QUANT_SEEN, "token path: warp 0 saw sender c's fp8 rows"},
+        {MOE_TRACE_RECEIVER_QUANTIZED, "layout path: its share of the fp8 rows released"},
+        {MOE_TRACE_TP_RECEIVER_FIRST_OWN, "token path: warp 0's first own item"},
+        {MOE_TRACE_RECEIVER_FIRST_REMOTE, "warp 0: first remote item landed"},
+        {MOE_TRACE_RECEIVER_END, "remote + claimed own items done / end"}}},
+      {"combine producer", 1, 0, C,
+       {{MOE_TRACE_COMBINE_ENTRY, "entry (before the prologue)"}, {MOE_TRACE_PRODUCER_SENT, "partials sent"},
+        {MOE_TRACE_CONSUMER_END, "one rank: y done (these blocks consume too)"}}},
       {"combine consumer", 1, C, 2 * C,
-       {{10, "entry (before the prologue)"}, {1, "warp 0: first partials landed"}, {2, "y done"}}},
+       {{MOE_TRACE_COMBINE_ENTRY, "entry (before the prologue)"}, {MOE_TRACE_CONSUMER_FIRST, "warp 0: first partials landed"},
+        {MOE_TRACE_CONSUMER_END, "y done"}}},
   };
   printf("  profile %s (gated call %.1f us, slowest rank):\n", what, gatedUs);
   for (int r = 0; r < s.R; ++r) {
     std::vector<uint64_t> h(kProfWords);
     CUDA_CHECK(cudaSetDevice(dev_of(r)));
     CUDA_CHECK(cudaMemcpy(h.data(), gProfBuf[r], h.size() * 8, cudaMemcpyDeviceToHost));
-    const size_t cyc0 = 2ull * MOE_MAX_BLOCKS * MOE_PROF_SLOTS;
-    auto at = [&](int k, int b, int sl) { return h[((size_t)k * MOE_MAX_BLOCKS + b) * MOE_PROF_SLOTS + sl]; };
-    auto cyc = [&](int k, int b, int sl) { return h[cyc0 + ((size_t)k * MOE_MAX_BLOCKS + b) * MOE_PROF_SLOTS + sl]; };
+    const size_t cyc0 = GIN_TRACE_WORDS / 2;
+    // sl: a slot of kernel k, n or k * GIN_TRACE_SLOTS + n
+    auto at = [&](int k, int b, int sl) { return h[((size_t)k * GIN_TRACE_BLOCKS + b) * GIN_TRACE_SLOTS + sl % GIN_TRACE_SLOTS]; };
+    auto cyc = [&](int k, int b, int sl) { return h[cyc0 + ((size_t)k * GIN_TRACE_BLOCKS + b) * GIN_TRACE_SLOTS + sl % GIN_TRACE_SLOTS]; };
     for (const ProfRole& role : roles) {
       uint64_t ref = ~0ull, lastStart = 0;
       for (int b = 0; b < 2 * C; ++b) {
@@ -1508,7 +1534,7 @@ static void profile_print(Setup& s, const char* what, float gatedUs) {
       double sumCyc = 0, sumNs = 0;
       for (int b = role.b0; b < role.b1; ++b) {
         uint64_t g0 = ~0ull, g1 = 0, c0 = 0, c1 = 0;
-        for (int sl = 0; sl < MOE_PROF_SLOTS; ++sl) {
+        for (int sl = 0; sl < GIN_TRACE_SLOTS; ++sl) {
           const uint64_t g = at(role.kernel, b, sl);
           if (!g) continue;
           if (g < g0) g0 = g, c0 = cyc(role.kernel, b, sl);
@@ -1849,7 +1875,14 @@ int main(int argc, char** argv) {
     else if (!strcmp(argv[i], "--no-bench")) bench = false;
     else if (!strcmp(argv[i], "--bench-only")) tests = false;
     else if (!strcmp(argv[i], "--channels") && i + 1 < argc) channels = atoi(argv[++i]);
-    else if (!strcmp(argv[i], "--profile")) gProfile = true;
+    else if (!strcmp(argv[i], "--profile")) {
+#ifdef GIN4J_TRACE
+      gProfile = true;
+#else
+      fprintf(stderr, "--profile: this build has no trace stamps; run moe_test_trace (gin-kernels/build --tests)\n");
+      return 2;
+#endif
+    }
     else if (!strcmp(argv[i], "--ranks") && i + 1 < argc) gNumRanks = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--shape") && i + 1 < argc) onlyShape = argv[++i];
     else if (!strcmp(argv[i], "--routing") && i + 1 < argc) {

@@ -15,13 +15,13 @@ import java.util.List;
 
 /**
  * The error word gin4j's kernels set instead of hanging or writing out of bounds
- * ({@code errorFlags}, bits in gin-kernels/src/gin_sync.cuh and docs/kernels.md). Kernels only OR
+ * ({@code errorFlags}, bits in gin-kernels/src/include/gin_sync.cuh and docs/kernels.md). Kernels only OR
  * bits in; {@link #check} reads the word after the stream is synchronized and throws;
  * {@link #later} queues a read for an {@link ErrorCheck} to report without stalling the stream.
  * For gin4j's exchanges; not meant to be used by applications.
  */
 public final class KernelErrors {
-    // bit -> meaning, as gin-kernels/src/gin_sync.cuh and moe.cu define them
+    // bit -> meaning, as gin-kernels/src/include/gin_sync.cuh and src/moe/memory_layout.cuh define them
     private static final java.util.Map<Integer, String> BITS = java.util.Map.of(
             0, "a wait for a peer timed out (a peer did not take part, or its kernel failed)",
             1, "a count exceeded its receive capacity and was clamped",

@@ -23,7 +23,7 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * {@code e4m3(code[h]) * scale[h / 128]}. Packed in one row, a token moves as one contiguous copy.
  * A grouped GEMM reads the codes with a leading dimension of {@link #rowBytes} and the scales at
  * byte offset {@code hidden} of each row. {@link #quantize} makes such rows from bf16 rows on the
- * device (moe.cu, {@code moe_fp8_quantize}).
+ * device (gin-kernels/src/moe_host.cu, {@code moe_fp8_quantize}).
  */
 public final class Fp8Rows extends NativeResource {
     private final Device device;
@@ -37,7 +37,7 @@ public final class Fp8Rows extends NativeResource {
     public Fp8Rows(Device device) {
         this.device = device;
         try (Stream s = device.createStream()) {
-            this.code = device.loadKernels("moe");
+            this.code = device.loadKernels("moe_host");
             this.kernel = code.kernel("moe_fp8_quantize");
             this.args = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
             this.errors = new KernelErrors(device, arena, s);

@@ -57,7 +57,8 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * The GIN kernels run on 2 x {@link #channels()} SMs ({@link MoeConfig#withChannels}: fewer leave
  * SMs to compute on other streams). {@link #create} compares every rank's {@link MoeConfig} and
  * refuses, naming the rank, where one differs.
- * Kernels and layouts: gin-kernels/src/moe.cu and docs/kernels.md.
+ * Kernels and layouts: gin-kernels/src/moe_gin.cu (GIN), moe_host.cu (HOST), their phases in
+ * gin-kernels/src/moe/, and docs/kernels.md.
  */
 public final class MoeAllToAll extends NativeResource {
     private static final int Q_WINDOW_BYTES = 0, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
@@ -114,7 +115,7 @@ public final class MoeAllToAll extends NativeResource {
             this.comm = comm;
             this.device = comm.device();
             this.warpSize = device.warpSize();
-            this.code = device.loadKernels("moe");
+            this.code = device.loadKernels(kernelObject());
             try {
                 long capRows = query[Q_RECV_ROWS], dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
                 workspace = device.allocate(query[Q_WORKSPACE_BYTES], arena);
@@ -280,8 +281,11 @@ public final class MoeAllToAll extends NativeResource {
         return new MoeAllToAll(group, config);
     }
 
+    /** The code object of this instance's backend: each has its kernels and moe_query_layout. */
+    private String kernelObject() { return cfg.backend() == Backend.GIN ? "moe_gin" : "moe_host"; }
+
     private long[] queryLayout(Device d) {
-        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("moe")) {
+        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels(kernelObject())) {
             DeviceBuffer out = d.allocate(16 * 8, a);
             KernelArgs args = KernelArgs.of(a, I32, I32, I32, I32, I32, I32, POINTER);
             args.setInt(0, nRanks).setInt(1, cfg.experts()).setInt(2, cfg.topK()).setInt(3, cfg.hidden()).setInt(4, cfg.maxTokens())
@@ -302,7 +306,7 @@ public final class MoeAllToAll extends NativeResource {
      */
     private String entryPoint(String base, Device device) {
         if (query[Q_TOKEN_PATH] != 1) return base;
-        List<String> shipped = KernelLibrary.get().kernels(device.arch(), "moe");
+        List<String> shipped = KernelLibrary.get().kernels(device.arch(), kernelObject());
         String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
         if (shipped.contains(shaped)) return shaped;
         if (nRanks == 1 && shipped.contains(base + "_tp_r1")) return base + "_tp_r1";  // one rank, any shape

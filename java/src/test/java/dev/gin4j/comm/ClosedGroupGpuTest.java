@@ -36,7 +36,8 @@ class ClosedGroupGpuTest {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
         Gpus.requireKernels(rt, "a2a");
-        Gpus.requireKernels(rt, "moe");
+        Gpus.requireKernels(rt, "moe_gin");
+        Gpus.requireKernels(rt, "moe_host");
         int live = NativeResource.liveCount();
         List<Device> devs = rt.devices();
         int n = devs.size();

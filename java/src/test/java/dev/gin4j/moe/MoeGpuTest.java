@@ -51,7 +51,8 @@ class MoeGpuTest {
     @BeforeAll void setUp() {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
-        Gpus.requireKernels(rt, "moe");
+        Gpus.requireKernels(rt, "moe_gin");
+        Gpus.requireKernels(rt, "moe_host");
         devs = rt.devices();
         n = devs.size();
         group = CommGroup.initAll(devs);

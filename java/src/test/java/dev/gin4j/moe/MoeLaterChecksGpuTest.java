@@ -76,7 +76,8 @@ class MoeLaterChecksGpuTest {
     @Test void aBadExpertIdIsReportedByTheLaterCheckAndACleanCallByNothing() throws Exception {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
-        Gpus.requireKernels(rt, "moe");
+        Gpus.requireKernels(rt, "moe_gin");
+        Gpus.requireKernels(rt, "moe_host");
         int live = NativeResource.liveCount();
         List<Device> devs = rt.devices();
         int n = devs.size();
@@ -129,7 +130,7 @@ class MoeLaterChecksGpuTest {
 
     @Test void fp8QuantizeChecksLater() throws Exception {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
-        Gpus.requireKernels(rt, "moe");
+        Gpus.requireKernels(rt, "moe_host");
         Device dev = rt.device(0);
         int live = NativeResource.liveCount();
         try (Arena a = Arena.ofShared(); Stream s = dev.createStream(); Fp8Rows q = new Fp8Rows(dev)) {

@@ -228,12 +228,9 @@ GIN_DEVICE_INLINE void gin_ll_load_pair(const uint64_t* p, uint64_t& w0, uint64_
 // proves the other 120 bytes. Every lane of the warp calls these together (warp-uniform control
 // flow); `active` predicates the lane, and the 8 lanes of a line always agree on it. On HIP they
 // are single 16-byte volatile vector accesses; whether xGMI keeps a line whole is NOT validated
-// (Java does not pick LL128 on AMD by itself). GIN_EMU_LL128_STORE16/LOAD16: hooks for a host
-// emulation of the kernels (protocol-logic tests), which models one warp access as one atomic step.
+// (Java does not pick LL128 on AMD by itself).
 GIN_DEVICE_INLINE void gin_ll128_store16(bool active, void* p, uint64_t lo, uint64_t hi) {
-#if defined(GIN_EMU_LL128_STORE16)
-  GIN_EMU_LL128_STORE16(active, p, lo, hi);
-#elif GIN_HIP
+#if GIN_HIP
   typedef uint64_t gin_u64x2 __attribute__((ext_vector_type(2)));
   if (active) {
     gin_u64x2 v;
@@ -247,9 +244,7 @@ GIN_DEVICE_INLINE void gin_ll128_store16(bool active, void* p, uint64_t lo, uint
 }
 
 GIN_DEVICE_INLINE void gin_ll128_load16(bool active, const void* p, uint64_t& lo, uint64_t& hi) {
-#if defined(GIN_EMU_LL128_LOAD16)
-  GIN_EMU_LL128_LOAD16(active, p, lo, hi);
-#elif GIN_HIP
+#if GIN_HIP
   typedef uint64_t gin_u64x2 __attribute__((ext_vector_type(2)));
   if (active) {
     gin_u64x2 v = *(const volatile gin_u64x2*)p;
