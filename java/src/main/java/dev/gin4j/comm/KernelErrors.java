@@ -163,7 +163,7 @@ public final class KernelErrors {
     private Slot queueRead(Stream stream) {
         Slot slot = takeSlot();
         try {
-            word.copyToHostAsync(slot.copy().host(), stream);
+            word.copyToHostAsync(slot.copy().host().asSlice(0, word.byteSize()), stream);  // the pinned slot is larger than the word
             word.fill((byte) 0, stream);  // stream-ordered after the copy: the next check sees only later bits
             slot.done().record(stream);
             return slot;
