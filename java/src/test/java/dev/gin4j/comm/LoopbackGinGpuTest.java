@@ -35,7 +35,7 @@ class LoopbackGinGpuTest {
         for (String o : out) {
             assertTrue(o.contains("Assigned GIN plugin gin4j-loopback"), "NCCL did not report taking the loopback GIN plugin:\n" + o);
             assertTrue(o.contains("on the network"), o);
-            assertTrue(o.contains("1000 back-to-back GIN all-to-alls") && o.contains("replayed 1000 times") && o.contains("all-to-all-v round 5"), o);
+            assertTrue(o.contains("1000 back-to-back GIN all-to-alls") && o.contains("replayed 1000 times") && o.contains("all-to-all-v case 5"), o);
             System.out.println(o.lines().filter(l -> l.startsWith("rank ") || l.contains("GIN plugin") || l.contains("gin4j-loopback"))
                     .reduce("", (a, b) -> a + b + "\n"));
         }

@@ -120,10 +120,10 @@ final class LoopbackGinRank {
             long puts = now[0] - before[p][0], signals = now[1] - before[p][1], bytes = now[2] - before[p][2];
             long want = p == rank ? 0 : sent[p] + 8;
             boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == want && puts >= 1 && puts <= 1 + chunks && signals == 2L * chunks;
-            if (!ok) throw new AssertionError("all-to-all-v round " + round + ": rank " + rank + " -> " + p + ": " + puts + " puts, " + signals
+            if (!ok) throw new AssertionError("all-to-all-v case " + round + ": rank " + rank + " -> " + p + ": " + puts + " puts, " + signals
                     + " signals, " + bytes + " bytes; expected " + want + " bytes (" + sent[p] + " of data and the 8-byte count), 1 to "
                     + (1 + chunks) + " puts and " + 2 * chunks + " signals");
-            if (p != rank) System.out.printf("rank %d -> %d, all-to-all-v round %d: %d puts, %d signals, %d bytes on the network (the data needs %d + 8)%n",
+            if (p != rank) System.out.printf("rank %d -> %d, all-to-all-v case %d: %d puts, %d signals, %d bytes on the network (the data needs %d + 8)%n",
                     rank, p, round, puts, signals, bytes, sent[p]);
         }
     }
