@@ -10,5 +10,5 @@ module dev.gin4j {
     exports dev.gin4j.comm;
     exports dev.gin4j.a2a;
     exports dev.gin4j.moe;
-    exports dev.gin4j.cli;
+    // dev.gin4j.cli (the gin4j command) is not exported: java -m dev.gin4j/dev.gin4j.cli.Main runs it
 }
