@@ -186,6 +186,9 @@ final class GinState implements AutoCloseable {
         this.ll128Capacity = Math.max(120, Math.min(slotCapacity, Plan.LL128_MAX_BYTES_PER_PEER));
         this.nvidia = group.rank(0).device().runtime().isCuda();
         this.hybrid = needsGin(group);
+        System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "GIN all-to-all over " + group.describe() + ": "
+                + (hybrid ? "some peer is outside the LSA team: the hybrid kernels, ncclGin puts for those peers" : "every peer load/store reachable (LSA)")
+                + ", " + slotCapacity + " bytes per source slot");
         this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, hybrid));
         DeviceComm dc = null;
         try {

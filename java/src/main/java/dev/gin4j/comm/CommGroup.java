@@ -106,6 +106,8 @@ public final class CommGroup extends NativeResource {
         this.worldSize = worldSize;
         this.nonblocking = options.nonblocking();
         hostWaitTimeout(options.hostWaitTimeout());
+        System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "communicators for " + worldSize + " ranks over " + Capabilities.describeLibrary()
+                + ", " + (nonblocking ? "nonblocking" : "blocking") + ", host waits end after " + options.hostWaitTimeout());
     }
 
     /** One process, one rank per device, ranks numbered in list order; options from the environment ({@link Options#fromEnvironment}). */

@@ -26,6 +26,9 @@ public final class KernelLibrary {
     private final Properties manifest;
     private final String problem;    // why GIN4J_KERNELS_DIR gives no manifest, or null
 
+    /** Setup decisions, at DEBUG: where the code objects come from. */
+    private static final System.Logger LOG = System.getLogger("dev.gin4j");
+
     private KernelLibrary(Path folder, Properties manifest, String problem) {
         this.folder = folder;
         this.manifest = manifest;
@@ -46,7 +49,14 @@ public final class KernelLibrary {
 
     private static KernelLibrary locate() { return locate(System.getProperty("gin4j.kernels.dir", System.getenv("GIN4J_KERNELS_DIR"))); }
 
+    /** The library of {@code dir} (GIN4J_KERNELS_DIR; null or empty: the jar's), logged at DEBUG. */
     static KernelLibrary locate(String dir) {
+        KernelLibrary k = find(dir);
+        LOG.log(System.Logger.Level.DEBUG, () -> "kernels: " + k.source());
+        return k;
+    }
+
+    private static KernelLibrary find(String dir) {
         Properties p = new Properties();
         if (dir != null && !dir.isEmpty()) {
             Path f = Path.of(dir);

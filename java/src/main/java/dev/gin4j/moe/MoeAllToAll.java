@@ -278,7 +278,10 @@ public final class MoeAllToAll extends NativeResource {
     public static MoeAllToAll create(CommGroup group, MoeConfig config) {
         if (group == null || config == null) throw new IllegalArgumentException("a communicator group and a MoeConfig must be given, got " + group + " / " + config);
         group.ensureOpen();
-        return new MoeAllToAll(group, config);
+        MoeAllToAll moe = new MoeAllToAll(group, config);
+        System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "MoE exchange over " + group.describe() + ": " + config
+                + ", " + moe.channels + " channels, dispatch kernel " + moe.dispatchKernelName());
+        return moe;
     }
 
     /** The code object of this instance's backend: each has its kernels and moe_query_layout. */
