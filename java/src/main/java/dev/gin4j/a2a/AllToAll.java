@@ -193,9 +193,7 @@ public final class AllToAll extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        if (group.localCount() != 1)
-            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + group.localCount()
-                    + " local ranks of " + group.worldSize() + ": pass one per local rank (the List form) or a local rank index");
+        group.requireOneLocalRank(call);
     }
 
     /**
@@ -333,7 +331,7 @@ public final class AllToAll extends NativeResource {
             group.await(streams, "a HOST all-to-all");
             return;
         }
-        KernelErrors.checkAll("GIN all-to-all", gin.ranks.stream().map(r -> r.errors).toList(), streams, group);
+        KernelErrors.checkAll("GIN all-to-all", gin.errorWords(), streams, group);
     }
 
     /**
@@ -355,7 +353,7 @@ public final class AllToAll extends NativeResource {
         ensureOpen();
         group.checkStreams(streams);
         if (backend == Backend.GIN)
-            return KernelErrors.later("GIN all-to-all", this, gin.ranks.stream().map(r -> r.errors).toList(), streams, null, group);
+            return KernelErrors.later("GIN all-to-all", this, gin.errorWords(), streams, null, group);
         Stream.refuseCapture(streams, "a later error check of the HOST all-to-all, which reads the error words on the host,");  // before the words are made
         return KernelErrors.later("HOST all-to-all", this, hostWords(), streams, null, group);
     }

@@ -129,9 +129,7 @@ public final class AllToAllV extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        if (group.localCount() != 1)
-            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + group.localCount()
-                    + " local ranks of " + group.worldSize() + ": pass one per local rank (the List form) or a local rank index");
+        group.requireOneLocalRank(call);
     }
 
     /**
@@ -302,7 +300,7 @@ public final class AllToAllV extends NativeResource {
             if (first != null) throw first;
             return;
         }
-        KernelErrors.checkAll("GIN all-to-all-v", gin.ranks.stream().map(r -> r.errors).toList(), streams, group);
+        KernelErrors.checkAll("GIN all-to-all-v", gin.errorWords(), streams, group);
     }
 
     /**
@@ -325,7 +323,7 @@ public final class AllToAllV extends NativeResource {
         ensureOpen();
         group.checkStreams(streams);
         if (backend == Backend.GIN)
-            return KernelErrors.later("GIN all-to-all-v", this, gin.ranks.stream().map(r -> r.errors).toList(), streams, null, group);
+            return KernelErrors.later("GIN all-to-all-v", this, gin.errorWords(), streams, null, group);
         Stream.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
         List<String> clamped = new ArrayList<>();
         for (String c : hostClamped) clamped.add(c == null ? null : "HOST all-to-all-v: " + c);

@@ -239,6 +239,9 @@ final class GinState implements AutoCloseable {
 
     long offset(String region) { return window.layout().region(region).offset(); }
 
+    /** Every local rank's kernel error word, in local order. */
+    List<KernelErrors> errorWords() { return ranks.stream().map(r -> r.errors).toList(); }
+
     /**
      * The launch shape for {@code bytesPerPeer} on local rank {@code localIndex}: by size (or the
      * forced protocol), direct where the LL / LL128 staging is too small, the hybrid kernel runs or

@@ -53,16 +53,17 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         List<String> rdma = rdmaDevices();
         boolean gin = false;
         boolean devApiWorks = false;
-        String ginType = "not probed";
+        String ginType = "not probed", ginPlugin = null;
         if (devApi && windows && abiOk && !devices.isEmpty()) {
             try (CommGroup g = CommGroup.initAll(devices)) {
                 try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 0, 0))) {
                     devApiWorks = true;
                     notes.add("device communicator with LSA barriers over " + devices.size() + " local GPU(s): created");
                 }
-                String type = ginType = ginType(g.rank(0));
-                notes.add("GIN type NCCL reports: " + type + "; GIN plugin: " + describeGinPlugin());  // after init: NCCL has loaded it
-                if (!"none".equals(type) && !type.startsWith("unknown")) {
+                ginType = ginType(g.rank(0));
+                ginPlugin = describeGinPlugin();  // after init: NCCL has loaded it
+                notes.add("GIN type NCCL reports: " + ginType + "; GIN plugin: " + ginPlugin);
+                if (!"none".equals(ginType) && !ginType.startsWith("unknown")) {
                     try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(1, 1, 0, true))) {
                         gin = true;
                         notes.add("GIN: device communicator with GIN signals created");
@@ -76,14 +77,16 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
             } catch (RuntimeException e) {
                 notes.add("trying a device communicator failed: " + e.getMessage());
             }
-        } else {
-            notes.add("GIN plugin: " + describeGinPlugin());
+        }
+        if (ginPlugin == null) {
+            ginPlugin = describeGinPlugin();
+            notes.add("GIN plugin: " + ginPlugin);
         }
         List<String> summary = new ArrayList<>();
         summary.add("version " + Nccl.versionString(version) + "; symmetric windows: " + (windows ? "yes" : "no") + "; device API: "
                 + (devApiWorks ? "yes" : devApi ? "exported, not usable here (see below)" : "no") + "; GIN: " + (gin ? "yes" : "no"));
         summary.addAll(notes);
-        return new Capabilities(true, version, windows, devApiWorks, gin, ginType, describeGinPlugin(), summary);
+        return new Capabilities(true, version, windows, devApiWorks, gin, ginType, ginPlugin, summary);
     }
 
     /** The findings, one per line. */

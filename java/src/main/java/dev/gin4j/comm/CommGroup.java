@@ -249,6 +249,17 @@ public final class CommGroup extends NativeResource {
             throw new IndexOutOfBoundsException("local rank index " + localIndex + " is outside [0, " + ranks.size() + "): this process drives " + ranks.size() + " rank(s)");
     }
 
+    /**
+     * Refuses a single-rank call ({@code call}, the form for one process per GPU) where this
+     * process drives several local ranks.
+     * @throws IllegalStateException naming the call and how many ranks this process drives
+     */
+    public void requireOneLocalRank(String call) {
+        if (ranks.size() != 1)
+            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + ranks.size()
+                    + " local ranks of " + worldSize + ": pass one per local rank (the List form) or a local rank index");
+    }
+
     /** One stream per local rank, in local order, each on its rank's device. */
     public void checkStreams(List<Stream> streams) {
         checkPerRank(streams, "streams");

@@ -68,11 +68,12 @@ public final class DeviceComm extends NativeResource {
                 });
             } catch (CommException e) {
                 if (group.isClosed()) throw e;  // a time-out or a peer's failure: not a matter of the backend
+                String pluginProblem = gin ? Capabilities.ginPluginProblem() : null;
                 // NCCL's own words ("does not support symmetric memory", say) do not tell a user what to change
                 throw new CommException(e.getMessage() + "; NCCL made no device communicator for " + group.describe()
                         + ", which GPU-initiated kernels (Backend.GIN) need: NCCL makes one where it can map every rank's memory"
                         + " (ranks of one NVLink / xGMI domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none"
-                        + (gin && Capabilities.ginPluginProblem() != null ? ". " + Capabilities.ginPluginProblem() : ""), e);
+                        + (pluginProblem != null ? ". " + pluginProblem : ""), e);
             }
         } catch (RuntimeException e) {
             dc.close();

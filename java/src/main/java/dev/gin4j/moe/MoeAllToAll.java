@@ -778,9 +778,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        if (group.localCount() != 1)
-            throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + group.localCount()
-                    + " local ranks of " + group.worldSize() + ": pass one per local rank (the List form) or a local rank index");
+        group.requireOneLocalRank(call);
     }
 
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */
