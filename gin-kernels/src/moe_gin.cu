@@ -28,56 +28,56 @@
 // ================================================================================================
 
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch(MOE_DISPATCH_PARAMS) {
-  gin_dispatch<MoeAnyShape>(MOE_DISPATCH_ARGS);
+  gin_dispatch<MoeAnyShape>(a);
 }
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine(MOE_COMBINE_PARAMS) {
-  gin_combine<MoeAnyShape>(MOE_COMBINE_ARGS);
+  gin_combine<MoeAnyShape>(a);
 }
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp(MOE_DISPATCH_PARAMS) {
-  gin_dispatch<MoeShape<true, 0, 0, 0, 0>>(MOE_DISPATCH_ARGS);
+  gin_dispatch<MoeShape<true, 0, 0, 0, 0>>(a);
 }
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp(MOE_COMBINE_PARAMS) {
-  gin_combine<MoeShape<true, 0, 0, 0, 0>>(MOE_COMBINE_ARGS);
+  gin_combine<MoeShape<true, 0, 0, 0, 0>>(a);
 }
 // One rank alone, any model shape: with R = 1 a constant the remote parts fold away
 // (one H200, 128 tokens, 8 back to back: dispatch / combine 13.2-14.0 / 11.0 -> 12.5-13.0 / 10.6 us
 // for DeepSeek-V3, 8.6 / 6.2 -> 8.1 / 5.7 for Mixtral, against moe_gin_dispatch_tp / _combine_tp).
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp_r1(MOE_DISPATCH_PARAMS) {
-  gin_dispatch<MoeShape<true, 1, 0, 0, 0>>(MOE_DISPATCH_ARGS);
+  gin_dispatch<MoeShape<true, 1, 0, 0, 0>>(a);
 }
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp_r1(MOE_COMBINE_PARAMS) {
-  gin_combine<MoeShape<true, 1, 0, 0, 0>>(MOE_COMBINE_ARGS);
+  gin_combine<MoeShape<true, 1, 0, 0, 0>>(a);
 }
 #define MOE_TP_ENTRIES(R, E, K, H)                                                                      \
   GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp_r##R##_e##E##_k##K##_h##H(      \
       MOE_DISPATCH_PARAMS) {                                                                            \
-    gin_dispatch<MoeShape<true, R, E, K, H>>(MOE_DISPATCH_ARGS);                                        \
+    gin_dispatch<MoeShape<true, R, E, K, H>>(a);                                        \
   }                                                                                                     \
   GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp_r##R##_e##E##_k##K##_h##H(       \
       MOE_COMBINE_PARAMS) {                                                                             \
-    gin_combine<MoeShape<true, R, E, K, H>>(MOE_COMBINE_ARGS);                                          \
+    gin_combine<MoeShape<true, R, E, K, H>>(a);                                          \
   }
 MOE_TP_SHAPES(MOE_TP_ENTRIES)
 
 // fp8 dispatch: the same kernels moving scaled fp8 rows (moe_fp8_row_bytes(hidden)
-// bytes each; recvX holds such rows, H % 16 == 0, else MOE_ERR_CONFIG), with one more argument,
+// bytes each; recvX holds such rows, H % 16 == 0, else MOE_ERR_CONFIG), reading one more field,
 // xq: null = x holds fp8 rows already; else x holds bf16 rows [T][H] and the kernel
 // quantizes them into xq ([maxTokens][moe_fp8_row_bytes(hidden)] scratch, as moe_fp8_quantize
 // would; x, xq and recvX 16-byte aligned, else MOE_ERR_CONFIG) before sending them. The combine of
 // an fp8 dispatch is the bf16 one (expert outputs are bf16), any of the entries above.
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8(MOE_DISPATCH_FP8_PARAMS) {
-  gin_dispatch<MoeShape<false, 0, 0, 0, 0, true>>(MOE_DISPATCH_FP8_ARGS);
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8(MOE_DISPATCH_FP8_GENERIC_PARAMS) {
+  gin_dispatch<MoeShape<false, 0, 0, 0, 0, true>>(a);
 }
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DISPATCH_FP8_PARAMS) {
-  gin_dispatch<MoeShape<true, 0, 0, 0, 0, true>>(MOE_DISPATCH_FP8_ARGS);
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DISPATCH_PARAMS) {
+  gin_dispatch<MoeShape<true, 0, 0, 0, 0, true>>(a);
 }
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r1(MOE_DISPATCH_FP8_PARAMS) {
-  gin_dispatch<MoeShape<true, 1, 0, 0, 0, true>>(MOE_DISPATCH_FP8_ARGS);
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r1(MOE_DISPATCH_PARAMS) {
+  gin_dispatch<MoeShape<true, 1, 0, 0, 0, true>>(a);
 }
 #define MOE_TP_FP8_ENTRIES(R, E, K, H)                                                                  \
   GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r##R##_e##E##_k##K##_h##H(  \
-      MOE_DISPATCH_FP8_PARAMS) {                                                                        \
-    gin_dispatch<MoeShape<true, R, E, K, H, true>>(MOE_DISPATCH_FP8_ARGS);                              \
+      MOE_DISPATCH_PARAMS) {                                                                        \
+    gin_dispatch<MoeShape<true, R, E, K, H, true>>(a);                              \
   }
 MOE_TP_FP8_SHAPES(MOE_TP_FP8_ENTRIES)
 
@@ -102,14 +102,18 @@ MOE_TP_FP8_SHAPES(MOE_TP_FP8_ENTRIES)
 // g[t][k] = returned[expertOffset[e] + slotInExpert[t][k]].
 // ================================================================================================
 constexpr int kRowValuesBatch = 4;
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
-    moe_gin_row_values(const float* rowValues, int32_t numTokens, float* g, const uint64_t* peerBases, uint8_t* workspace,
-                       uint32_t* errorFlags, int32_t rank, int32_t nRanks, int32_t numExperts, int32_t topK,
-                       int32_t hidden, int32_t maxTokens, int32_t numChannels) {
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_row_values(const __grid_constant__ MoeGinRowValuesArgs a) {
+  const float* rowValues = a.rowValues;
+  float* g = a.g;
+  const uint64_t* peerBases = a.peerBases;
+  uint8_t* workspace = a.workspace;
+  uint32_t* errorFlags = a.errorFlags;
+  const int32_t numTokens = a.numTokens;
   __shared__ uint64_t sharedSeq;
   __shared__ int sharedSlots[MOE_MAX_RANKS];
-  const int tid = (int)threadIdx.x, B = (int)blockDim.x, C = numChannels, b = (int)blockIdx.x;
-  Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);  // H: the window layout
+  const int tid = (int)threadIdx.x, B = (int)blockDim.x, C = a.dims.numChannels, b = (int)blockIdx.x;
+  Dims d = make_dims(a.dims.rank, a.dims.nRanks, a.dims.numExperts, a.dims.topK, a.dims.hidden, a.dims.maxTokens,
+                     a.dims.numChannels, numTokens);  // H: the window layout
   if (!launch_ok(d, 1, true, workspace, peerBases, errorFlags) || !peers_ok(peerBases, d.R, errorFlags)) return;
   if (rowValues == nullptr || (numTokens > 0 && g == nullptr)) {
     if (b == 0 && tid == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);

@@ -16,12 +16,14 @@
 // (exclusive scan of expertCount: send rows are ordered by global expert id, hence by destination
 // rank, and by token within an expert) and rowsTo[d]. Grid C blocks of MOE_THREADS (C <= 128;
 // block c waits only for blocks < c).
-GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1)
-moe_host_layout(const int32_t* topkIdx, int32_t numTokens, uint8_t* workspace, uint32_t* errorFlags,
-                int32_t nRanks, int32_t numExperts, int32_t topK, int32_t maxTokens, int32_t numChannels) {
+GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_host_layout(const __grid_constant__ MoeHostLayoutArgs a) {
+  const int32_t* topkIdx = a.topkIdx;
+  uint8_t* workspace = a.workspace;
+  uint32_t* errorFlags = a.errorFlags;
+  const int32_t numTokens = a.numTokens, maxTokens = a.dims.maxTokens;
   __shared__ __align__(16) LayoutSmem s;
   __shared__ uint64_t sharedSeq;
-  const Dims d = make_dims(0, nRanks, numExperts, topK, 1, maxTokens, numChannels, numTokens);
+  const Dims d = make_dims(0, a.dims.nRanks, a.dims.numExperts, a.dims.topK, 1, maxTokens, a.dims.numChannels, numTokens);
   if (!launch_ok(d, 1, false, workspace, topkIdx, errorFlags)) return;
   if ((numTokens < 0 || numTokens > maxTokens) && blockIdx.x == 0 && threadIdx.x == 0)
     gin_error_set(errorFlags, MOE_ERR_TOKENS);
@@ -81,10 +83,15 @@ GIN_DEVICE_INLINE int host_send_row(const int* slotInExpert, const int* expertOf
 // topkWeights[t][k] for every non-masked (t, k). One warp per token; any grid, any block size that
 // is a multiple of the warp size (<= 1024).
 template <bool kFp8>
-GIN_DEVICE_INLINE void host_pack(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights, int32_t numTokens,
-                                 const uint8_t* workspace, uint16_t* sendRows, float* sendWeights, uint32_t* errorFlags,
-                                 int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
-  Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, numTokens);
+GIN_DEVICE_INLINE void host_pack(const MoeHostPackArgs& a) {
+  const uint16_t* x = a.x;
+  const int32_t* topkIdx = a.topkIdx;
+  const float* topkWeights = a.topkWeights;
+  const uint8_t* workspace = a.workspace;
+  uint16_t* sendRows = a.sendRows;
+  float* sendWeights = a.sendWeights;
+  uint32_t* errorFlags = a.errorFlags;
+  Dims d = make_dims(0, a.dims.nRanks, a.dims.numExperts, a.dims.topK, a.dims.hidden, a.dims.maxTokens, 1, a.numTokens);
   if (kFp8) d.rowBytes = moe_fp8_row_bytes(d.H);
   if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || (kFp8 && !moe_fp8_hidden_ok(d.H)) || blockDim.x % GIN_WARP_SIZE != 0 || workspace == nullptr ||
       topkIdx == nullptr || topkWeights == nullptr || sendRows == nullptr || sendWeights == nullptr ||
@@ -106,12 +113,9 @@ GIN_DEVICE_INLINE void host_pack(const uint16_t* x, const int32_t* topkIdx, cons
     warp_expand_row<false>((const uint8_t*)x + t * d.rowBytes, (uint8_t*)sendRows, d.rowBytes, pos, d.K, fast);
   }
 }
-#define MOE_HOST_PACK_ARGS                                                                                     \
-  x, topkIdx, topkWeights, numTokens, workspace, sendRows, sendWeights, errorFlags, nRanks, numExperts, topK,  \
-      hidden, maxTokens
-GIN_KERNEL void moe_host_pack(MOE_HOST_PACK_PARAMS) { host_pack<false>(MOE_HOST_PACK_ARGS); }
+GIN_KERNEL void moe_host_pack(const __grid_constant__ MoeHostPackArgs a) { host_pack<false>(a); }
 // Scaled fp8 rows (moe_fp8_row_bytes(hidden) bytes in x and sendRows); same arguments.
-GIN_KERNEL void moe_host_pack_fp8(MOE_HOST_PACK_PARAMS) { host_pack<true>(MOE_HOST_PACK_ARGS); }
+GIN_KERNEL void moe_host_pack_fp8(const __grid_constant__ MoeHostPackArgs a) { host_pack<true>(a); }
 
 // Shared by permute / unpermute: received rows are ordered source-major (s, then local expert e,
 // then token); recvX is expert-major (e, then s, then token). countMatrix[s][e] = rows from s for
@@ -120,11 +124,11 @@ GIN_KERNEL void moe_host_pack_fp8(MOE_HOST_PACK_PARAMS) { host_pack<true>(MOE_HO
 template <bool kToExpertMajor, bool kFp8 = false>
 GIN_DEVICE_INLINE void host_permute(const uint16_t* in, const float* inWeights, const int32_t* countMatrix,
                                     uint16_t* out, float* outWeights, int32_t* recvCounts, uint32_t* errorFlags,
-                                    int nRanks, int numExperts, int topK, int hidden, int maxTokens) {
+                                    const MoeDims& dims) {
   __shared__ int cnt[MOE_MAX_EXPERTS], srcOff[MOE_MAX_EXPERTS], dstOff[MOE_MAX_EXPERTS];
   __shared__ int scanTmp[MOE_MAX_HOST_THREADS];
   __shared__ int totalRows;
-  Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, 0);
+  Dims d = make_dims(0, dims.nRanks, dims.numExperts, dims.topK, dims.hidden, dims.maxTokens, 1, 0);
   if (kFp8) d.rowBytes = moe_fp8_row_bytes(d.H);
   if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || (kFp8 && !moe_fp8_hidden_ok(d.H)) || blockDim.x % GIN_WARP_SIZE != 0 ||
       blockDim.x > MOE_MAX_HOST_THREADS || in == nullptr || out == nullptr || countMatrix == nullptr ||
@@ -197,34 +201,30 @@ GIN_DEVICE_INLINE void host_permute(const uint16_t* in, const float* inWeights, 
 
 // moe_host_permute: recvBuf (source-major, as received) -> recvX (expert-major), with weights;
 // writes recvCounts[L]. Any grid, block size a multiple of the warp size (<= 1024).
-GIN_KERNEL void moe_host_permute(const uint16_t* recvBuf, const float* recvBufWeights, const int32_t* countMatrix,
-                                 uint16_t* recvX, float* recvWeights, int32_t* recvCounts, uint32_t* errorFlags,
-                                 int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
-  host_permute<true>(recvBuf, recvBufWeights, countMatrix, recvX, recvWeights, recvCounts, errorFlags, nRanks,
-                     numExperts, topK, hidden, maxTokens);
+GIN_KERNEL void moe_host_permute(const __grid_constant__ MoeHostPermuteArgs a) {
+  host_permute<true>(a.recvBuf, a.recvBufWeights, a.countMatrix, a.recvX, a.recvWeights, a.recvCounts, a.errorFlags, a.dims);
 }
 // The same for scaled fp8 rows (moe_fp8_row_bytes(hidden) bytes in recvBuf and recvX).
-GIN_KERNEL void moe_host_permute_fp8(const uint16_t* recvBuf, const float* recvBufWeights, const int32_t* countMatrix,
-                                     uint16_t* recvX, float* recvWeights, int32_t* recvCounts, uint32_t* errorFlags,
-                                     int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
-  host_permute<true, true>(recvBuf, recvBufWeights, countMatrix, recvX, recvWeights, recvCounts, errorFlags, nRanks,
-                           numExperts, topK, hidden, maxTokens);
+GIN_KERNEL void moe_host_permute_fp8(const MoeHostPermuteArgs a) {
+  host_permute<true, true>(a.recvBuf, a.recvBufWeights, a.countMatrix, a.recvX, a.recvWeights, a.recvCounts, a.errorFlags,
+                           a.dims);
 }
 
 // moe_host_unpermute: expertOut (expert-major) -> backBuf (source-major, ready to send back).
-GIN_KERNEL void moe_host_unpermute(const uint16_t* expertOut, const int32_t* countMatrix, uint16_t* backBuf,
-                                   uint32_t* errorFlags, int32_t nRanks, int32_t numExperts, int32_t topK,
-                                   int32_t hidden, int32_t maxTokens) {
-  host_permute<false>(expertOut, nullptr, countMatrix, backBuf, nullptr, nullptr, errorFlags, nRanks, numExperts,
-                      topK, hidden, maxTokens);
+GIN_KERNEL void moe_host_unpermute(const __grid_constant__ MoeHostUnpermuteArgs a) {
+  host_permute<false>(a.expertOut, nullptr, a.countMatrix, a.backBuf, nullptr, nullptr, a.errorFlags, a.dims);
 }
 
 // moe_host_combine: y[t] = sum_k topkWeights[t][k] * returned[expertOffset[e] + slotInExpert[t][k]]
 // in fp32 (returned rows are in send-row order). One warp per token; any grid.
-GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkIdx, const float* topkWeights,
-                                 int32_t numTokens, const uint8_t* workspace, uint16_t* y, uint32_t* errorFlags,
-                                 int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden, int32_t maxTokens) {
-  const Dims d = make_dims(0, nRanks, numExperts, topK, hidden, maxTokens, 1, numTokens);
+GIN_KERNEL void moe_host_combine(const __grid_constant__ MoeHostCombineArgs a) {
+  const uint16_t* returned = a.returned;
+  const int32_t* topkIdx = a.topkIdx;
+  const float* topkWeights = a.topkWeights;
+  const uint8_t* workspace = a.workspace;
+  uint16_t* y = a.y;
+  uint32_t* errorFlags = a.errorFlags;
+  const Dims d = make_dims(0, a.dims.nRanks, a.dims.numExperts, a.dims.topK, a.dims.hidden, a.dims.maxTokens, 1, a.numTokens);
   if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || blockDim.x % GIN_WARP_SIZE != 0 || workspace == nullptr ||
       topkIdx == nullptr || topkWeights == nullptr || (d.T > 0 && (returned == nullptr || y == nullptr))) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -245,10 +245,14 @@ GIN_KERNEL void moe_host_combine(const uint16_t* returned, const int32_t* topkId
   }
 }
 
-GIN_KERNEL void moe_host_row_values_in(const float* returned, const int32_t* topkIdx, int32_t numTokens,
-                                       const uint8_t* workspace, float* g, uint32_t* errorFlags, int32_t nRanks,
-                                       int32_t numExperts, int32_t topK, int32_t maxTokens) {
-  const Dims d = make_dims(0, nRanks, numExperts, topK, 1, maxTokens, 1, numTokens);
+GIN_KERNEL void moe_host_row_values_in(const __grid_constant__ MoeHostRowValuesArgs a) {
+  const float* returned = a.returned;
+  const int32_t* topkIdx = a.topkIdx;
+  const uint8_t* workspace = a.workspace;
+  float* g = a.g;
+  uint32_t* errorFlags = a.errorFlags;
+  const int32_t numTokens = a.numTokens, maxTokens = a.dims.maxTokens;
+  const Dims d = make_dims(0, a.dims.nRanks, a.dims.numExperts, a.dims.topK, 1, maxTokens, 1, numTokens);
   if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || numTokens < 0 || numTokens > maxTokens || workspace == nullptr ||
       (numTokens > 0 && (returned == nullptr || topkIdx == nullptr || g == nullptr))) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -271,7 +275,11 @@ GIN_KERNEL void moe_host_row_values_in(const float* returned, const int32_t* top
 // MOE_ERR_CONFIG); x 16-byte and out 8-byte aligned (else MOE_ERR_CONFIG). Any grid, any block
 // size that is a multiple of the warp size.
 // ================================================================================================
-GIN_KERNEL void moe_fp8_quantize(const uint16_t* x, int32_t numTokens, int32_t hidden, uint8_t* out, uint32_t* errorFlags) {
+GIN_KERNEL void moe_fp8_quantize(const MoeFp8QuantizeArgs a) {
+  const uint16_t* x = a.x;
+  uint8_t* out = a.out;
+  uint32_t* errorFlags = a.errorFlags;
+  const int32_t numTokens = a.numTokens, hidden = a.hidden;
   if (numTokens < 0 || !moe_fp8_hidden_ok(hidden) || blockDim.x % GIN_WARP_SIZE != 0 ||
       (numTokens > 0 && (x == nullptr || out == nullptr)) || !gin_is_aligned(x, 16) || !gin_is_aligned(out, 8)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);

@@ -398,7 +398,7 @@ struct Rank {
 
 // A pair of GIN entry points (moe_gin.cu, "Entry points").
 using DispatchKernel = decltype(&moe_gin_dispatch);
-using Fp8DispatchKernel = decltype(&moe_gin_dispatch_fp8);  // one more argument: xq
+using Fp8DispatchKernel = decltype(&moe_gin_dispatch_fp8);  // the same struct; these read xq
 using CombineKernel = decltype(&moe_gin_combine);
 struct Entry {
   std::string name;  // the dispatch's
@@ -458,6 +458,28 @@ struct Setup {
   MoeWorkspaceLayout wsl;
   std::vector<Rank> rk;
 };
+
+// The kernels' argument structs (abi/moe.h): rank r's dims with H elements per row.
+static MoeDims dims_of(const Setup& s, int r, int H) {
+  MoeDims d;
+  d.rank = r;
+  d.nRanks = s.R;
+  d.numExperts = s.E;
+  d.topK = s.K;
+  d.hidden = H;
+  d.maxTokens = s.M;
+  d.numChannels = s.C;
+  return d;
+}
+static MoeFp8QuantizeArgs quantize_args(const uint16_t* x, int T, int H, uint8_t* out, uint32_t* err) {
+  MoeFp8QuantizeArgs a;
+  a.x = x;
+  a.out = out;
+  a.errorFlags = err;
+  a.numTokens = T;
+  a.hidden = H;
+  return a;
+}
 
 static int gNumGpus = 0;
 static int gNumRanks = 0;  // --ranks: R ranks over the GPUs, rank r on GPU r % gNumGpus
@@ -640,12 +662,20 @@ static void gin_launch(Setup& s, int r, Kernel kernel, Args... args) {
 }
 static void gin_dispatch(Setup& s, int r, const uint16_t* x, const int* idx, const float* w, int T, uint8_t* xq = nullptr) {
   Rank& q = s.rk[r];
-  if (s.entry.dispatch8)
-    gin_launch(s, r, s.entry.dispatch8, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
-               (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C, xq);
-  else
-    gin_launch(s, r, s.entry.dispatch, x, idx, w, T, (uint16_t*)q.recvX, (float*)q.recvWeights, (int*)q.recvCounts,
-               (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
+  MoeGinDispatchArgs a;
+  a.x = x;
+  a.topkIdx = idx;
+  a.topkWeights = w;
+  a.recvX = (uint16_t*)q.recvX;
+  a.recvWeights = (float*)q.recvWeights;
+  a.recvCounts = (int*)q.recvCounts;
+  a.peerBases = (const uint64_t*)q.peerBases;
+  a.workspace = (uint8_t*)q.ws;
+  a.errorFlags = (uint32_t*)q.err;
+  a.xq = xq;
+  a.dims = dims_of(s, r, s.H);
+  a.numTokens = T;
+  gin_launch(s, r, s.entry.dispatch8 ? s.entry.dispatch8 : s.entry.dispatch, a);
 }
 // moe_fp8_quantize's grid of 256-thread blocks for T rows, as Fp8Rows launches it (4 blocks of 128
 // elements per warp).
@@ -654,7 +684,7 @@ static int quantize_grid(int T, int H) { return std::max(1, std::min(8 * gSmCoun
 static void quantize_rows(Setup& s, int r, const uint16_t* x, int T, uint8_t* out) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  moe_fp8_quantize<<<quantize_grid(T, s.H), 256, 0, q.stream>>>(x, T, s.H, out, q.err);
+  moe_fp8_quantize<<<quantize_grid(T, s.H), 256, 0, q.stream>>>(quantize_args(x, T, s.H, out, q.err));
   CUDA_CHECK(cudaGetLastError());
 }
 // Rank r's dispatch of its inputs (x, idx, w of the setup) the way s.input says.
@@ -671,15 +701,30 @@ static void dispatch_rank(Setup& s, int r, int T) {
 }
 static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   Rank& q = s.rk[r];
-  gin_launch(s, r, s.entry.combine, (const uint16_t*)q.expertOut, (const float*)q.recvWeights, T, y,
-             (const uint64_t*)q.peerBases, (uint8_t*)q.ws, (uint32_t*)q.err, r, s.R, s.E, s.K, s.H, s.M, s.C);
+  MoeGinCombineArgs a;
+  a.expertOut = (const uint16_t*)q.expertOut;
+  a.recvWeights = (const float*)q.recvWeights;
+  a.y = y;
+  a.peerBases = (const uint64_t*)q.peerBases;
+  a.workspace = (uint8_t*)q.ws;
+  a.errorFlags = (uint32_t*)q.err;
+  a.dims = dims_of(s, r, s.H);
+  a.numTokens = T;
+  gin_launch(s, r, s.entry.combine, a);
 }
 // moe_gin_row_values on rank r's stream: one f32 per received row (vals) back to g[T][K].
 static void gin_row_values(Setup& s, int r, const float* vals, int T, float* g) {
   Rank& q = s.rk[r];
   CUDA_CHECK(cudaSetDevice(q.dev));
-  moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(vals, T, g, (const uint64_t*)q.peerBases, q.ws, q.err, r, s.R, s.E, s.K,
-                                                          s.H, s.M, s.C);
+  MoeGinRowValuesArgs a;
+  a.rowValues = vals;
+  a.g = g;
+  a.peerBases = (const uint64_t*)q.peerBases;
+  a.workspace = q.ws;
+  a.errorFlags = q.err;
+  a.dims = dims_of(s, r, s.H);
+  a.numTokens = T;
+  moe_gin_row_values<<<s.C, MOE_THREADS, 0, q.stream>>>(a);
   CUDA_CHECK(cudaGetLastError());
 }
 static void fake_expert(Setup& s, int r, const uint16_t* in, uint16_t* out, const int* counts) {
@@ -697,6 +742,68 @@ static int host_grid(uint64_t warps) {
   return (int)blocks;
 }
 
+// The HOST kernels' argument structs for rank r (q = s.rk[r]).
+static MoeHostLayoutArgs host_layout_args(const Setup& s, int r, int T) {
+  const Rank& q = s.rk[r];
+  MoeHostLayoutArgs a;
+  a.topkIdx = q.idx;
+  a.workspace = q.hws;
+  a.errorFlags = q.err;
+  a.dims = dims_of(s, r, s.H);
+  a.numTokens = T;
+  return a;
+}
+static MoeHostPackArgs host_pack_args(const Setup& s, int r, const uint16_t* x, int T) {
+  const Rank& q = s.rk[r];
+  MoeHostPackArgs a;
+  a.x = x;
+  a.topkIdx = q.idx;
+  a.topkWeights = q.w;
+  a.workspace = q.hws;
+  a.sendRows = q.sendRows;
+  a.sendWeights = q.sendWeights;
+  a.errorFlags = q.err;
+  a.dims = dims_of(s, r, s.H);
+  a.numTokens = T;
+  return a;
+}
+static MoeHostPermuteArgs host_permute_args(const Setup& s, int r) {
+  const Rank& q = s.rk[r];
+  MoeHostPermuteArgs a;
+  a.recvBuf = q.recvBuf;
+  a.recvBufWeights = q.recvBufWeights;
+  a.countMatrix = q.countMatrix;
+  a.recvX = q.hRecvX;
+  a.recvWeights = q.hRecvWeights;
+  a.recvCounts = q.hRecvCounts;
+  a.errorFlags = q.err;
+  a.dims = dims_of(s, r, s.H);
+  return a;
+}
+static MoeHostUnpermuteArgs host_unpermute_args(const Setup& s, int r, const uint16_t* expertOut, int H) {
+  const Rank& q = s.rk[r];
+  MoeHostUnpermuteArgs a;
+  a.expertOut = expertOut;
+  a.countMatrix = q.countMatrix;
+  a.backBuf = q.backBuf;
+  a.errorFlags = q.err;
+  a.dims = dims_of(s, r, H);
+  return a;
+}
+static MoeHostCombineArgs host_combine_args(const Setup& s, int r, const uint16_t* returned, int T) {
+  const Rank& q = s.rk[r];
+  MoeHostCombineArgs a;
+  a.returned = returned;
+  a.topkIdx = q.idx;
+  a.topkWeights = q.w;
+  a.workspace = q.hws;
+  a.y = q.hy;
+  a.errorFlags = q.err;
+  a.dims = dims_of(s, r, s.H);
+  a.numTokens = T;
+  return a;
+}
+
 // HOST backend, full round trip with the exchanges emulated by peer copies. Host-side counts
 // come from the layout (the library exchanges them with ncclAlltoAll and copies them to the host).
 struct HostCounts {
@@ -707,7 +814,7 @@ static void host_layout_all(Setup& s, const std::vector<int>& T) {
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(q.idx, T[r], q.hws, q.err, s.R, s.E, s.K, s.M, s.C);
+    moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(host_layout_args(s, r, T[r]));
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -751,7 +858,7 @@ static void host_pack_all(Setup& s, const std::vector<int>& T) {
     const bool quant = s.input != Setup::ROWS;
     if (quant) quantize_rows(s, r, q.xb, T[r], q.xq);
     (s.fp8 ? moe_host_pack_fp8 : moe_host_pack)<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(
-        quant ? (const uint16_t*)q.xq : q.x, q.idx, q.w, T[r], q.hws, q.sendRows, q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
+        host_pack_args(s, r, quant ? (const uint16_t*)q.xq : q.x, T[r]));
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -812,7 +919,7 @@ static void host_permute_all(Setup& s) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
     (s.fp8 ? moe_host_permute_fp8 : moe_host_permute)<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
-        q.recvBuf, q.recvBufWeights, q.countMatrix, q.hRecvX, q.hRecvWeights, q.hRecvCounts, q.err, s.R, s.E, s.K, s.H, s.M);
+        host_permute_args(s, r));
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -820,8 +927,7 @@ static void host_unpermute_all(Setup& s) {
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(q.hExpertOut, q.countMatrix, q.backBuf,
-                                                                            q.err, s.R, s.E, s.K, s.H, s.M);
+    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(host_unpermute_args(s, r, q.hExpertOut, s.H));
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -829,8 +935,7 @@ static void host_combine_all(Setup& s, const std::vector<int>& T) {
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_combine<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(q.returned, q.idx, q.w, T[r], q.hws, q.hy,
-                                                                               q.err, s.R, s.E, s.K, s.H, s.M);
+    moe_host_combine<<<host_grid((uint64_t)T[r]), kHostThreads, 0, q.stream>>>(host_combine_args(s, r, q.returned, T[r]));
     CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -999,16 +1104,23 @@ static void check_row_values(Setup& s, const std::vector<RankInput>& in, const s
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>((const uint16_t*)vals[0][r], q.countMatrix, q.backBuf,
-                                                                            q.err, s.R, s.E, s.K, 2, s.M);
+    moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
+        host_unpermute_args(s, r, (const uint16_t*)vals[0][r], 2));
     CUDA_CHECK(cudaGetLastError());
   }
   host_exchange(s, hc, true, 4);
   for (int r = 0; r < s.R; ++r) {
     Rank& q = s.rk[r];
     CUDA_CHECK(cudaSetDevice(q.dev));
-    moe_host_row_values_in<<<host_grid(perRank / 32 + 1), kHostThreads, 0, q.stream>>>((const float*)q.returned, q.idx, T[r], q.hws,
-                                                                                       g[kCalls][r], q.err, s.R, s.E, s.K, s.M);
+    MoeHostRowValuesArgs a;
+    a.returned = (const float*)q.returned;
+    a.topkIdx = q.idx;
+    a.workspace = q.hws;
+    a.g = g[kCalls][r];
+    a.errorFlags = q.err;
+    a.dims = dims_of(s, r, s.H);
+    a.numTokens = T[r];
+    moe_host_row_values_in<<<host_grid(perRank / 32 + 1), kHostThreads, 0, q.stream>>>(a);
     CUDA_CHECK(cudaGetLastError());
   }
   sync_all(s);
@@ -1230,7 +1342,7 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
     CUDA_CHECK(cudaMemset(derr, 0, 4));
     if (T > 0) CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(dout, 0xAB, want.size() + 16));
-    moe_fp8_quantize<<<std::max(1, std::min(264, (T * S + 7) / 8)), 256>>>(dx, T, H, dout, derr);
+    moe_fp8_quantize<<<std::max(1, std::min(264, (T * S + 7) / 8)), 256>>>(quantize_args(dx, T, H, dout, derr));
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint8_t> got(want.size() + 16);
@@ -1258,7 +1370,7 @@ static void run_fp8_quantize(std::mt19937_64& rng) {
     record(ok, "fp8 quantize H=" + std::to_string(H) + " T=" + std::to_string(T), detail);
     // H % 16 != 0 is refused, nothing written
     CUDA_CHECK(cudaMemset(dout, 0xAB, want.size() + 16));
-    moe_fp8_quantize<<<4, 256>>>(dx, T, H + 8, dout, derr);
+    moe_fp8_quantize<<<4, 256>>>(quantize_args(dx, T, H + 8, dout, derr));
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaDeviceSynchronize());
     CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size(), cudaMemcpyDeviceToHost));
@@ -1589,7 +1701,7 @@ static void bench_quantize() {
     std::vector<float> t;
     for (int i = 0; i < 25; ++i) {
       CUDA_CHECK(cudaEventRecord(a));
-      moe_fp8_quantize<<<grid, 256>>>(x, T, H, out, err);
+      moe_fp8_quantize<<<grid, 256>>>(quantize_args(x, T, H, out, err));
       CUDA_CHECK(cudaEventRecord(b));
       CUDA_CHECK(cudaEventSynchronize(b));
       float ms = 0.f;
@@ -1820,17 +1932,13 @@ static bool run_bench(std::mt19937_64& rng, int channels, const char* only) {
       for (int i = 0; i < warm + iters; ++i) {
         CUDA_CHECK(cudaSetDevice(0));
         CUDA_CHECK(cudaEventRecord(e[0], q.stream));
-        moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(q.idx, T, q.hws, q.err, s.R, s.E, s.K, s.M, s.C);
-        (s.fp8 ? moe_host_pack_fp8 : moe_host_pack)<<<host_grid(T), kHostThreads, 0, q.stream>>>(
-            q.x, q.idx, q.w, T, q.hws, q.sendRows, q.sendWeights, q.err, s.R, s.E, s.K, s.H, s.M);
+        moe_host_layout<<<s.C, MOE_THREADS, 0, q.stream>>>(host_layout_args(s, 0, T));
+        (s.fp8 ? moe_host_pack_fp8 : moe_host_pack)<<<host_grid(T), kHostThreads, 0, q.stream>>>(host_pack_args(s, 0, q.x, T));
         (s.fp8 ? moe_host_permute_fp8 : moe_host_permute)<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(
-            q.recvBuf, q.recvBufWeights, q.countMatrix, q.hRecvX, q.hRecvWeights, q.hRecvCounts, q.err, s.R, s.E, s.K,
-            s.H, s.M);
+            host_permute_args(s, 0));
         CUDA_CHECK(cudaEventRecord(e[1], q.stream));
-        moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(q.hRecvX, q.countMatrix, q.backBuf,
-                                                                                q.err, s.R, s.E, s.K, s.H, s.M);
-        moe_host_combine<<<host_grid(T), kHostThreads, 0, q.stream>>>(q.sendRows, q.idx, q.w, T, q.hws, q.hy, q.err, s.R,
-                                                                      s.E, s.K, s.H, s.M);
+        moe_host_unpermute<<<host_grid(s.capRows), kHostThreads, 0, q.stream>>>(host_unpermute_args(s, 0, q.hRecvX, s.H));
+        moe_host_combine<<<host_grid(T), kHostThreads, 0, q.stream>>>(host_combine_args(s, 0, q.sendRows, T));
         CUDA_CHECK(cudaEventRecord(e[2], q.stream));
         CUDA_CHECK(cudaGetLastError());
         CUDA_CHECK(cudaStreamSynchronize(q.stream));

@@ -120,10 +120,16 @@ GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, con
 //             combConsumed[rank][c] = n into every remote rank's window.
 // ================================================================================================
 template <class Shape>
-GIN_DEVICE_INLINE void gin_combine(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens,
-                                    uint16_t* y, const uint64_t* peerBases, uint8_t* workspace, uint32_t* errorFlags,
-                                    int32_t rank, int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,
-                                    int32_t maxTokens, int32_t numChannels) {
+GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
+  // The fields by name (a is the kernel's parameter: these read the parameter space).
+  const uint16_t* expertOut = a.expertOut;
+  const float* recvWeights = a.recvWeights;
+  uint16_t* y = a.y;
+  const uint64_t* peerBases = a.peerBases;
+  uint8_t* workspace = a.workspace;
+  uint32_t* errorFlags = a.errorFlags;
+  int32_t numTokens = a.numTokens, rank = a.dims.rank, nRanks = a.dims.nRanks, numExperts = a.dims.numExperts,
+          topK = a.dims.topK, hidden = a.dims.hidden, maxTokens = a.dims.maxTokens, numChannels = a.dims.numChannels;
   __shared__ uint64_t sharedSeq;
   // Producer: [q] = the q-th remote source's slot count and channel range; consumer: [r] = rank r's.
   __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS], srcSlots[MOE_MAX_RANKS];

@@ -43,11 +43,20 @@ union DispatchSmem {
 // the senders' positions follow their sends. Same outputs and workspace arrays (docs/kernels.md).
 // ================================================================================================
 template <class Shape>
-GIN_DEVICE_INLINE void gin_dispatch(const uint16_t* x, const int32_t* topkIdx, const float* topkWeights,
-                                     int32_t numTokens, uint16_t* recvX, float* recvWeights, int32_t* recvCounts,
-                                     const uint64_t* peerBases, uint8_t* workspace, uint32_t* errorFlags, int32_t rank,
-                                     int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,
-                                     int32_t maxTokens, int32_t numChannels, uint8_t* xq = nullptr) {
+GIN_DEVICE_INLINE void gin_dispatch(const MoeGinDispatchArgs& a) {
+  // The fields by name (a is the kernel's parameter: these read the parameter space).
+  const uint16_t* x = a.x;
+  const int32_t* topkIdx = a.topkIdx;
+  const float* topkWeights = a.topkWeights;
+  uint16_t* recvX = a.recvX;
+  float* recvWeights = a.recvWeights;
+  int32_t* recvCounts = a.recvCounts;
+  const uint64_t* peerBases = a.peerBases;
+  uint8_t* workspace = a.workspace;
+  uint32_t* errorFlags = a.errorFlags;
+  uint8_t* xq = Shape::fp8 ? a.xq : nullptr;  // the bf16 entries never quantize
+  int32_t numTokens = a.numTokens, rank = a.dims.rank, nRanks = a.dims.nRanks, numExperts = a.dims.numExperts,
+          topK = a.dims.topK, hidden = a.dims.hidden, maxTokens = a.dims.maxTokens, numChannels = a.dims.numChannels;
   __shared__ __align__(16) DispatchSmem sm;
   __shared__ uint64_t sharedSeq;
   __shared__ uint64_t sharedBases[MOE_MAX_RANKS];

@@ -1,9 +1,16 @@
-// moe/memory_layout.cuh - what the MoE kernels and their callers agree on, host and device: limits,
-// error bits, workspace state words, moe_query_layout's output words, the window and workspace
-// layouts, and the token-path choice.
+// moe/memory_layout.cuh - what the MoE kernels agree on, host and device: limits, workspace state
+// words, the window and workspace layouts, and the token-path choice. The kernels' arguments, the
+// layout query's result and the error bits are the ABI header's (abi/moe.h).
 #pragma once
 
 #include "../include/gin_device.cuh"
+#include "../../abi/moe.h"
+
+// The kernels take their argument struct as const __grid_constant__ (read in place from the
+// parameter space, never copied); HIP passes kernel arguments that way without the qualifier.
+#if GIN_HIP && !defined(__grid_constant__)
+#define __grid_constant__
+#endif
 
 // ------------------------------------------------------------------------------------------------
 // Limits and constants (mirrored in docs/kernels.md).
@@ -19,11 +26,7 @@
 #define MOE_TILE_WORDS 3072  // layout tile: experts x 32-token chunks bitmasks (E * chunks <= this)
 #define MOE_MAX_HOST_THREADS 1024                   // blockDim.x limit of the other host kernels
 
-// Error bits (bits 0-7 are gin_sync's, e.g. GIN_ERR_TIMEOUT = 1 and GIN_ERR_NO_LSA_PATH = 16).
-#define MOE_ERR_EXPERT_ID (1u << 8)   // topkIdx entry < -1, >= E, or repeated in a token: masked
-#define MOE_ERR_TOKENS (1u << 9)      // numTokens < 0 or > maxTokens: clamped to [0, maxTokens]
-#define MOE_ERR_CONFIG (1u << 10)     // launch geometry / sizes outside the limits: nothing done
-#define MOE_ERR_COUNTS (1u << 11)     // received counts or row indices inconsistent: rows dropped
+// Error bits: MOE_ERR_* in abi/moe.h.
 
 // Workspace state words (uint64, zeroed once at creation; offsets in words).
 #define MOE_STATE_SEQ_DISPATCH 0      // [MOE_MAX_BLOCKS] call counter per dispatch block
@@ -39,26 +42,6 @@
 #define MOE_STATE_DISPATCH_TOKENS 1020  // T of the last dispatch (combine reads it)
 #define MOE_STATE_SEQ_ROW_VALUES 1024  // [MOE_MAX_CHANNELS] per moe_gin_row_values block
 #define MOE_STATE_WORDS 1152
-
-// moe_query_layout output words.
-#define MOE_Q_WINDOW_BYTES 0
-#define MOE_Q_WINDOW_FLAGS_OFFSET 1
-#define MOE_Q_WINDOW_FLAGS_BYTES 2
-#define MOE_Q_WORKSPACE_BYTES 3
-#define MOE_Q_WORKSPACE_STATE_BYTES 4
-#define MOE_Q_RECV_CAPACITY_ROWS 5
-#define MOE_Q_SEND_CAPACITY_ROWS 6
-#define MOE_Q_WS_EXPERT_COUNT 7
-#define MOE_Q_WS_EXPERT_OFFSET 8
-#define MOE_Q_WS_ROWS_TO 9
-#define MOE_Q_WS_TOKENS_TO 10
-#define MOE_Q_WS_SLOT_IN_EXPERT 11
-#define MOE_Q_WS_TOKEN_POS 12
-#define MOE_Q_ROW_STRIDE 13
-#define MOE_Q_VERSION 14
-#define MOE_Q_TOKEN_PATH 15  // 1: the instance takes the token path (moe_token_path) at numChannels
-#define MOE_Q_WORDS 16
-#define MOE_LAYOUT_VERSION 1
 
 // ------------------------------------------------------------------------------------------------
 // Layouts (host and device). Every offset is in bytes from the window / workspace base.

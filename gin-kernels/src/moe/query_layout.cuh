@@ -7,30 +7,34 @@
 #include "memory_layout.cuh"
 
 // ================================================================================================
-// moe_query_layout: out[MOE_Q_*] = window / workspace sizes and a few offsets the Java side needs.
-// Grid 1, block 1.
+// moe_query_layout: *a.out = the window / workspace sizes and the few offsets the Java side needs
+// (MoeLayoutInfo in abi/moe.h). Grid 1, block 1.
 // ================================================================================================
-GIN_KERNEL void moe_query_layout(int32_t nRanks, int32_t numExperts, int32_t topK, int32_t hidden,
-                                 int32_t maxTokens, int32_t numChannels, uint64_t* out) {
+GIN_KERNEL void moe_query_layout(const __grid_constant__ MoeQueryArgs a) {
+  MoeLayoutInfo* const out = a.out;
   if (threadIdx.x != 0 || blockIdx.x != 0 || out == nullptr) return;
-  for (int i = 0; i < MOE_Q_WORDS; ++i) out[i] = 0;
-  if (!moe_sizes_ok(nRanks, numExperts, topK, hidden, maxTokens)) return;  // all zero = refused
-  const MoeWindowLayout w = moe_window_layout(nRanks, numExperts, topK, hidden, maxTokens);
-  const MoeWorkspaceLayout s = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
-  out[MOE_Q_WINDOW_BYTES] = w.totalBytes;
-  out[MOE_Q_WINDOW_FLAGS_OFFSET] = w.flagsOffset;
-  out[MOE_Q_WINDOW_FLAGS_BYTES] = w.flagsBytes;
-  out[MOE_Q_WORKSPACE_BYTES] = s.totalBytes;
-  out[MOE_Q_WORKSPACE_STATE_BYTES] = 8ull * MOE_STATE_WORDS;
-  out[MOE_Q_RECV_CAPACITY_ROWS] = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens);
-  out[MOE_Q_SEND_CAPACITY_ROWS] = (uint64_t)maxTokens * (uint64_t)topK;
-  out[MOE_Q_WS_EXPERT_COUNT] = s.expertCount;
-  out[MOE_Q_WS_EXPERT_OFFSET] = s.expertOffset;
-  out[MOE_Q_WS_ROWS_TO] = s.rowsTo;
-  out[MOE_Q_WS_TOKENS_TO] = s.tokensTo;
-  out[MOE_Q_WS_SLOT_IN_EXPERT] = s.slotInExpert;
-  out[MOE_Q_WS_TOKEN_POS] = s.tokenPos;
-  out[MOE_Q_ROW_STRIDE] = w.rowStride;
-  out[MOE_Q_VERSION] = MOE_LAYOUT_VERSION;
-  out[MOE_Q_TOKEN_PATH] = moe_token_path(topK, maxTokens, numChannels) ? 1 : 0;
+  const int32_t nRanks = a.dims.nRanks, numExperts = a.dims.numExperts, topK = a.dims.topK, hidden = a.dims.hidden,
+                maxTokens = a.dims.maxTokens, numChannels = a.dims.numChannels;
+  MoeLayoutInfo q = {};  // all zero = refused
+  if (moe_sizes_ok(nRanks, numExperts, topK, hidden, maxTokens)) {
+    const MoeWindowLayout w = moe_window_layout(nRanks, numExperts, topK, hidden, maxTokens);
+    const MoeWorkspaceLayout s = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
+    q.windowBytes = w.totalBytes;
+    q.windowFlagsOffset = w.flagsOffset;
+    q.windowFlagsBytes = w.flagsBytes;
+    q.workspaceBytes = s.totalBytes;
+    q.workspaceStateBytes = 8ull * MOE_STATE_WORDS;
+    q.recvCapacityRows = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens);
+    q.sendCapacityRows = (uint64_t)maxTokens * (uint64_t)topK;
+    q.wsExpertCount = s.expertCount;
+    q.wsExpertOffset = s.expertOffset;
+    q.wsRowsTo = s.rowsTo;
+    q.wsTokensTo = s.tokensTo;
+    q.wsSlotInExpert = s.slotInExpert;
+    q.wsTokenPos = s.tokenPos;
+    q.rowStride = w.rowStride;
+    q.version = MOE_ABI_VERSION;
+    q.tokenPath = moe_token_path(topK, maxTokens, numChannels) ? 1 : 0;
+  }
+  *out = q;
 }

@@ -26,7 +26,7 @@ class UpToDateTest {
     @Test
     void regeneratingReproducesCommittedSources() throws Exception {
         List<ArgFile> libraries = new ArrayList<>();
-        for (String lib : List.of("cuda", "hip", "nccl")) {
+        for (String lib : List.of("cuda", "hip", "nccl", "moe")) {
             ArgFile args = ArgFile.read(lib);
             assumeHeaders(args);
             libraries.add(args);

@@ -21,7 +21,7 @@ import java.util.List;
  * For gin4j's exchanges; not meant to be used by applications.
  */
 public final class KernelErrors {
-    // bit -> meaning, as gin-kernels/src/include/gin_sync.cuh and src/moe/memory_layout.cuh define them
+    // bit -> meaning, as gin-kernels/src/include/gin_sync.cuh and gin-kernels/abi/moe.h define them
     private static final java.util.Map<Integer, String> BITS = java.util.Map.of(
             0, "a wait for a peer timed out (a peer did not take part, or its kernel failed)",
             1, "a count exceeded its receive capacity and was clamped",

@@ -1,6 +1,7 @@
 package dev.gin4j.gpu;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemoryLayout;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 
@@ -8,6 +9,10 @@ import java.lang.foreign.ValueLayout;
  * A kernel's argument list, built once and reused across launches: one native block holds every
  * argument at its C alignment, and a pointer array points at each (what cuLaunchKernel /
  * hipModuleLaunchKernel take). Setting a value writes into the block; launching allocates nothing.
+ * <p>A kernel that takes one struct by value (the MoE kernels, whose structs are declared in
+ * gin-kernels/abi/ and generated into {@code dev.gin4j.bindings.moe}) gets {@link #ofStruct}: its
+ * fields are written by name, through the generated accessors on {@link #struct()} and, for device
+ * buffers, {@link #setPointerField}.
  */
 public final class KernelArgs {
     /**
@@ -45,6 +50,7 @@ public final class KernelArgs {
     private final MemorySegment values;
     private final MemorySegment params;
     private final DeviceBuffer[] buffers;  // the buffer each pointer slot was set from, for graph captures (null: a raw address)
+    private final DeviceBuffer[] fieldBuffers;  // ofStruct: the buffer of each pointer field, by offset / 8
     private long unset;
 
     private KernelArgs(Arena arena, Type... types) {
@@ -55,6 +61,7 @@ public final class KernelArgs {
         }
         this.offsets = new long[types.length];
         this.buffers = new DeviceBuffer[types.length];
+        this.fieldBuffers = new DeviceBuffer[types.length == 1 && !types[0].isScalar() ? (int) (types[0].size() / 8) : 0];
         long off = 0, maxAlign = 8;
         for (int i = 0; i < this.types.length; i++) {
             Type t = this.types[i];
@@ -71,6 +78,43 @@ public final class KernelArgs {
 
     /** Argument slots for the given C types, living as long as {@code arena}. */
     public static KernelArgs of(Arena arena, Type... types) { return new KernelArgs(arena, types); }
+
+    /**
+     * The argument of a kernel that takes exactly one struct by value, laid out as {@code layout}
+     * (a generated layout such as {@code MoeGinDispatchArgs.layout()}). The struct starts zeroed
+     * (null pointers, zero integers) and counts as set; the launch check compares its size with the
+     * compiled parameter's.
+     */
+    public static KernelArgs ofStruct(Arena arena, MemoryLayout layout) {
+        String name = layout.name().orElse("struct");
+        return new KernelArgs(arena, new Type(name + "(" + layout.byteSize() + ")", layout.byteSize(), layout.byteAlignment())).markStructSet();
+    }
+
+    private KernelArgs markStructSet() {
+        unset = 0;
+        return this;
+    }
+
+    /** The struct's bytes, to be written through the generated accessors. Only for {@link #ofStruct}. */
+    public MemorySegment struct() {
+        if (types.length != 1 || types[0].isScalar())
+            throw new IllegalStateException("struct() is for an argument list made by ofStruct, this one has " + types.length + " argument(s)");
+        return values.asSlice(0, types[0].size());
+    }
+
+    /**
+     * Sets the pointer field at {@code fieldOffset} of the {@link #ofStruct} struct (the generated
+     * {@code field$offset()}) to {@code buffer}'s address, or to null for a null buffer, and
+     * remembers the buffer for graph captures as {@link #setPointer(int, DeviceBuffer)} does.
+     */
+    public KernelArgs setPointerField(long fieldOffset, DeviceBuffer buffer) {
+        MemorySegment st = struct();
+        if (fieldOffset < 0 || fieldOffset % 8 != 0 || fieldOffset + 8 > st.byteSize())
+            throw new IllegalArgumentException("no pointer field at offset " + fieldOffset + " of " + types[0].name() + " (8-byte aligned, below " + st.byteSize() + ")");
+        st.set(ValueLayout.JAVA_LONG, fieldOffset, buffer == null ? 0 : buffer.address());
+        fieldBuffers[(int) (fieldOffset / 8)] = buffer;
+        return this;
+    }
 
     /** The number of arguments. */
     public int count() { return types.length; }
@@ -124,6 +168,7 @@ public final class KernelArgs {
 
     void noteBuffers(CapturedUses uses) {
         for (DeviceBuffer b : buffers) if (b != null) uses.add(b.segment(), b);
+        for (DeviceBuffer b : fieldBuffers) if (b != null) uses.add(b.segment(), b);
     }
 
     /** Copies a by-value struct's bytes (exactly the declared size) into its slot, which must be a struct type (not one of the scalar constants). */

@@ -1,5 +1,6 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
 import dev.gin4j.comm.ErrorCheck;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.gpu.CodeObject;
@@ -13,8 +14,6 @@ import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
 
-import static dev.gin4j.gpu.KernelArgs.Type.I32;
-import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
 
 /**
  * Scaled fp8 rows, the rows an fp8 {@link MoeAllToAll} dispatches: per token, {@code hidden} e4m3
@@ -39,7 +38,7 @@ public final class Fp8Rows extends NativeResource {
         try (Stream s = device.createStream()) {
             this.code = device.loadKernels("moe_host");
             this.kernel = code.kernel("moe_fp8_quantize");
-            this.args = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
+            this.args = KernelArgs.ofStruct(arena, MoeFp8QuantizeArgs.layout());
             this.errors = new KernelErrors(device, arena, s);
             s.synchronize();
         } catch (RuntimeException e) {
@@ -77,9 +76,17 @@ public final class Fp8Rows extends NativeResource {
         if (stream.device() != device) throw new IllegalArgumentException("the stream is on " + stream.device() + ", this quantizer on " + device);
         if (x.address() % 16 != 0) throw new IllegalArgumentException("x must be 16-byte aligned, its address is 0x" + Long.toHexString(x.address()));
         if (out.address() % 8 != 0) throw new IllegalArgumentException("out must be 8-byte aligned, its address is 0x" + Long.toHexString(out.address()));
-        args.setPointer(0, x).setInt(1, tokens).setInt(2, hidden).setPointer(3, out).setPointer(4, errors.buffer());
+        setQuantizeArgs(args, x, tokens, hidden, out, errors.buffer());
         stream.noteUse(this);
         kernel.launch(stream, launchConfig(device, tokens, hidden), args);
+    }
+
+    /** The fields of moe_fp8_quantize's MoeFp8QuantizeArgs (also launched by {@link MoeAllToAll}). */
+    static void setQuantizeArgs(KernelArgs args, DeviceBuffer x, int tokens, int hidden, DeviceBuffer out, DeviceBuffer errorFlags) {
+        args.setPointerField(MoeFp8QuantizeArgs.x$offset(), x).setPointerField(MoeFp8QuantizeArgs.out$offset(), out)
+                .setPointerField(MoeFp8QuantizeArgs.errorFlags$offset(), errorFlags);
+        MoeFp8QuantizeArgs.numTokens(args.struct(), tokens);
+        MoeFp8QuantizeArgs.hidden(args.struct(), hidden);
     }
 
     /** Grid of {@code moe_fp8_quantize} for {@code tokens} rows (also launched by {@link MoeAllToAll}). */

@@ -1,6 +1,20 @@
 package dev.gin4j.moe;
 
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.bindings.moe.MoeDims;
+import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
+import dev.gin4j.bindings.moe.MoeGinCombineArgs;
+import dev.gin4j.bindings.moe.MoeGinDispatchArgs;
+import dev.gin4j.bindings.moe.MoeGinRowValuesArgs;
+import dev.gin4j.bindings.moe.MoeHostCombineArgs;
+import dev.gin4j.bindings.moe.MoeHostLayoutArgs;
+import dev.gin4j.bindings.moe.MoeHostPackArgs;
+import dev.gin4j.bindings.moe.MoeHostPermuteArgs;
+import dev.gin4j.bindings.moe.MoeHostRowValuesArgs;
+import dev.gin4j.bindings.moe.MoeHostUnpermuteArgs;
+import dev.gin4j.bindings.moe.MoeLayoutInfo;
+import dev.gin4j.bindings.moe.MoeQueryArgs;
+import dev.gin4j.bindings.moe.moe_h;
 import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
@@ -21,12 +35,10 @@ import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.function.Function;
-
-import static dev.gin4j.gpu.KernelArgs.Type.I32;
-import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
 
 /**
  * MoE dispatch and combine over the ranks of a {@link CommGroup}: experts split evenly, top-k
@@ -58,11 +70,11 @@ import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
  * SMs to compute on other streams). {@link #create} compares every rank's {@link MoeConfig} and
  * refuses, naming the rank, where one differs.
  * Kernels and layouts: gin-kernels/src/moe_gin.cu (GIN), moe_host.cu (HOST), their phases in
- * gin-kernels/src/moe/, and docs/kernels.md.
+ * gin-kernels/src/moe/, and docs/kernels.md; every kernel takes one argument struct of
+ * gin-kernels/abi/moe.h, filled here by field name through its generated layout
+ * ({@code dev.gin4j.bindings.moe}).
  */
 public final class MoeAllToAll extends NativeResource {
-    private static final int Q_WINDOW_BYTES = 0, Q_WORKSPACE_BYTES = 3, Q_RECV_ROWS = 5, Q_SEND_ROWS = 6,
-            Q_WS_EXPERT_COUNT = 7, Q_WS_EXPERT_OFFSET = 8, Q_WS_ROWS_TO = 9, Q_VERSION = 14, Q_TOKEN_PATH = 15;
     private static final int THREADS = 512;
 
     private final CommGroup group;
@@ -71,13 +83,13 @@ public final class MoeAllToAll extends NativeResource {
     // GIN dispatch / combine: 2 x channels blocks, programmatic dependent launch (the kernels wait
     // for prior grids before anything else, so they may start while the previous kernel drains)
     private final LaunchConfig ginLaunch;
-    private final long[] query;
+    private final MemorySegment info;           // MoeLayoutInfo of moe_query_layout (host copy)
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;       // GIN only
     private final PeerTable peers;              // GIN only
     private final List<RankState> ranks = new ArrayList<>();
 
-    /** Per local rank: kernels, argument lists, buffers. */
+    /** Per local rank: kernels, argument structs, buffers. */
     private final class RankState {
         final Communicator comm;
         final Device device;
@@ -88,6 +100,7 @@ public final class MoeAllToAll extends NativeResource {
         final DeviceBuffer unitWeights;
         final KernelErrors errors;
         final Kernel dispatch, combine, layout, pack, permute, unpermute, hostCombine, quantize;
+        // one argument struct per kernel (abi/moe.h): dims, workspace and error word set here, the rest per call
         final KernelArgs dispatchArgs, combineArgs, layoutArgs, packArgs, permuteArgs, unpermuteArgs, hostCombineArgs, quantizeArgs;
         // returnRowValues: GIN, one kernel (moe_gin_row_values); HOST, 4-byte rows back the way the
         // rows came (valuesSend, valuesRecv), then moe_host_row_values_in; both, [maxTokens][topK] f32 out
@@ -117,8 +130,8 @@ public final class MoeAllToAll extends NativeResource {
             this.warpSize = device.warpSize();
             this.code = device.loadKernels(kernelObject());
             try {
-                long capRows = query[Q_RECV_ROWS], dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
-                workspace = device.allocate(query[Q_WORKSPACE_BYTES], arena);
+                long capRows = MoeLayoutInfo.recvCapacityRows(info), dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
+                workspace = device.allocate(MoeLayoutInfo.workspaceBytes(info), arena);
                 workspace.fill((byte) 0, setup);
                 recvX = device.allocate(capRows * dispatchRow, arena);
                 recvWeights = device.allocate(capRows * 4, arena);
@@ -139,31 +152,51 @@ public final class MoeAllToAll extends NativeResource {
                 unpermute = gin ? null : code.kernel("moe_host_unpermute");
                 hostCombine = gin ? null : code.kernel("moe_host_combine");
                 quantize = cfg.quantizes() && !gin ? code.kernel("moe_fp8_quantize") : null;  // the GIN dispatch quantizes itself
-                quantizeArgs = KernelArgs.of(arena, POINTER, I32, I32, POINTER, POINTER);
+                quantizeArgs = KernelArgs.ofStruct(arena, MoeFp8QuantizeArgs.layout());
                 xq = cfg.quantizes() ? device.allocate((long) cfg.maxTokens() * dispatchRow, arena) : null;
-                dispatchArgs = isFp8  // the fp8 entries take one more argument: xq (null: x holds fp8 rows)
-                        ? KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32, POINTER)
-                        : KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
-                combineArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
-                layoutArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, I32, I32, I32, I32, I32);
-                packArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-                permuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-                unpermuteArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
-                hostCombineArgs = KernelArgs.of(arena, POINTER, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32);
+                dispatchArgs = KernelArgs.ofStruct(arena, MoeGinDispatchArgs.layout());
+                setDims(MoeGinDispatchArgs.dims(dispatchArgs.struct()), cfg.hidden());
+                // the fp8 entries read xq (null: x holds fp8 rows already); the bf16 entries ignore it
+                dispatchArgs.setPointerField(MoeGinDispatchArgs.workspace$offset(), workspace).setPointerField(MoeGinDispatchArgs.errorFlags$offset(), errors.buffer())
+                        .setPointerField(MoeGinDispatchArgs.xq$offset(), xq);
+                combineArgs = KernelArgs.ofStruct(arena, MoeGinCombineArgs.layout());
+                setDims(MoeGinCombineArgs.dims(combineArgs.struct()), cfg.hidden());
+                combineArgs.setPointerField(MoeGinCombineArgs.workspace$offset(), workspace).setPointerField(MoeGinCombineArgs.errorFlags$offset(), errors.buffer());
+                layoutArgs = KernelArgs.ofStruct(arena, MoeHostLayoutArgs.layout());
+                setDims(MoeHostLayoutArgs.dims(layoutArgs.struct()), cfg.hidden());
+                layoutArgs.setPointerField(MoeHostLayoutArgs.workspace$offset(), workspace).setPointerField(MoeHostLayoutArgs.errorFlags$offset(), errors.buffer());
+                packArgs = KernelArgs.ofStruct(arena, MoeHostPackArgs.layout());
+                setDims(MoeHostPackArgs.dims(packArgs.struct()), cfg.hidden());
+                packArgs.setPointerField(MoeHostPackArgs.workspace$offset(), workspace).setPointerField(MoeHostPackArgs.errorFlags$offset(), errors.buffer());
+                permuteArgs = KernelArgs.ofStruct(arena, MoeHostPermuteArgs.layout());
+                setDims(MoeHostPermuteArgs.dims(permuteArgs.struct()), cfg.hidden());
+                permuteArgs.setPointerField(MoeHostPermuteArgs.errorFlags$offset(), errors.buffer());
+                unpermuteArgs = KernelArgs.ofStruct(arena, MoeHostUnpermuteArgs.layout());  // dims.hidden per call: rows or 4-byte values
+                setDims(MoeHostUnpermuteArgs.dims(unpermuteArgs.struct()), cfg.hidden());
+                unpermuteArgs.setPointerField(MoeHostUnpermuteArgs.errorFlags$offset(), errors.buffer());
+                hostCombineArgs = KernelArgs.ofStruct(arena, MoeHostCombineArgs.layout());
+                setDims(MoeHostCombineArgs.dims(hostCombineArgs.struct()), cfg.hidden());
+                hostCombineArgs.setPointerField(MoeHostCombineArgs.workspace$offset(), workspace).setPointerField(MoeHostCombineArgs.errorFlags$offset(), errors.buffer());
                 tokenValues = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
                 if (cfg.backend() == Backend.GIN) {
                     values = code.kernel("moe_gin_row_values");
-                    valuesArgs = KernelArgs.of(arena, POINTER, I32, POINTER, POINTER, POINTER, POINTER, I32, I32, I32, I32, I32, I32, I32);
+                    valuesArgs = KernelArgs.ofStruct(arena, MoeGinRowValuesArgs.layout());
+                    setDims(MoeGinRowValuesArgs.dims(valuesArgs.struct()), cfg.hidden());
+                    valuesArgs.setPointerField(MoeGinRowValuesArgs.workspace$offset(), workspace).setPointerField(MoeGinRowValuesArgs.errorFlags$offset(), errors.buffer())
+                            .setPointerField(MoeGinRowValuesArgs.g$offset(), tokenValues);
                     valuesSend = null;
                     valuesRecv = null;
                 } else {
                     values = code.kernel("moe_host_row_values_in");
-                    valuesArgs = KernelArgs.of(arena, POINTER, POINTER, I32, POINTER, POINTER, POINTER, I32, I32, I32, I32);
+                    valuesArgs = KernelArgs.ofStruct(arena, MoeHostRowValuesArgs.layout());
+                    setDims(MoeHostRowValuesArgs.dims(valuesArgs.struct()), cfg.hidden());
+                    valuesArgs.setPointerField(MoeHostRowValuesArgs.workspace$offset(), workspace).setPointerField(MoeHostRowValuesArgs.errorFlags$offset(), errors.buffer())
+                            .setPointerField(MoeHostRowValuesArgs.g$offset(), tokenValues);
                     valuesSend = device.allocate(4L * capRows, arena);
-                    valuesRecv = device.allocate(4L * query[Q_SEND_ROWS], arena);
+                    valuesRecv = device.allocate(4L * MoeLayoutInfo.sendCapacityRows(info), arena);
                 }
                 if (cfg.backend() == Backend.HOST) {
-                    long sendRowsCap = query[Q_SEND_ROWS];
+                    long sendRowsCap = MoeLayoutInfo.sendCapacityRows(info);
                     sendRows = device.allocate(sendRowsCap * dispatchRow, arena);
                     sendWeights = device.allocate(sendRowsCap * 4, arena);
                     recvBuf = device.allocate(capRows * dispatchRow, arena);
@@ -179,6 +212,17 @@ public final class MoeAllToAll extends NativeResource {
                 throw e;
             }
         }
+
+        /** An argument struct's MoeDims: this rank and the instance's shape, with {@code hidden} elements per row. */
+        void setDims(MemorySegment dims, int hidden) {
+            MoeDims.rank(dims, comm.rank());
+            MoeDims.nRanks(dims, nRanks);
+            MoeDims.numExperts(dims, cfg.experts());
+            MoeDims.topK(dims, cfg.topK());
+            MoeDims.hidden(dims, hidden);
+            MoeDims.maxTokens(dims, cfg.maxTokens());
+            MoeDims.numChannels(dims, channels);
+        }
     }
 
     private MoeAllToAll(CommGroup group, MoeConfig cfg) {
@@ -193,9 +237,9 @@ public final class MoeAllToAll extends NativeResource {
             this.localExperts = cfg.experts() / nRanks;
             this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
             // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
-            this.query = group.failTogether("loading the MoE kernels", () -> {
-                long[] q = queryLayout(group.rank(0).device());
-                if (q[Q_WINDOW_BYTES] == 0) {
+            this.info = group.failTogether("loading the MoE kernels", () -> {
+                MemorySegment q = queryLayout(group.rank(0).device());
+                if (MoeLayoutInfo.windowBytes(q) == 0) {
                     throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
                             + ", hidden " + cfg.hidden() + ", maxTokens " + cfg.maxTokens() + "): see the limits in docs/kernels.md (at most 16 ranks, 2048 experts, top-32; maxTokens x topK,"
                             + " maxTokens x ranks and the receive capacity in rows below 2^31)");
@@ -203,7 +247,7 @@ public final class MoeAllToAll extends NativeResource {
                 return q;
             });
             this.window = cfg.backend() == Backend.GIN
-                    ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build()) : null;
+                    ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
             // failed must not leave the others waiting here (its close below deregisters collectively)
             this.peers = group.failTogether("setting up the MoE exchange's kernels and buffers", () -> {
@@ -287,16 +331,27 @@ public final class MoeAllToAll extends NativeResource {
     /** The code object of this instance's backend: each has its kernels and moe_query_layout. */
     private String kernelObject() { return cfg.backend() == Backend.GIN ? "moe_gin" : "moe_host"; }
 
-    private long[] queryLayout(Device d) {
+    /** moe_query_layout's MoeLayoutInfo for this instance's shape, copied to the host (all zero: the kernels refuse the shape). */
+    private MemorySegment queryLayout(Device d) {
         try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels(kernelObject())) {
-            DeviceBuffer out = d.allocate(16 * 8, a);
-            KernelArgs args = KernelArgs.of(a, I32, I32, I32, I32, I32, I32, POINTER);
-            args.setInt(0, nRanks).setInt(1, cfg.experts()).setInt(2, cfg.topK()).setInt(3, cfg.hidden()).setInt(4, cfg.maxTokens())
-                    .setInt(5, channels).setPointer(6, out);
+            DeviceBuffer out = d.allocate(MoeLayoutInfo.sizeof(), a);
+            KernelArgs args = KernelArgs.ofStruct(a, MoeQueryArgs.layout());
+            MemorySegment dims = MoeQueryArgs.dims(args.struct());
+            MoeDims.nRanks(dims, nRanks);
+            MoeDims.numExperts(dims, cfg.experts());
+            MoeDims.topK(dims, cfg.topK());
+            MoeDims.hidden(dims, cfg.hidden());
+            MoeDims.maxTokens(dims, cfg.maxTokens());
+            MoeDims.numChannels(dims, channels);
+            args.setPointerField(MoeQueryArgs.out$offset(), out);
             code.kernel("moe_query_layout").launch(s, LaunchConfig.of(1, 1), args);
             s.synchronize();
-            long[] q = out.readLongs(16);
-            if (q[Q_WINDOW_BYTES] != 0 && q[Q_VERSION] != 1) throw new IllegalStateException("moe kernels report layout version " + q[Q_VERSION] + ", this library knows 1");
+            MemorySegment q = arena.allocate(MoeLayoutInfo.layout());
+            MemorySegment.copy(MemorySegment.ofArray(out.toByteArray()), 0, q, 0, MoeLayoutInfo.sizeof());
+            long version = MoeLayoutInfo.version(q);
+            if (MoeLayoutInfo.windowBytes(q) != 0 && version != moe_h.MOE_ABI_VERSION())
+                throw new IllegalStateException("the MoE kernels report ABI version " + version + ", this library knows " + moe_h.MOE_ABI_VERSION()
+                        + ": the code objects and the jar come from different builds");
             return q;
         }
     }
@@ -308,7 +363,7 @@ public final class MoeAllToAll extends NativeResource {
      * manifest lists none of them, {@code base} (docs/kernels.md, "Entry points").
      */
     private String entryPoint(String base, Device device) {
-        if (query[Q_TOKEN_PATH] != 1) return base;
+        if (MoeLayoutInfo.tokenPath(info) != 1) return base;
         List<String> shipped = KernelLibrary.get().kernels(device.arch(), kernelObject());
         String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
         if (shipped.contains(shaped)) return shaped;
@@ -326,7 +381,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Experts on each rank: experts / ranks. */
     public int localExperts() { return localExperts; }
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
-    public long capacityRows() { return query[Q_RECV_ROWS]; }
+    public long capacityRows() { return MoeLayoutInfo.recvCapacityRows(info); }
 
     private static void requireAligned(RankState r, DeviceBuffer b, int bytes, String what) {
         if (b.address() % bytes != 0)
@@ -384,17 +439,14 @@ public final class MoeAllToAll extends NativeResource {
     private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
-        // fp8 from bf16: the dispatch quantizes x into r.xq itself, one launch on both paths (1x H200,
-        // DeepSeek-V3, one rank: 128 tokens 0.3-0.5 us over ready fp8 rows; 4096 tokens 133.7 us
-        // against 138.0 for moe_fp8_quantize and then the dispatch, 2026-12-01).
-        if (cfg.dtype() == DType.FP8_E4M3) {
-            if (cfg.quantizes()) a.setPointer(17, r.xq);
-            else a.setPointer(17, 0);
-        }
-        a.setPointer(0, x).setPointer(1, topkIdx).setPointer(2, topkWeights).setInt(3, tokens)
-                .setPointer(4, r.recvX).setPointer(5, r.recvWeights).setPointer(6, r.recvCounts).setPointer(7, peers.table(localIndex))
-                .setPointer(8, r.workspace).setPointer(9, r.errors.buffer()).setInt(10, r.comm.rank()).setInt(11, nRanks)
-                .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
+        // fp8 from bf16: the dispatch quantizes x into r.xq (set at creation) itself, one launch on
+        // both paths (1x H200, DeepSeek-V3, one rank: 128 tokens 0.3-0.5 us over ready fp8 rows;
+        // 4096 tokens 133.7 us against 138.0 for moe_fp8_quantize and then the dispatch, 2026-12-01).
+        a.setPointerField(MoeGinDispatchArgs.x$offset(), x).setPointerField(MoeGinDispatchArgs.topkIdx$offset(), topkIdx)
+                .setPointerField(MoeGinDispatchArgs.topkWeights$offset(), topkWeights)
+                .setPointerField(MoeGinDispatchArgs.recvX$offset(), r.recvX).setPointerField(MoeGinDispatchArgs.recvWeights$offset(), r.recvWeights)
+                .setPointerField(MoeGinDispatchArgs.recvCounts$offset(), r.recvCounts).setPointerField(MoeGinDispatchArgs.peerBases$offset(), peers.table(localIndex));
+        MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
         r.dispatch.launch(stream, ginLaunch, a);
@@ -428,7 +480,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /** moe_fp8_quantize: bf16 x -> the fp8 rows in r.xq. */
     private void quantizeRows(RankState r, DeviceBuffer x, int tokens, Stream stream) {
-        r.quantizeArgs.setPointer(0, x).setInt(1, tokens).setInt(2, cfg.hidden()).setPointer(3, r.xq).setPointer(4, r.errors.buffer());
+        Fp8Rows.setQuantizeArgs(r.quantizeArgs, x, tokens, cfg.hidden(), r.xq, r.errors.buffer());
         r.quantize.launch(stream, Fp8Rows.launchConfig(r.device, tokens, cfg.hidden()), r.quantizeArgs);
     }
 
@@ -438,17 +490,18 @@ public final class MoeAllToAll extends NativeResource {
         // 1. routing layout on every rank (same code as the GIN kernel: identical positions)
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            r.layoutArgs.setPointer(0, idx.get(i)).setInt(1, tokens[i]).setPointer(2, r.workspace).setPointer(3, r.errors.buffer())
-                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, cfg.maxTokens()).setInt(8, channels);
+            r.layoutArgs.setPointerField(MoeHostLayoutArgs.topkIdx$offset(), idx.get(i));
+            MoeHostLayoutArgs.numTokens(r.layoutArgs.struct(), tokens[i]);
             r.layout.launch(streams.get(i), LaunchConfig.of(channels, THREADS), r.layoutArgs);
             DeviceBuffer rows = x.get(i);
             if (cfg.quantizes()) {
                 quantizeRows(r, rows, tokens[i], streams.get(i));
                 rows = r.xq;
             }
-            r.packArgs.setPointer(0, rows).setPointer(1, idx.get(i)).setPointer(2, w.get(i)).setInt(3, tokens[i]).setPointer(4, r.workspace)
-                    .setPointer(5, r.sendRows).setPointer(6, r.sendWeights).setPointer(7, r.errors.buffer())
-                    .setInt(8, nRanks).setInt(9, cfg.experts()).setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens());
+            r.packArgs.setPointerField(MoeHostPackArgs.x$offset(), rows).setPointerField(MoeHostPackArgs.topkIdx$offset(), idx.get(i))
+                    .setPointerField(MoeHostPackArgs.topkWeights$offset(), w.get(i)).setPointerField(MoeHostPackArgs.sendRows$offset(), r.sendRows)
+                    .setPointerField(MoeHostPackArgs.sendWeights$offset(), r.sendWeights);
+            MoeHostPackArgs.numTokens(r.packArgs.struct(), tokens[i]);
             r.pack.launch(streams.get(i), r.warpLaunch(tokens[i]), r.packArgs);
             long routingBytes = 4L * tokens[i] * cfg.topK();
             r.routingIdx.slice(0, routingBytes).copyFrom(idx.get(i).slice(0, routingBytes), streams.get(i));
@@ -457,7 +510,7 @@ public final class MoeAllToAll extends NativeResource {
         // 2. counts per (destination, local expert): all-to-all, then to the host
         List<DeviceBuffer> countSend = new ArrayList<>(), countRecv = new ArrayList<>();
         for (RankState r : ranks) {
-            countSend.add(r.workspace.slice(query[Q_WS_EXPERT_COUNT], 4L * cfg.experts()));
+            countSend.add(r.workspace.slice(MoeLayoutInfo.wsExpertCount(info), 4L * cfg.experts()));
             countRecv.add(r.countMatrix);
         }
         group.allToAll(countSend, countRecv, 4L * L, streams);
@@ -467,8 +520,8 @@ public final class MoeAllToAll extends NativeResource {
             RankState r = ranks.get(i);
             group.await(streams.get(i), "a HOST MoE dispatch (the count exchange)");
             int[] matrix = r.countMatrix.readInts(nRanks * L, streams.get(i));
-            int[] expertOffset = r.workspace.slice(query[Q_WS_EXPERT_OFFSET], 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1, streams.get(i));
-            int[] rowsTo = r.workspace.slice(query[Q_WS_ROWS_TO], 4L * nRanks).readInts(nRanks, streams.get(i));
+            int[] expertOffset = r.workspace.slice(MoeLayoutInfo.wsExpertOffset(info), 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1, streams.get(i));
+            int[] rowsTo = r.workspace.slice(MoeLayoutInfo.wsRowsTo(info), 4L * nRanks).readInts(nRanks, streams.get(i));
             r.recvRowsFrom = new long[nRanks]; r.recvRowOffset = new long[nRanks]; r.sendRowsTo = new long[nRanks]; r.sendRowOffset = new long[nRanks];
             long off = 0;
             for (int s = 0; s < nRanks; s++) {
@@ -495,9 +548,9 @@ public final class MoeAllToAll extends NativeResource {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
-            r.permuteArgs.setPointer(0, r.recvBuf).setPointer(1, r.recvBufWeights).setPointer(2, r.countMatrix).setPointer(3, r.recvX)
-                    .setPointer(4, r.recvWeights).setPointer(5, r.recvCounts).setPointer(6, r.errors.buffer())
-                    .setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
+            r.permuteArgs.setPointerField(MoeHostPermuteArgs.recvBuf$offset(), r.recvBuf).setPointerField(MoeHostPermuteArgs.recvBufWeights$offset(), r.recvBufWeights)
+                    .setPointerField(MoeHostPermuteArgs.countMatrix$offset(), r.countMatrix).setPointerField(MoeHostPermuteArgs.recvX$offset(), r.recvX)
+                    .setPointerField(MoeHostPermuteArgs.recvWeights$offset(), r.recvWeights).setPointerField(MoeHostPermuteArgs.recvCounts$offset(), r.recvCounts);
             r.permute.launch(streams.get(i), r.warpLaunch(rows), r.permuteArgs);
         }
     }
@@ -558,9 +611,9 @@ public final class MoeAllToAll extends NativeResource {
     /** GIN, inputs checked: the combine launch. */
     private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
         KernelArgs a = r.combineArgs;
-        a.setPointer(0, expertOut).setPointer(1, weighted ? r.recvWeights : r.unitWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
-                .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
-                .setInt(10, cfg.topK()).setInt(11, cfg.hidden()).setInt(12, cfg.maxTokens()).setInt(13, channels);
+        a.setPointerField(MoeGinCombineArgs.expertOut$offset(), expertOut).setPointerField(MoeGinCombineArgs.recvWeights$offset(), weighted ? r.recvWeights : r.unitWeights)
+                .setPointerField(MoeGinCombineArgs.y$offset(), r.y).setPointerField(MoeGinCombineArgs.peerBases$offset(), peers.table(handle.localIndex()));
+        MoeGinCombineArgs.numTokens(a.struct(), handle.numTokens());
         noteUse(stream);
         r.combine.launch(stream, ginLaunch, a);
         return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
@@ -591,9 +644,9 @@ public final class MoeAllToAll extends NativeResource {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             MoeDispatch h = handles.get(i);
-            r.hostCombineArgs.setPointer(0, r.returned).setPointer(1, r.routingIdx).setPointer(2, weighted ? r.routingWeights : r.unitWeights).setInt(3, h.numTokens()).setPointer(4, r.workspace)
-                    .setPointer(5, r.y).setPointer(6, r.errors.buffer()).setInt(7, nRanks).setInt(8, cfg.experts()).setInt(9, cfg.topK())
-                    .setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens());
+            r.hostCombineArgs.setPointerField(MoeHostCombineArgs.returned$offset(), r.returned).setPointerField(MoeHostCombineArgs.topkIdx$offset(), r.routingIdx)
+                    .setPointerField(MoeHostCombineArgs.topkWeights$offset(), weighted ? r.routingWeights : r.unitWeights).setPointerField(MoeHostCombineArgs.y$offset(), r.y);
+            MoeHostCombineArgs.numTokens(r.hostCombineArgs.struct(), h.numTokens());
             r.hostCombine.launch(streams.get(i), r.warpLaunch(h.numTokens()), r.hostCombineArgs);
             ys.add(r.y.slice(0, (long) h.numTokens() * rowBytes));
         }
@@ -622,9 +675,8 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the row values launch. */
     private DeviceBuffer ginRowValues(RankState r, MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
-        r.valuesArgs.setPointer(0, rowValues).setInt(1, handle.numTokens()).setPointer(2, r.tokenValues).setPointer(3, peers.table(handle.localIndex()))
-                .setPointer(4, r.workspace).setPointer(5, r.errors.buffer()).setInt(6, r.comm.rank()).setInt(7, nRanks).setInt(8, cfg.experts())
-                .setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens()).setInt(12, channels);
+        r.valuesArgs.setPointerField(MoeGinRowValuesArgs.rowValues$offset(), rowValues).setPointerField(MoeGinRowValuesArgs.peerBases$offset(), peers.table(handle.localIndex()));
+        MoeGinRowValuesArgs.numTokens(r.valuesArgs.struct(), handle.numTokens());
         noteUse(stream);
         r.values.launch(stream, LaunchConfig.of(channels, THREADS), r.valuesArgs);
         return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
@@ -669,8 +721,8 @@ public final class MoeAllToAll extends NativeResource {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             int tokens = handles.get(i).numTokens();
-            r.valuesArgs.setPointer(0, r.valuesRecv).setPointer(1, r.routingIdx).setInt(2, tokens).setPointer(3, r.workspace).setPointer(4, r.tokenValues)
-                    .setPointer(5, r.errors.buffer()).setInt(6, nRanks).setInt(7, cfg.experts()).setInt(8, cfg.topK()).setInt(9, cfg.maxTokens());
+            r.valuesArgs.setPointerField(MoeHostRowValuesArgs.returned$offset(), r.valuesRecv).setPointerField(MoeHostRowValuesArgs.topkIdx$offset(), r.routingIdx);
+            MoeHostRowValuesArgs.numTokens(r.valuesArgs.struct(), tokens);
             r.values.launch(streams.get(i), r.warpLaunch((long) tokens * cfg.topK() / r.warpSize + 1), r.valuesArgs);  // a thread per (token, k)
             out.add(r.tokenValues.slice(0, 4L * tokens * cfg.topK()));
         }
@@ -694,8 +746,9 @@ public final class MoeAllToAll extends NativeResource {
             staging.add(stagingOf.apply(r));
             returned.add(returnedOf.apply(r));
             long n = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
-            r.unpermuteArgs.setPointer(0, rows.get(i)).setPointer(1, r.countMatrix).setPointer(2, staging.get(i)).setPointer(3, r.errors.buffer())
-                    .setInt(4, nRanks).setInt(5, cfg.experts()).setInt(6, cfg.topK()).setInt(7, hidden).setInt(8, cfg.maxTokens());
+            r.unpermuteArgs.setPointerField(MoeHostUnpermuteArgs.expertOut$offset(), rows.get(i)).setPointerField(MoeHostUnpermuteArgs.countMatrix$offset(), r.countMatrix)
+                    .setPointerField(MoeHostUnpermuteArgs.backBuf$offset(), staging.get(i));
+            MoeDims.hidden(MoeHostUnpermuteArgs.dims(r.unpermuteArgs.struct()), hidden);
             r.unpermute.launch(streams.get(i), r.warpLaunch(n), r.unpermuteArgs);
             // what this rank received from s returns to s
             sc[i] = scale(r.recvRowsFrom, rowBytes); so[i] = scale(r.recvRowOffset, rowBytes);

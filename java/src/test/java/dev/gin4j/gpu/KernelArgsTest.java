@@ -3,6 +3,7 @@ package dev.gin4j.gpu;
 import org.junit.jupiter.api.Test;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemoryLayout;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 
@@ -75,6 +76,36 @@ class KernelArgsTest {
             // an equal type made elsewhere is the same type
             KernelArgs.of(arena, new KernelArgs.Type("int32", 4, 4)).setInt(0, 3).checkComplete("k");
             assertThrows(IllegalArgumentException.class, () -> KernelArgs.of(arena, KernelArgs.Type.I32, null));
+        }
+    }
+
+    @Test void oneStructArgumentIsFilledByField() {
+        try (Arena arena = Arena.ofConfined()) {
+            // struct { void* p; int32_t n; int32_t m; void* q; }, as a generated layout names it
+            MemoryLayout layout = MemoryLayout.structLayout(ValueLayout.ADDRESS.withName("p"), ValueLayout.JAVA_INT.withName("n"),
+                    ValueLayout.JAVA_INT.withName("m"), ValueLayout.ADDRESS.withName("q")).withName("Pair");
+            KernelArgs args = KernelArgs.ofStruct(arena, layout);
+            assertEquals(1, args.count());
+            assertEquals(24, args.type(0).size());
+            assertEquals(8, args.type(0).alignment());
+            assertTrue(args.type(0).name().startsWith("Pair"), args.type(0).name());
+            args.checkComplete("k");  // zeroed and set from the start
+            MemorySegment st = args.struct();
+            assertEquals(24, st.byteSize());
+            for (int i = 0; i < 24; i++) assertEquals(0, st.get(ValueLayout.JAVA_BYTE, i));
+            st.set(ValueLayout.JAVA_INT, 8, 7);
+            st.set(ValueLayout.JAVA_INT, 12, -3);
+            args.setPointerField(16, null);
+            MemorySegment p0 = args.params().reinterpret(8).get(ValueLayout.ADDRESS, 0).reinterpret(24);
+            assertEquals(7, p0.get(ValueLayout.JAVA_INT, 8));
+            assertEquals(-3, p0.get(ValueLayout.JAVA_INT, 12));
+            assertEquals(0, p0.get(ValueLayout.JAVA_LONG, 16));
+            IllegalArgumentException odd = assertThrows(IllegalArgumentException.class, () -> args.setPointerField(12, null));
+            assertTrue(odd.getMessage().contains("offset 12") && odd.getMessage().contains("Pair"), odd.getMessage());
+            assertThrows(IllegalArgumentException.class, () -> args.setPointerField(24, null));
+            assertThrows(IllegalArgumentException.class, () -> args.setPointerField(-8, null));
+            IllegalStateException notStruct = assertThrows(IllegalStateException.class, () -> KernelArgs.of(arena, KernelArgs.Type.I32).struct());
+            assertTrue(notStruct.getMessage().contains("ofStruct"), notStruct.getMessage());
         }
     }
 
