@@ -15,13 +15,14 @@
 #include <stdint.h>
 
 /* Version of this ABI and of the window / workspace layouts it sizes. */
-#define MOE_ABI_VERSION 2
+#define MOE_ABI_VERSION 3
 
 /* Error bits, OR-ed into *errorFlags (bits 0-7 are the sync layer's: 1 time-out, 16 no LSA path). */
 #define MOE_ERR_EXPERT_ID (1u << 8) /* topkIdx entry < -1, >= E, or repeated in a token: masked */
 #define MOE_ERR_TOKENS (1u << 9)    /* numTokens < 0 or > maxTokens: clamped to [0, maxTokens] */
 #define MOE_ERR_CONFIG (1u << 10)   /* launch geometry / sizes outside the limits: nothing done */
 #define MOE_ERR_COUNTS (1u << 11)   /* received counts or row indices inconsistent: rows dropped */
+#define MOE_ERR_EXPERT_ROWS (1u << 12) /* combine: a received row at or past expertOutRows: not read, left out of y */
 
 /* The instance's shape, the same on every rank and every call (rank: this rank's index; the HOST
  * kernels ignore it, and hidden too where they move no rows). */
@@ -79,7 +80,7 @@ typedef struct MoeGinDispatchArgs {
 
 /* moe_gin_combine and every moe_gin_combine* entry. */
 typedef struct MoeGinCombineArgs {
-  const uint16_t* expertOut;     /* bf16 [H] per received row, the dispatch's layout */
+  const uint16_t* expertOut;     /* bf16 [H] per received row, the dispatch's layout: [expertOutRows] */
   const float* recvWeights;      /* per received row (all 1.0: the unweighted sum) */
   uint16_t* y;                   /* [T][H] bf16 */
   const uint64_t* peerBases;
@@ -87,6 +88,7 @@ typedef struct MoeGinCombineArgs {
   uint32_t* errorFlags;
   MoeDims dims;
   int32_t numTokens;             /* the dispatch's T */
+  int32_t expertOutRows;         /* rows expertOut holds (recvCapacityRows or fewer): none past it is read */
 } MoeGinCombineArgs;
 
 /* moe_gin_row_values: one f32 per received row back to its (token, k). */

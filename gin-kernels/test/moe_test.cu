@@ -710,6 +710,7 @@ static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   a.errorFlags = (uint32_t*)q.err;
   a.dims = dims_of(s, r, s.H);
   a.numTokens = T;
+  a.expertOutRows = (int)s.capRows;
   gin_launch(s, r, s.entry.combine, a);
 }
 // moe_gin_row_values on rank r's stream: one f32 per received row (vals) back to g[T][K].

@@ -13,7 +13,8 @@ struct CombineCtx {
   const uint8_t* expertOut;
   const float* recvWeights;
   const int* slotRows;  // [R][M][K] recvX row of (received slot, k), from the dispatch
-  int capacity;         // rows of expertOut
+  int capacity;         // rows of expertOut that may be read: the receive capacity, or fewer (expertOutRows)
+  int recvCapacity;     // rows a dispatch can leave: a row in [capacity, recvCapacity) is MOE_ERR_EXPERT_ROWS
   bool fast;
   uint64_t seqHi;
   uint32_t* errorFlags;
@@ -59,7 +60,7 @@ GIN_DEVICE_INLINE void combine_items(const CombineCtx& cx, int first, int n, con
     float wt = 0.f;
     if (lane < d.K) {
       if (row >= cx.capacity || row < -1) {
-        if (seg == 0) gin_error_set(cx.errorFlags, MOE_ERR_COUNTS);
+        if (seg == 0) gin_error_set(cx.errorFlags, row >= 0 && row < cx.recvCapacity ? MOE_ERR_EXPERT_ROWS : MOE_ERR_COUNTS);
         row = -1;
       }
       if (row >= 0) wt = cx.recvWeights[row];
@@ -128,6 +129,7 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
   const uint64_t* peerBases = a.peerBases;
   uint8_t* workspace = a.workspace;
   uint32_t* errorFlags = a.errorFlags;
+  const int32_t expertOutRows = a.expertOutRows;
   int32_t numTokens = a.numTokens, rank = a.dims.rank, nRanks = a.dims.nRanks, numExperts = a.dims.numExperts,
           topK = a.dims.topK, hidden = a.dims.hidden, maxTokens = a.dims.maxTokens, numChannels = a.dims.numChannels;
   __shared__ uint64_t sharedSeq;
@@ -143,7 +145,7 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
     return;
   }
   if (Shape::tokenPathOnly || moe_token_path(d.K, d.M, d.C)) {
-    combine_token_path<Shape>(expertOut, recvWeights, numTokens, y, peerBases, workspace, errorFlags, d);
+    combine_token_path<Shape>(expertOut, recvWeights, numTokens, expertOutRows, y, peerBases, workspace, errorFlags, d);
     return;
   }
   if (!peers_ok(peerBases, d.R, errorFlags)) return;
@@ -160,7 +162,8 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
   const int* slotRows = (const int*)(workspace + ws.slotRows);
-  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  const int recvCapacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  const int capacity = expertOutRows < 0 ? 0 : (expertOutRows < recvCapacity ? expertOutRows : recvCapacity);
   uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);
   // Channel boundaries into shared memory before load_seq's barrier (the same round trip
@@ -196,6 +199,7 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
     x.recvWeights = recvWeights;
     x.slotRows = slotRows;
     x.capacity = capacity;
+    x.recvCapacity = recvCapacity;
     x.fast = fast;
     x.errorFlags = errorFlags;
     x.tokenPos = (const int*)(workspace + ws.tokenPos);

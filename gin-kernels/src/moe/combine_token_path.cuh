@@ -178,7 +178,7 @@ struct TpCombSmem {
   uint8_t* y;
   uint32_t* errorFlags;
   uint64_t rowBytes, lineStride, combRows, combProgress;
-  int nl, PP, capacity, yRows;
+  int nl, PP, capacity, recvCapacity, yRows;  // capacity: rows of expertOut that may be read (<= recvCapacity)
   bool fast;
 };
 
@@ -192,7 +192,7 @@ GIN_DEVICE_INLINE int tp_entry_row(const TpCombSmem& s, int K, uint64_t entry, i
   if ((int)gin_lane_id() < K) {
     row = s.slotRows[entry * K + gin_lane_id()];
     if (row >= s.capacity || row < -1) {
-      gin_error_set(s.errorFlags, MOE_ERR_COUNTS);
+      gin_error_set(s.errorFlags, row >= 0 && row < s.recvCapacity ? MOE_ERR_EXPERT_ROWS : MOE_ERR_COUNTS);
       row = -1;
     }
     if (row >= 0) {
@@ -213,7 +213,7 @@ GIN_DEVICE_INLINE int tp_entry_row(const TpCombSmem& s, int K, uint64_t entry, i
 #define MOE_NOINLINE __device__ __noinline__
 #endif
 template <class Shape>
-MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens,
+MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* recvWeights, int32_t numTokens, int32_t expertOutRows,
                                      uint16_t* y, const uint64_t* peerBases, uint8_t* workspace,
                                      uint32_t* errorFlags, Dims d) {
   Shape::fix(d);  // the shape's constants inside the call as well (it is not inlined on NVIDIA)
@@ -254,7 +254,8 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
       s.PP = (s.nl + kTpPassLines - 1) / kTpPassLines;  // passes per row
       s.combRows = wl.combRows;
       s.combProgress = wl.combProgress;
-      s.capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+      s.recvCapacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+      s.capacity = expertOutRows < 0 ? 0 : (expertOutRows < s.recvCapacity ? expertOutRows : s.recvCapacity);
       s.yRows = numTokens < 0 ? 0 : numTokens;
       s.fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);
     }

@@ -22,16 +22,17 @@ import java.util.List;
  */
 public final class KernelErrors {
     // bit -> meaning, as gin-kernels/src/include/gin_sync.cuh and gin-kernels/abi/moe.h define them
-    private static final java.util.Map<Integer, String> BITS = java.util.Map.of(
-            0, "a wait for a peer timed out (a peer did not take part, or its kernel failed)",
-            1, "a count exceeded its receive capacity and was clamped",
-            2, "a send range went past the end of the send buffer and was clamped",
-            3, "kernel arguments were inconsistent (grid or sizes); nothing was moved",
-            4, "a peer is not load/store reachable from this GPU (no LSA path)",
-            8, "an expert id was out of range (< -1 or >= experts) or repeated within a token; it was treated as masked",
-            9, "the token count was negative or above the configured maximum and was clamped",
-            10, "the MoE configuration or launch shape is outside the kernels' limits; nothing was done",
-            11, "received counts or row indices were inconsistent; rows were dropped");
+    private static final java.util.Map<Integer, String> BITS = java.util.Map.ofEntries(
+            java.util.Map.entry(0, "a wait for a peer timed out (a peer did not take part, or its kernel failed)"),
+            java.util.Map.entry(1, "a count exceeded its receive capacity and was clamped"),
+            java.util.Map.entry(2, "a send range went past the end of the send buffer and was clamped"),
+            java.util.Map.entry(3, "kernel arguments were inconsistent (grid or sizes); nothing was moved"),
+            java.util.Map.entry(4, "a peer is not load/store reachable from this GPU (no LSA path)"),
+            java.util.Map.entry(8, "an expert id was out of range (< -1 or >= experts) or repeated within a token; it was treated as masked"),
+            java.util.Map.entry(9, "the token count was negative or above the configured maximum and was clamped"),
+            java.util.Map.entry(10, "the MoE configuration or launch shape is outside the kernels' limits; nothing was done"),
+            java.util.Map.entry(11, "received counts or row indices were inconsistent; rows were dropped"),
+            java.util.Map.entry(12, "expertOut holds fewer rows than the dispatch received; the rows past its end were not read and are missing from y"));
 
     /** The most {@link ErrorCheck}s of one word not yet reported: more means checks are made and never polled. */
     static final int MAX_PENDING_CHECKS = 256;

@@ -388,6 +388,46 @@ public final class MoeAllToAll extends NativeResource {
             throw new IllegalArgumentException(r.comm + ": " + what + " must be " + bytes + "-byte aligned, its address is 0x" + Long.toHexString(b.address()));
     }
 
+    /** A rank's dispatch results: the caller's buffers where given ({@link MoeOutputs}), else the instance's. */
+    private record Results(DeviceBuffer rows, DeviceBuffer weights, DeviceBuffer counts) {}
+
+    private Results results(RankState r, MoeOutputs o) {
+        return new Results(o.rows() != null ? o.rows() : r.recvX, o.weights() != null ? o.weights() : r.recvWeights,
+                o.counts() != null ? o.counts() : r.recvCounts);
+    }
+
+    /**
+     * The caller's output buffers of one rank's dispatch: size, alignment, device, and no overlap
+     * with each other or with the inputs (the dispatch reads x, topkIdx, topkWeights while it writes them).
+     */
+    private void checkOutputs(RankState r, MoeOutputs o, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w) {
+        if (o == null) throw new IllegalArgumentException(r.comm + ": outputs must be given (MoeOutputs.INSTANCE_OWNED for the instance's buffers), got null");
+        long cap = capacityRows(), rowBytes = cfg.dispatchRowBytes();
+        int rowAlign = cfg.dtype() == DType.FP8_E4M3 ? 16 : 2;
+        String rowsWhat = cfg.dtype() == DType.FP8_E4M3 ? "[" + cap + "] scaled fp8 rows of " + rowBytes + " bytes" : "[" + cap + "][" + cfg.hidden() + "] bf16";
+        checkOutput(r, o.rows(), "outputs.rows", cap * rowBytes, rowAlign, "capacity rows " + rowsWhat);
+        checkOutput(r, o.weights(), "outputs.weights", 4 * cap, 4, "[" + cap + "] f32 (capacity rows)");
+        checkOutput(r, o.counts(), "outputs.counts", 4L * localExperts, 4, "[" + localExperts + "] int32 (local experts)");
+        DeviceBuffer[] outs = {o.rows(), o.weights(), o.counts()};
+        String[] outNames = {"outputs.rows", "outputs.weights", "outputs.counts"};
+        DeviceBuffer[] ins = {x, idx, w};
+        String[] inNames = {"x", "topkIdx", "topkWeights"};
+        for (int i = 0; i < outs.length; i++) {
+            if (outs[i] == null) continue;
+            for (int j = i + 1; j < outs.length; j++)
+                if (outs[j] != null && outs[i].overlaps(outs[j]))
+                    throw new IllegalArgumentException(r.comm + ": " + outNames[i] + " overlaps " + outNames[j] + ": the dispatch writes both; give each its own memory");
+            for (int j = 0; j < ins.length; j++) DeviceBuffer.requireDisjoint(r.comm, inNames[j], ins[j], outs[i], outNames[i]);
+        }
+    }
+
+    private static void checkOutput(RankState r, DeviceBuffer b, String what, long need, int align, String shape) {
+        if (b == null) return;
+        if (b.byteSize() < need) throw new IllegalArgumentException(r.comm + ": " + what + " has " + b.byteSize() + " bytes; " + shape + " needs " + need);
+        requireAligned(r, b, align, what);
+        if (b.device() != r.device) throw new IllegalArgumentException(r.comm + ": " + what + " is on " + b.device() + ", expected " + r.device);
+    }
+
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
         ensureOpen();
         group.ensureOpen();  // the kernels store through the peer mappings that went with its communicators
@@ -426,17 +466,27 @@ public final class MoeAllToAll extends NativeResource {
      * collective); T may differ per rank. HOST with several local ranks takes the list form.
      */
     public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+        return dispatch(localIndex, x, topkIdx, topkWeights, tokens, MoeOutputs.INSTANCE_OWNED, stream);
+    }
+
+    /**
+     * {@link #dispatch(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)} into the
+     * caller's buffers where {@code outputs} names them (see {@link MoeOutputs} for their sizes and
+     * alignment); the returned handle's rows, weights and counts are those buffers.
+     */
+    public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, MoeOutputs outputs, Stream stream) {
         RankState r = rank(localIndex);
         if (cfg.backend() != Backend.GIN) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST dispatch with several local ranks must be issued for all of them together: use the list form");
-            return dispatch(List.of(x), List.of(topkIdx), List.of(topkWeights), new int[] {tokens}, List.of(stream)).getFirst();
+            return dispatch(List.of(x), List.of(topkIdx), List.of(topkWeights), new int[] {tokens}, java.util.Collections.singletonList(outputs), List.of(stream)).getFirst();
         }
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
-        return ginDispatch(localIndex, r, x, topkIdx, topkWeights, tokens, stream);
+        checkOutputs(r, outputs, x, topkIdx, topkWeights);
+        return ginDispatch(localIndex, r, x, topkIdx, topkWeights, tokens, results(r, outputs), stream);
     }
 
     /** GIN, inputs checked: the dispatch launch. */
-    private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+    private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Results out, Stream stream) {
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
         // fp8 from bf16: the dispatch quantizes x into r.xq (set at creation) itself, one launch on
@@ -444,36 +494,52 @@ public final class MoeAllToAll extends NativeResource {
         // 4096 tokens 133.7 us against 138.0 for moe_fp8_quantize and then the dispatch, 2026-12-01).
         a.setPointerField(MoeGinDispatchArgs.x$offset(), x).setPointerField(MoeGinDispatchArgs.topkIdx$offset(), topkIdx)
                 .setPointerField(MoeGinDispatchArgs.topkWeights$offset(), topkWeights)
-                .setPointerField(MoeGinDispatchArgs.recvX$offset(), r.recvX).setPointerField(MoeGinDispatchArgs.recvWeights$offset(), r.recvWeights)
-                .setPointerField(MoeGinDispatchArgs.recvCounts$offset(), r.recvCounts).setPointerField(MoeGinDispatchArgs.peerBases$offset(), peers.table(localIndex));
+                .setPointerField(MoeGinDispatchArgs.recvX$offset(), out.rows()).setPointerField(MoeGinDispatchArgs.recvWeights$offset(), out.weights())
+                .setPointerField(MoeGinDispatchArgs.recvCounts$offset(), out.counts()).setPointerField(MoeGinDispatchArgs.peerBases$offset(), peers.table(localIndex));
         MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
         r.dispatch.launch(stream, ginLaunch, a);
-        return new MoeDispatch(this, localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
+        return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights());
     }
 
     /** Every local rank at once (the only form for HOST with several local ranks). */
     public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<Stream> streams) {
+        return dispatch(x, topkIdx, topkWeights, tokens, java.util.Collections.nCopies(group.localCount(), MoeOutputs.INSTANCE_OWNED), streams);
+    }
+
+    /**
+     * {@link #dispatch(List, List, List, int[], List)} into the caller's buffers: one
+     * {@link MoeOutputs} per local rank, in order.
+     */
+    public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<MoeOutputs> outputs,
+                                      List<Stream> streams) {
         int local = group.localCount();
-        if (x.size() != local || topkIdx.size() != local || topkWeights.size() != local || tokens.length != local || streams.size() != local)
-            throw new IllegalArgumentException("one x, topkIdx, topkWeights, token count and stream per local rank expected (" + local + "), got " + x.size() + ", "
-                    + topkIdx.size() + ", " + topkWeights.size() + ", " + tokens.length + ", " + streams.size());
+        if (x.size() != local || topkIdx.size() != local || topkWeights.size() != local || tokens.length != local || outputs.size() != local || streams.size() != local)
+            throw new IllegalArgumentException("one x, topkIdx, topkWeights, token count, outputs and stream per local rank expected (" + local + "), got " + x.size() + ", "
+                    + topkIdx.size() + ", " + topkWeights.size() + ", " + tokens.length + ", " + outputs.size() + ", " + streams.size());
         // Every rank's inputs before any launch: a GIN kernel launched for rank 0 would otherwise wait
         // for rank 1's until its time-out when rank 1's are refused.
-        for (int i = 0; i < local; i++) checkInputs(ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
+        List<Results> results = new ArrayList<>();
+        for (int i = 0; i < local; i++) {
+            RankState r = ranks.get(i);
+            checkInputs(r, x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i));
+            checkOutputs(r, outputs.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i));
+            results.add(results(r, outputs.get(i)));
+        }
         List<MoeDispatch> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], streams.get(i)));
+            for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], results.get(i), streams.get(i)));
             return out;
         }
         Stream.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         noteUse(streams);
-        hostDispatch(x, topkIdx, topkWeights, tokens, streams);
+        hostDispatch(x, topkIdx, topkWeights, tokens, results, streams);
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, r.recvX, r.recvCounts, r.recvWeights));
+            Results res = results.get(i);
+            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, res.rows(), res.counts(), res.weights()));
         }
         return out;
     }
@@ -484,7 +550,7 @@ public final class MoeAllToAll extends NativeResource {
         r.quantize.launch(stream, Fp8Rows.launchConfig(r.device, tokens, cfg.hidden()), r.quantizeArgs);
     }
 
-    private void hostDispatch(List<DeviceBuffer> x, List<DeviceBuffer> idx, List<DeviceBuffer> w, int[] tokens, List<Stream> streams) {
+    private void hostDispatch(List<DeviceBuffer> x, List<DeviceBuffer> idx, List<DeviceBuffer> w, int[] tokens, List<Results> results, List<Stream> streams) {
         int local = group.localCount(), L = localExperts;
         long rowBytes = cfg.dispatchRowBytes();
         // 1. routing layout on every rank (same code as the GIN kernel: identical positions)
@@ -549,8 +615,9 @@ public final class MoeAllToAll extends NativeResource {
             RankState r = ranks.get(i);
             long rows = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
             r.permuteArgs.setPointerField(MoeHostPermuteArgs.recvBuf$offset(), r.recvBuf).setPointerField(MoeHostPermuteArgs.recvBufWeights$offset(), r.recvBufWeights)
-                    .setPointerField(MoeHostPermuteArgs.countMatrix$offset(), r.countMatrix).setPointerField(MoeHostPermuteArgs.recvX$offset(), r.recvX)
-                    .setPointerField(MoeHostPermuteArgs.recvWeights$offset(), r.recvWeights).setPointerField(MoeHostPermuteArgs.recvCounts$offset(), r.recvCounts);
+                    .setPointerField(MoeHostPermuteArgs.countMatrix$offset(), r.countMatrix).setPointerField(MoeHostPermuteArgs.recvX$offset(), results.get(i).rows())
+                    .setPointerField(MoeHostPermuteArgs.recvWeights$offset(), results.get(i).weights())
+                    .setPointerField(MoeHostPermuteArgs.recvCounts$offset(), results.get(i).counts());
             r.permute.launch(streams.get(i), r.warpLaunch(rows), r.permuteArgs);
         }
     }
@@ -571,24 +638,65 @@ public final class MoeAllToAll extends NativeResource {
         return r;
     }
 
-    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+    /**
+     * A combine's inputs and output on the handle's rank: expertOut at least the rows the dispatch
+     * received where the host knows that count (HOST), else any whole number of rows (GIN: the kernel
+     * reads none past them); y ({@code null}: the instance's) at least T rows; nothing written overlaps what is read.
+     */
+    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
         RankState r = handleRank(handle, "combine");
         requireAligned(r, expertOut, 2, "expertOut (bf16)");
-        long need = capacityRows() * cfg.combineRowBytes();
-        if (expertOut.byteSize() < need) throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch's layout needs up to " + need + " (capacity rows x hidden bf16)");
-        if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device());
-        if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
-        DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
+        long rowBytes = cfg.combineRowBytes();
+        if (cfg.backend() != Backend.GIN) {
+            long received = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            if (expertOut.byteSize() < received * rowBytes)
+                throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch received " + received + " rows of "
+                        + rowBytes + " bytes (hidden bf16), which need " + received * rowBytes);
+        }
+        if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device() + ", expected " + r.device);
+        if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device() + ", expected " + r.device);
+        if (y == null) {
+            DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
+            return r;
+        }
+        long needY = (long) handle.numTokens() * rowBytes;
+        if (y.byteSize() < needY)
+            throw new IllegalArgumentException(r.comm + ": y has " + y.byteSize() + " bytes; [" + handle.numTokens() + "][" + cfg.hidden() + "] bf16 (the dispatch's tokens) needs " + needY);
+        requireAligned(r, y, 2, "y (bf16)");
+        if (y.device() != r.device) throw new IllegalArgumentException(r.comm + ": y is on " + y.device() + ", expected " + r.device);
+        DeviceBuffer.requireDisjoint(r.comm, "y", y, expertOut, "expertOut");
+        DeviceBuffer.requireDisjoint(r.comm, "y", y, handle.weights(), "the dispatch's weights");  // the GIN combine reads them
         return r;
+    }
+
+    /** Rows of expertOut the GIN combine may read: its whole rows, at most the receive capacity. */
+    private long expertOutRows(DeviceBuffer expertOut) {
+        return Math.min(capacityRows(), expertOut.byteSize() / cfg.combineRowBytes());
     }
 
     /**
      * One local rank: y[T][H] bf16 for the tokens of that rank's last dispatch. y is this instance's
-     * buffer, valid until the next combine or combineUnweighted on the rank: copy it to keep it.
+     * buffer, valid until the next combine or combineUnweighted on the rank: copy it to keep it, or
+     * pass your own ({@link #combine(MoeDispatch, DeviceBuffer, DeviceBuffer, Stream)}).
+     * <p>{@code expertOut}: bf16 {@code [rows][hidden]} in the dispatch's layout. It may hold fewer
+     * rows than {@link #capacityRows()}, as long as it holds the rows the dispatch received (the
+     * sum of the handle's counts). HOST knows that count on the host and refuses a smaller
+     * expertOut here. GIN knows it only on the device: a combine that finds more received rows than
+     * expertOut holds reads none past its end, leaves those rows out of y, and
+     * {@link #checkErrors} reports it ("expertOut holds fewer rows than the dispatch received").
      * HOST with several local ranks takes the list form.
      */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
-        return combine(handle, expertOut, stream, true);
+        return combine(handle, expertOut, null, stream, true);
+    }
+
+    /**
+     * {@link #combine(MoeDispatch, DeviceBuffer, Stream)} into the caller's {@code y} (bf16, at
+     * least {@code [T][hidden]}, 2-byte aligned, on the rank's device, disjoint from expertOut and
+     * from the handle's weights); null means the instance's. Returns y's first T rows.
+     */
+    public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
+        return combine(handle, expertOut, y, stream, true);
     }
 
     /**
@@ -597,45 +705,65 @@ public final class MoeAllToAll extends NativeResource {
      * {@link #combine(MoeDispatch, DeviceBuffer, Stream)}.
      */
     public DeviceBuffer combineUnweighted(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
-        return combine(handle, expertOut, stream, false);
+        return combine(handle, expertOut, null, stream, false);
     }
 
-    private DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
+    /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} into the caller's {@code y}, as {@link #combine(MoeDispatch, DeviceBuffer, DeviceBuffer, Stream)}. */
+    public DeviceBuffer combineUnweighted(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
+        return combine(handle, expertOut, y, stream, false);
+    }
+
+    private DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted) {
         if (cfg.backend() != Backend.GIN) {
             if (group.localCount() > 1) throw new IllegalStateException("HOST combine with several local ranks must be issued for all of them together: use the list form");
-            return combine(List.of(handle), List.of(expertOut), List.of(stream), weighted).getFirst();
+            return combine(List.of(handle), List.of(expertOut), java.util.Collections.singletonList(y), List.of(stream), weighted).getFirst();
         }
-        return ginCombine(checkHandle(handle, expertOut, stream), handle, expertOut, stream, weighted);
+        return ginCombine(checkHandle(handle, expertOut, y, stream), handle, expertOut, y, stream, weighted);
     }
 
-    /** GIN, inputs checked: the combine launch. */
-    private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
+    /** GIN, inputs checked: the combine launch (y null: the instance's). */
+    private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted) {
+        DeviceBuffer out = y != null ? y : r.y;
         KernelArgs a = r.combineArgs;
-        a.setPointerField(MoeGinCombineArgs.expertOut$offset(), expertOut).setPointerField(MoeGinCombineArgs.recvWeights$offset(), weighted ? r.recvWeights : r.unitWeights)
-                .setPointerField(MoeGinCombineArgs.y$offset(), r.y).setPointerField(MoeGinCombineArgs.peerBases$offset(), peers.table(handle.localIndex()));
+        a.setPointerField(MoeGinCombineArgs.expertOut$offset(), expertOut).setPointerField(MoeGinCombineArgs.recvWeights$offset(), weighted ? handle.weights() : r.unitWeights)
+                .setPointerField(MoeGinCombineArgs.y$offset(), out).setPointerField(MoeGinCombineArgs.peerBases$offset(), peers.table(handle.localIndex()));
         MoeGinCombineArgs.numTokens(a.struct(), handle.numTokens());
+        MoeGinCombineArgs.expertOutRows(a.struct(), (int) expertOutRows(expertOut));
         noteUse(stream);
         r.combine.launch(stream, ginLaunch, a);
-        return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
+        return out.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
     }
 
     /** Every local rank at once (the only form for HOST with several local ranks); each y valid until the next combine there. */
     public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
-        return combine(handles, expertOut, streams, true);
+        return combine(handles, expertOut, null, streams, true);
+    }
+
+    /** {@link #combine(List, List, List)} into the caller's y, one per local rank (an entry or the list null: the instance's). */
+    public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams) {
+        return combine(handles, expertOut, y, streams, true);
     }
 
     /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once; each result valid until the next combine there. */
     public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
-        return combine(handles, expertOut, streams, false);
+        return combine(handles, expertOut, null, streams, false);
     }
 
-    private List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams, boolean weighted) {
+    /** {@link #combineUnweighted(List, List, List)} into the caller's y, one per local rank (an entry or the list null: the instance's). */
+    public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams) {
+        return combine(handles, expertOut, y, streams, false);
+    }
+
+    private List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams, boolean weighted) {
         int local = checkLists(handles, expertOut, streams, "expert output");
-        for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), streams.get(i));  // all before any launch
+        if (y != null && y.size() != local) throw new IllegalArgumentException("one y (or null) per local rank expected (" + local + "), got " + y.size());
         List<DeviceBuffer> ys = new ArrayList<>();
+        for (int i = 0; i < local; i++) ys.add(y == null ? null : y.get(i));
+        for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), ys.get(i), streams.get(i));  // all before any launch
+        List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) ys.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), streams.get(i), weighted));
-            return ys;
+            for (int i = 0; i < local; i++) out.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted));
+            return out;
         }
         Stream.refuseCapture(streams, "a HOST combine" + FROM_HOST);
         noteUse(streams);
@@ -644,13 +772,14 @@ public final class MoeAllToAll extends NativeResource {
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             MoeDispatch h = handles.get(i);
+            DeviceBuffer yi = ys.get(i) != null ? ys.get(i) : r.y;
             r.hostCombineArgs.setPointerField(MoeHostCombineArgs.returned$offset(), r.returned).setPointerField(MoeHostCombineArgs.topkIdx$offset(), r.routingIdx)
-                    .setPointerField(MoeHostCombineArgs.topkWeights$offset(), weighted ? r.routingWeights : r.unitWeights).setPointerField(MoeHostCombineArgs.y$offset(), r.y);
+                    .setPointerField(MoeHostCombineArgs.topkWeights$offset(), weighted ? r.routingWeights : r.unitWeights).setPointerField(MoeHostCombineArgs.y$offset(), yi);
             MoeHostCombineArgs.numTokens(r.hostCombineArgs.struct(), h.numTokens());
             r.hostCombine.launch(streams.get(i), r.warpLaunch(h.numTokens()), r.hostCombineArgs);
-            ys.add(r.y.slice(0, (long) h.numTokens() * rowBytes));
+            out.add(yi.slice(0, (long) h.numTokens() * rowBytes));
         }
-        return ys;
+        return out;
     }
 
     /**
@@ -826,6 +955,16 @@ public final class MoeAllToAll extends NativeResource {
     public MoeDispatch dispatch(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
         requireOneLocalRank("dispatch(x, topkIdx, topkWeights, tokens, stream)");
         return dispatch(0, x, topkIdx, topkWeights, tokens, stream);
+    }
+
+    /**
+     * One process per GPU: {@link #dispatch(DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)}
+     * into the caller's buffers where {@code outputs} names them ({@link MoeOutputs}).
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public MoeDispatch dispatch(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, MoeOutputs outputs, Stream stream) {
+        requireOneLocalRank("dispatch(x, topkIdx, topkWeights, tokens, outputs, stream)");
+        return dispatch(0, x, topkIdx, topkWeights, tokens, outputs, stream);
     }
 
     /** Refuses a call without a local rank index where the process drives several local ranks. */

@@ -23,6 +23,7 @@ import static java.lang.foreign.MemoryLayout.PathElement.*;
  *     uint32_t *errorFlags;
  *     MoeDims dims;
  *     int32_t numTokens;
+ *     int32_t expertOutRows;
  * }
  * }
  */
@@ -40,7 +41,9 @@ public class MoeGinCombineArgs {
         moe_h.C_POINTER.withName("workspace"),
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        moe_h.C_INT.withName("expertOutRows"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeGinCombineArgs");
 
     /**
@@ -400,6 +403,50 @@ public class MoeGinCombineArgs {
      */
     public static void numTokens(MemorySegment struct, int fieldValue) {
         struct.set(numTokens$LAYOUT, numTokens$OFFSET, fieldValue);
+    }
+
+    private static final OfInt expertOutRows$LAYOUT = (OfInt)$LAYOUT.select(groupElement("expertOutRows"));
+
+    /**
+     * Layout for field:
+     * {@snippet lang=c :
+     * int32_t expertOutRows
+     * }
+     */
+    public static final OfInt expertOutRows$layout() {
+        return expertOutRows$LAYOUT;
+    }
+
+    private static final long expertOutRows$OFFSET = 80;
+
+    /**
+     * Offset for field:
+     * {@snippet lang=c :
+     * int32_t expertOutRows
+     * }
+     */
+    public static final long expertOutRows$offset() {
+        return expertOutRows$OFFSET;
+    }
+
+    /**
+     * Getter for field:
+     * {@snippet lang=c :
+     * int32_t expertOutRows
+     * }
+     */
+    public static int expertOutRows(MemorySegment struct) {
+        return struct.get(expertOutRows$LAYOUT, expertOutRows$OFFSET);
+    }
+
+    /**
+     * Setter for field:
+     * {@snippet lang=c :
+     * int32_t expertOutRows
+     * }
+     */
+    public static void expertOutRows(MemorySegment struct, int fieldValue) {
+        struct.set(expertOutRows$LAYOUT, expertOutRows$OFFSET, fieldValue);
     }
 
     /**

@@ -33,10 +33,10 @@ public class moe_h {
     // LP64 (Linux x86-64 and aarch64): C long is 64 bits
     public static final ValueLayout.OfLong C_LONG = ValueLayout.JAVA_LONG;
 
-    private static final int MOE_ABI_VERSION = (int)2L;
+    private static final int MOE_ABI_VERSION = (int)3L;
     /**
      * {@snippet lang=c :
-     * #define MOE_ABI_VERSION 2
+     * #define MOE_ABI_VERSION 3
      * }
      */
     public static int MOE_ABI_VERSION() {
@@ -81,5 +81,15 @@ public class moe_h {
      */
     public static int MOE_ERR_COUNTS() {
         return MOE_ERR_COUNTS;
+    }
+
+    private static final int MOE_ERR_EXPERT_ROWS = (int)4096L;
+    /**
+     * {@snippet lang=c :
+     * #define MOE_ERR_EXPERT_ROWS ( 1u << 12 )
+     * }
+     */
+    public static int MOE_ERR_EXPERT_ROWS() {
+        return MOE_ERR_EXPERT_ROWS;
     }
 }
