@@ -664,8 +664,8 @@ public final class MoeAllToAll extends NativeResource {
             throw new IllegalArgumentException(r.comm + ": y has " + y.byteSize() + " bytes; [" + handle.numTokens() + "][" + cfg.hidden() + "] bf16 (the dispatch's tokens) needs " + needY);
         requireAligned(r, y, 2, "y (bf16)");
         if (y.device() != r.device) throw new IllegalArgumentException(r.comm + ": y is on " + y.device() + ", expected " + r.device);
-        DeviceBuffer.requireDisjoint(r.comm, "y", y, expertOut, "expertOut");
-        DeviceBuffer.requireDisjoint(r.comm, "y", y, handle.weights(), "the dispatch's weights");  // the GIN combine reads them
+        DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, y, "y");
+        DeviceBuffer.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
         return r;
     }
 

@@ -283,8 +283,8 @@ class MoeOutputsGpuTest {
             assertCombineRefused(moe, handles, outs, d0.allocate(needY - 2, a), "y has", "needs " + needY);
             DeviceBuffer wideY = d0.allocate(needY + 16, a);
             assertCombineRefused(moe, handles, outs, wideY.slice(1, needY), "y (bf16) must be 2-byte aligned", "0x");
-            assertCombineRefused(moe, handles, outs, outs.getFirst().slice(0, needY), "y overlaps expertOut", "copy it elsewhere");
-            assertCombineRefused(moe, handles, outs, weightsAndY.slice(0, needY), "y overlaps the dispatch's weights", "copy it elsewhere");
+            assertCombineRefused(moe, handles, outs, outs.getFirst().slice(0, needY), "expertOut overlaps y", "copy it elsewhere");
+            assertCombineRefused(moe, handles, outs, weightsAndY.slice(0, needY), "the dispatch's weights overlaps y", "copy it elsewhere");
             if (n > 1) assertCombineRefused(moe, handles, outs, devs.get(1).allocate(needY, a), "y is on " + devs.get(1), "expected " + d0);
             moe.checkErrors(streams);
         }
