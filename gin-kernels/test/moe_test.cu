@@ -699,7 +699,8 @@ static void dispatch_rank(Setup& s, int r, int T) {
     gin_dispatch(s, r, q.x, q.idx, q.w, T);
   }
 }
-static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
+// expertOutRows: rows q.expertOut may be read at (-1: the receive capacity).
+static void gin_combine(Setup& s, int r, int T, uint16_t* y, int expertOutRows = -1) {
   Rank& q = s.rk[r];
   MoeGinCombineArgs a;
   a.expertOut = (const uint16_t*)q.expertOut;
@@ -710,7 +711,7 @@ static void gin_combine(Setup& s, int r, int T, uint16_t* y) {
   a.errorFlags = (uint32_t*)q.err;
   a.dims = dims_of(s, r, s.H);
   a.numTokens = T;
-  a.expertOutRows = (int)s.capRows;
+  a.expertOutRows = expertOutRows < 0 ? (int)s.capRows : expertOutRows;
   gin_launch(s, r, s.entry.combine, a);
 }
 // moe_gin_row_values on rank r's stream: one f32 per received row (vals) back to g[T][K].
@@ -1284,6 +1285,45 @@ static void refusal_case(const char* what, int E, int K, int H, int M, int C, co
   free_setup(s);
 }
 
+// A combine told that expertOut holds one row fewer than the dispatch received (expertOutRows):
+// MOE_ERR_EXPERT_ROWS and nothing else on every rank that received rows, none on the others; then a
+// combine of the same dispatch with the whole expertOut reports nothing (the call still completed
+// on every rank, so the protocol state is intact).
+static void short_expert_out_case(const char* what, int E, int K, int H, int M, int C, const Entry& entry, std::mt19937_64& rng) {
+  Setup s = make_setup(E, K, H, M, C, false);
+  s.entry = entry;
+  Case cs{what, E, K, H, M, C, {M}, UNIFORM, 0.0};
+  std::vector<RankInput> in(s.R);
+  for (int r = 0; r < s.R; ++r) in[r] = make_input(rng, cs, s.R, r, M, 0);
+  upload_inputs(s, in);
+  poison_outputs(s);
+  for (int r = 0; r < s.R; ++r) gin_dispatch(s, r, s.rk[r].x, s.rk[r].idx, s.rk[r].w, M);
+  sync_all(s);
+  std::vector<uint32_t> errD = read_errors(s, false);
+  std::vector<int> rows(s.R, 0);
+  for (int r = 0; r < s.R; ++r) {
+    std::vector<int> counts(s.L);
+    CUDA_CHECK(cudaSetDevice(dev_of(r)));
+    CUDA_CHECK(cudaMemcpy(counts.data(), s.rk[r].recvCounts, 4ull * s.L, cudaMemcpyDeviceToHost));
+    for (int c : counts) rows[r] += c;
+  }
+  for (int r = 0; r < s.R; ++r) gin_combine(s, r, M, s.rk[r].y, rows[r] > 0 ? rows[r] - 1 : 0);
+  sync_all(s);
+  std::vector<uint32_t> errShort = read_errors(s, false);
+  for (int r = 0; r < s.R; ++r) gin_combine(s, r, M, s.rk[r].y);
+  sync_all(s);
+  std::vector<uint32_t> errFull = read_errors(s, false);
+  for (int r = 0; r < s.R; ++r) {
+    const uint32_t want = rows[r] > 0 ? MOE_ERR_EXPERT_ROWS : 0u;
+    char detail[200];
+    snprintf(detail, sizeof detail, "%d rows received; errorFlags dispatch 0x%x, short combine 0x%x (expected 0x%x), full combine 0x%x (expected 0)",
+             rows[r], errD[r], errShort[r], want, errFull[r]);
+    record(errD[r] == 0 && errShort[r] == want && errFull[r] == 0,
+           std::string("short expertOut: ") + what + " rank " + std::to_string(r) + " (" + entry.name + ")", detail);
+  }
+  free_setup(s);
+}
+
 static void run_entry_refusals(std::mt19937_64& rng) {
   const int R = gNumRanks;
   printf("case entry refusals: token-path entries on a layout-path instance, a shape's entry on another shape\n");
@@ -1305,6 +1345,9 @@ static void run_entry_refusals(std::mt19937_64& rng) {
   // the quantizing dispatch needs xq 16-byte aligned (its rows are read as 16-byte vectors)
   refusal_case("fp8 quantizing, xq misaligned", 16 * R, 4, 256, 64, 4, kFp8TokenPathEntry, rng, true, true);
   refusal_case("fp8 quantizing, xq misaligned, layout path", 16 * R, 8, 256, 600, 4, kFp8GenericEntry, rng, true, true);
+  printf("case short expertOut: a combine whose expertOut holds one row fewer than the dispatch received\n");
+  short_expert_out_case("token path", 16 * R, 8, 256, 64, 4, best_entry(R, 16 * R, 8, 256, 64, 4), rng);
+  short_expert_out_case("layout path", 16 * R, 8, 256, 600, 4, kGenericEntry, rng);
 }
 
 // ------------------------------------------------------------------------------------------------
