@@ -74,7 +74,8 @@ public final class MoeAllToAll extends NativeResource {
     private final long[] query;
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;       // GIN only
-    private final PeerTable peers;              // GIN only
+    private final PeerTable peers;              // GIN inside one node only
+    private final MoeNetwork network;           // GIN across nodes only (some peer outside the LSA team)
     private final List<RankState> ranks = new ArrayList<>();
 
     /** Per local rank: kernels, argument lists, buffers. */
@@ -202,7 +203,8 @@ public final class MoeAllToAll extends NativeResource {
                 }
                 return q;
             });
-            this.window = cfg.backend() == Backend.GIN
+            boolean acrossNodes = cfg.backend() == Backend.GIN && MoeNetwork.needed(group);
+            this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", query[Q_WINDOW_BYTES], 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
             // failed must not leave the others waiting here (its close below deregisters collectively)
@@ -220,6 +222,8 @@ public final class MoeAllToAll extends NativeResource {
                 }
                 return peerTable;
             });
+            this.network = acrossNodes ? new MoeNetwork(group, cfg, channels, ranks.stream()
+                    .map(r -> new MoeNetwork.Buffers(r.workspace, r.recvX, r.recvWeights, r.recvCounts, r.y, r.xq, r.errors)).toList()) : null;
         } catch (RuntimeException e) {
             close();
             throw e;
@@ -317,7 +321,10 @@ public final class MoeAllToAll extends NativeResource {
     }
 
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
-    public String dispatchKernelName() { return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL"; }
+    public String dispatchKernelName() {
+        if (network != null) return network.dispatchKernelName();
+        return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
+    }
 
     /** The configuration it was created with. */
     public MoeConfig config() { return cfg; }
@@ -397,7 +404,8 @@ public final class MoeAllToAll extends NativeResource {
                 .setInt(12, cfg.experts()).setInt(13, cfg.topK()).setInt(14, cfg.hidden()).setInt(15, cfg.maxTokens()).setInt(16, channels);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
-        r.dispatch.launch(stream, ginLaunch, a);
+        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);
+        else r.dispatch.launch(stream, ginLaunch, a);
         return new MoeDispatch(this, localIndex, tokens, seq, r.recvX, r.recvCounts, r.recvWeights);
     }
 
@@ -557,6 +565,11 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the combine launch. */
     private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
+        if (network != null) {
+            noteUse(stream);
+            network.combine(handle.localIndex(), expertOut, weighted ? r.recvWeights : null, handle.numTokens(), stream);
+            return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
+        }
         KernelArgs a = r.combineArgs;
         a.setPointer(0, expertOut).setPointer(1, weighted ? r.recvWeights : r.unitWeights).setInt(2, handle.numTokens()).setPointer(3, r.y).setPointer(4, peers.table(handle.localIndex()))
                 .setPointer(5, r.workspace).setPointer(6, r.errors.buffer()).setInt(7, r.comm.rank()).setInt(8, nRanks).setInt(9, cfg.experts())
@@ -622,6 +635,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the row values launch. */
     private DeviceBuffer ginRowValues(RankState r, MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
+        if (network != null) throw new UnsupportedOperationException(r.comm + ": returnRowValues is not available across nodes yet (dispatch and combine are); use Backend.HOST for it");
         r.valuesArgs.setPointer(0, rowValues).setInt(1, handle.numTokens()).setPointer(2, r.tokenValues).setPointer(3, peers.table(handle.localIndex()))
                 .setPointer(4, r.workspace).setPointer(5, r.errors.buffer()).setInt(6, r.comm.rank()).setInt(7, nRanks).setInt(8, cfg.experts())
                 .setInt(9, cfg.topK()).setInt(10, cfg.hidden()).setInt(11, cfg.maxTokens()).setInt(12, channels);
@@ -784,6 +798,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */
     @Override protected void release() {
         List<Runnable> steps = new ArrayList<>();
+        if (network != null) steps.add(network::close);
         for (RankState r : ranks) steps.add(r.code::close);
         steps.add(() -> { if (window != null) window.close(); });
         steps.add(arena::close);

@@ -55,6 +55,7 @@ public final class RankMain {
                 case "peerDiesThenClose" -> peerDiesThenClose(g, rank, seed, arena);
                 case "ginAllToAll" -> LoopbackGinRank.allToAll(g, rank, seed, arena);
                 case "ginPeerDies" -> LoopbackGinRank.peerDies(g, rank, seed, arena);
+                case "ginMoe" -> LoopbackGinMoeRank.run(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
@@ -327,7 +328,7 @@ public final class RankMain {
         }
     }
 
-    private static DeviceBuffer upload(Device d, Arena arena, Object array) {
+    static DeviceBuffer upload(Device d, Arena arena, Object array) {
         MemorySegment host = switch (array) {
             case byte[] b -> MemorySegment.ofArray(b);
             case int[] i -> MemorySegment.ofArray(i);
