@@ -127,7 +127,8 @@ final class SampleData {
         return v;
     }
 
-    /** Native objects made one per GPU, closed together (the last made first) by try-with-resources. */
+    /** Native objects made one per GPU, closed together (the last made first) by try-with-resources; a list, to pass where gin4j takes one per GPU. */
+    @SuppressWarnings("serial")  // never serialized
     static final class PerGpu<T extends NativeResource> extends ArrayList<T> implements AutoCloseable {
         @Override public void close() {
             RuntimeException first = null;
