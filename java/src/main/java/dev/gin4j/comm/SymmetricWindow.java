@@ -1,6 +1,7 @@
 package dev.gin4j.comm;
 
 import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.GpuException;
 import dev.gin4j.gpu.IpcMemory;
 import dev.gin4j.gpu.NativeResource;
 
@@ -56,13 +57,21 @@ public final class SymmetricWindow extends NativeResource {
             boolean one = group.isSingleProcess();
             // the mapping below is collective: a rank whose memory failed must not leave the others waiting in it
             byte[] handle = group.failTogether("allocating a symmetric window of " + size + " bytes", () -> {
-                if (!one) {
-                    IpcMemory.Exported e = IpcMemory.allocate(group.rank(0).device(), size, w.arena);
-                    w.buffers.add(e.buffer());
-                    return e.handle();
+                Communicator at = group.rank(0);
+                try {
+                    if (!one) {
+                        IpcMemory.Exported e = IpcMemory.allocate(at.device(), size, w.arena);
+                        w.buffers.add(e.buffer());
+                        return e.handle();
+                    }
+                    for (Communicator c : group.ranks()) {
+                        at = c;
+                        w.buffers.add(c.device().allocate(size, w.arena));
+                    }
+                    return null;
+                } catch (GpuException e) {
+                    throw new CommException("a symmetric window of " + size + " bytes for " + at + ": " + e.getMessage(), e);
                 }
-                for (Communicator c : group.ranks()) w.buffers.add(c.device().allocate(size, w.arena));
-                return null;
             });
             w.exchanged = !one;
             w.peers = one ? LsaPeers.singleProcess(group, w.buffers) : LsaPeers.exchange(group, w.buffers.getFirst(), handle, w.imports);
