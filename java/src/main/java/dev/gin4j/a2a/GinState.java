@@ -189,7 +189,8 @@ final class GinState implements AutoCloseable {
         System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "GIN all-to-all over " + group.describe() + ": "
                 + (hybrid ? "some peer is outside the LSA team: the hybrid kernels, ncclGin puts for those peers" : "every peer load/store reachable (LSA)")
                 + ", " + slotCapacity + " bytes per source slot");
-        this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, hybrid));
+        this.window = hybrid ? SymmetricWindow.allocateRegistered(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, true))  // GIN puts need NCCL's window
+                : SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, false));
         DeviceComm dc = null;
         try {
             if (hybrid) {

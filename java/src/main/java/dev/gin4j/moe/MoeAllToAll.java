@@ -210,7 +210,7 @@ public final class MoeAllToAll extends NativeResource {
             // failed must not leave the others waiting here (its close below deregisters collectively)
             this.peers = group.failTogether("setting up the MoE exchange's kernels and buffers", () -> {
                 PeerTable peerTable = window == null ? null : PeerTable.resolve(window, arena);
-                if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
+                if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node; " + peerTable.unreachable() + "); use Backend.HOST");
                 for (Communicator c : group.ranks()) {
                     try (Stream s = c.device().createStream()) {
                         ranks.add(new RankState(c, s));
