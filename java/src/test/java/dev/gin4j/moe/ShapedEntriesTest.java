@@ -34,7 +34,8 @@ class ShapedEntriesTest {
     @BeforeAll
     static void setUp() throws Exception {
         if (System.getenv("GIN4J_NVRTC_LIBRARY") == null && System.getProperty("gin4j.nvrtc.library") == null) {
-            Path root = Path.of(System.getProperty("user.dir")).getParent().resolve(".cache/nvrtc");
+            Path here = Path.of(System.getProperty("user.dir")).toAbsolutePath();
+            Path root = Files.isDirectory(here.resolve(".cache/nvrtc")) ? here.resolve(".cache/nvrtc") : here.getParent().resolve(".cache/nvrtc");
             if (Files.isDirectory(root)) {
                 try (Stream<Path> s = Files.list(root)) {
                     s.map(d -> d.resolve("lib/libnvrtc.so.13")).filter(Files::isRegularFile).sorted().reduce((a, b) -> b)
