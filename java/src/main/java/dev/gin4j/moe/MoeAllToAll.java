@@ -23,6 +23,7 @@ import dev.gin4j.gpu.Stream;
 import java.lang.foreign.Arena;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.function.Function;
 
 import static dev.gin4j.gpu.KernelArgs.Type.I32;
@@ -72,6 +73,9 @@ public final class MoeAllToAll extends NativeResource {
     // for prior grids before anything else, so they may start while the previous kernel drains)
     private final LaunchConfig ginLaunch;
     private final long[] query;
+    private static final System.Logger LOG = System.getLogger("dev.gin4j");
+    // set by entryPoint / RankState.entry while the ranks are created (the same for every rank)
+    private volatile ShapedEntries.Source entrySource = ShapedEntries.Source.GENERIC;
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;       // GIN only
     private final PeerTable peers;              // GIN inside one node only
@@ -106,6 +110,15 @@ public final class MoeAllToAll extends NativeResource {
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
 
+        /** The GIN entry of {@code base} for this instance (see entryPoint): from the code object, or compiled for the shape. */
+        Kernel entry(String base) {
+            String name = entryPoint(base, device);
+            if (!name.startsWith(shapedPrefix(base))) return code.kernel(name);
+            if (KernelLibrary.get().kernels(device.arch(), kernelObject()).contains(name) && ShapedEntries.mode() != ShapedEntries.Mode.JIT) return code.kernel(name);
+            entrySource = ShapedEntries.Source.JIT;
+            return ShapedEntries.load(device, base.endsWith("_fp8"), nRanks, cfg.experts(), cfg.topK(), cfg.hidden()).kernel(name);
+        }
+
         /** The HOST kernels' launch: one warp (NVIDIA) or wavefront (AMD) per item, 256-thread blocks, at most 4096 of them. */
         LaunchConfig warpLaunch(long warps) {
             int perBlock = 256 / warpSize;
@@ -132,8 +145,8 @@ public final class MoeAllToAll extends NativeResource {
                 String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
                 // only this backend's kernels: each lookup asks the runtime for the parameters' sizes
                 boolean gin = cfg.backend() == Backend.GIN;
-                dispatch = gin ? code.kernel(entryPoint("moe_gin_dispatch" + fp8, device)) : null;
-                combine = gin ? code.kernel(entryPoint("moe_gin_combine", device)) : null;
+                dispatch = gin ? entry("moe_gin_dispatch" + fp8) : null;
+                combine = gin ? entry("moe_gin_combine") : null;
                 layout = gin ? null : code.kernel("moe_host_layout");
                 pack = gin ? null : code.kernel("moe_host_pack" + fp8);
                 permute = gin ? null : code.kernel("moe_host_permute" + fp8);
@@ -314,11 +327,24 @@ public final class MoeAllToAll extends NativeResource {
     private String entryPoint(String base, Device device) {
         if (query[Q_TOKEN_PATH] != 1) return base;
         List<String> shipped = KernelLibrary.get().kernels(device.arch(), kernelObject());
-        String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
-        if (shipped.contains(shaped)) return shaped;
+        String shaped = shapedPrefix(base) + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
+        ShapedEntries.Mode mode = ShapedEntries.mode();
+        if (mode != ShapedEntries.Mode.GENERIC) {
+            if (mode == ShapedEntries.Mode.AUTO && shipped.contains(shaped)) { entrySource = ShapedEntries.Source.PRECOMPILED; return shaped; }
+            Optional<String> why = ShapedEntries.unavailable(device.arch());
+            if (why.isEmpty()) return shaped;  // compiled for this shape (RankState.entry), also at one rank
+            if (mode == ShapedEntries.Mode.JIT) throw new IllegalStateException("GIN4J_MOE_ENTRIES=jit: " + why.get());
+            LOG.log(System.Logger.Level.DEBUG, () -> "moe: no " + shaped + " precompiled; " + why.get());
+        }
+        entrySource = ShapedEntries.Source.GENERIC;
         if (nRanks == 1 && shipped.contains(base + "_tp_r1")) return base + "_tp_r1";  // one rank, any shape
         return shipped.contains(base + "_tp") ? base + "_tp" : base;
     }
+
+    private static String shapedPrefix(String base) { return base + "_tp_r"; }
+
+    /** Where this instance's GIN token-path entries come from (precompiled, compiled at run time, generic); GENERIC off the token path and on HOST. */
+    public ShapedEntries.Source entrySource() { return entrySource; }
 
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
     public String dispatchKernelName() {
