@@ -208,7 +208,7 @@ final class MoeNetwork implements AutoCloseable {
                     + geometry.dispatchSection() + " + " + geometry.combineSection() + ") bytes of dispatch and combine sections for maxTokens " + cfg.maxTokens()
                     + "), more than half of the GPU's " + memory + " bytes; lower maxTokens");
         long dispRegion = 2L * nRanks * geometry.dispatchSection(), combRegion = 2L * nRanks * geometry.combineSection();
-        this.window = SymmetricWindow.allocate(group, WindowLayout.builder()
+        this.window = SymmetricWindow.allocateRegistered(group, WindowLayout.builder()  // GIN puts need NCCL's window
                 .region("dispatchRecv", dispRegion, 4096).region("dispatchStage", dispRegion, 4096)
                 .region("combineRecv", combRegion, 4096).region("combineStage", combRegion, 4096)
                 .region("dispatchFlags", 16L * nRanks, 256).region("combineFlags", 16L * nRanks, 256).build());
