@@ -145,7 +145,7 @@ final class GinState implements AutoCloseable {
         }
     }
 
-    /** LL staging bytes per (parity, source): gin_a2a_ll_slot_stride in a2a.cu. */
+    /** LL staging bytes per (parity, source): gin_a2a_ll_slot_stride in gin-kernels/src/a2a/window_layout.cuh. */
     static long llSlotStride(long llCapacity) { return 16 + 16 * ((llCapacity + 7) / 8); }
 
     /** LL128 staging bytes per (parity, source): one header line, one 128-byte line per 120 payload bytes (gin_a2a_ll128_slot_stride). */
