@@ -24,7 +24,7 @@ import sys
 import clang.cindex as ci
 
 # -l name -> the hand-written dev.gin4j.bindings.NativeLibrary instance that loads it.
-LIBRARIES = {"cuda": "CUDA", "amdhip64": "HIP", "nccl": "NCCL"}
+LIBRARIES = {"cuda": "CUDA", "amdhip64": "HIP", "nccl": "NCCL", "nvrtc": "NVRTC"}
 
 JAVA_KEYWORDS = set("""abstract assert boolean break byte case catch char class const continue
 default do double else enum extends final finally float for goto if implements import instanceof

@@ -12,7 +12,11 @@
 #ifndef GIN4J_ABI_MOE_H
 #define GIN4J_ABI_MOE_H
 
+/* NVRTC / hiprtc have no C library headers: there the including kernel source (gin_device.cuh)
+ * defines the fixed-width types first. */
+#if !defined(__CUDACC_RTC__) && !defined(__HIPCC_RTC__)
 #include <stdint.h>
+#endif
 
 /* Version of this ABI and of the window / workspace layouts it sizes. */
 #define MOE_ABI_VERSION 3

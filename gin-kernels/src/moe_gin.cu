@@ -16,6 +16,7 @@
 #include "moe/query_layout.cuh"
 #include "moe/dispatch.cuh"
 #include "moe/combine.cuh"
+#include "moe/shaped_entries.cuh"
 
 // ================================================================================================
 // Entry points. moe_gin_dispatch / moe_gin_combine run any accepted instance, either
@@ -48,15 +49,6 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp_r1(MOE_DIS
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp_r1(MOE_COMBINE_PARAMS) {
   gin_combine<MoeShape<true, 1, 0, 0, 0>>(a);
 }
-#define MOE_TP_ENTRIES(R, E, K, H)                                                                      \
-  GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_tp_r##R##_e##E##_k##K##_h##H(      \
-      MOE_DISPATCH_PARAMS) {                                                                            \
-    gin_dispatch<MoeShape<true, R, E, K, H>>(a);                                        \
-  }                                                                                                     \
-  GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_combine_tp_r##R##_e##E##_k##K##_h##H(       \
-      MOE_COMBINE_PARAMS) {                                                                             \
-    gin_combine<MoeShape<true, R, E, K, H>>(a);                                          \
-  }
 MOE_TP_SHAPES(MOE_TP_ENTRIES)
 
 // fp8 dispatch: the same kernels moving scaled fp8 rows (moe_fp8_row_bytes(hidden)
@@ -74,11 +66,6 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp(MOE_DI
 GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r1(MOE_DISPATCH_PARAMS) {
   gin_dispatch<MoeShape<true, 1, 0, 0, 0, true>>(a);
 }
-#define MOE_TP_FP8_ENTRIES(R, E, K, H)                                                                  \
-  GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_dispatch_fp8_tp_r##R##_e##E##_k##K##_h##H(  \
-      MOE_DISPATCH_PARAMS) {                                                                        \
-    gin_dispatch<MoeShape<true, R, E, K, H, true>>(a);                              \
-  }
 MOE_TP_FP8_SHAPES(MOE_TP_FP8_ENTRIES)
 
 // ================================================================================================

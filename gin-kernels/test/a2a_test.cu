@@ -1,20 +1,25 @@
+// gin-kernels-test: link=a2a
 // a2a_test.cu - standalone correctness test and benchmark for the all-to-all kernels of a2a.cu.
 //
 // One process drives every GPU of the machine (N = cudaGetDeviceCount() >= 2), one symmetric
 // window per GPU (cudaMalloc), peer access between all pairs, one stream per GPU; every "rank" is
 // launched on its own stream without a host sync in between, so all ranks run concurrently.
-// No NCCL, no MPI. The kernels are compiled into this program (a2a.cu is included).
+// No NCCL, no MPI. gin-kernels/build --tests links it against src/a2a.cu compiled as the shipped
+// code object is (same nvcc flags, sm_90), so the library kernels checked and timed are the ones
+// shipped; the test-only variants below are instantiated here from the same protocol headers.
 //
-// Build: nvcc -arch=sm_90 -O3 -std=c++17 -o /tmp/a2a_test gin-kernels/test/a2a_test.cu
-// Run:   /tmp/a2a_test            correctness, the timing table, then the large-size candidates
-//        /tmp/a2a_test --quick    skips the 256 MiB checks and timing sizes above 64 MiB
-//        /tmp/a2a_test --no-timing | --timing-only | --variants-only | --no-variants
+// Build: gin-kernels/build --tests   (bin/a2a_test)
+// Run:   a2a_test            correctness, the timing table, then the large-size candidates
+//        a2a_test --quick    skips the 256 MiB checks and timing sizes above 64 MiB
+//        a2a_test --no-timing | --timing-only | --variants-only | --no-variants
 // Exit status: 0 when every check passed, 1 on any mismatch, 2 on a CUDA error or bad setup.
 //
 // Sizes in the correctness part are bytes per peer (so odd sizes are possible); sizes in the
 // timing table are bytes per rank (the whole send buffer, as nccl-tests counts them):
 // algBw = bytes each rank sends / time, busBw = algBw * (N-1)/N.
-#include "../src/a2a.cu"
+#include "../src/a2a/entry_points.cuh"            // the shipped kernels (linked from the a2a object)
+#include "../src/a2a/direct_copy_candidates.cuh"  // a2a_direct and the test-only remote copies
+#include "../src/a2a/ll128.cuh"                   // a2a_ll128, for the unroll variants
 
 #include <algorithm>
 #include <cstddef>
@@ -81,7 +86,7 @@ test_a2a_variant(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* pee
                                                                    rank, nranks, chunksPerPeer, maxChunksPerPeer,
                                                                    errorFlags);
 }
-// LL128 with 2 / 8 warp stores per round per warp instead of the library's GIN_LL128_UNROLL = 4
+// LL128 with 4 / 8 warp stores per round per warp instead of the library's GIN_LL128_UNROLL = 2
 // (same protocol, staging and counters as gin_a2a_ll128, so they may share them).
 template <int kUnroll>
 __global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS)

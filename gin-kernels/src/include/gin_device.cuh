@@ -2,12 +2,33 @@
 // One source compiles with nvcc (CUDA, sm_90/sm_100) and with clang -x hip (gfx942).
 #pragma once
 
-#include <stdint.h>
+#if defined(__CUDACC_RTC__) || defined(__HIPCC_RTC__)
+  // NVRTC / hiprtc (shaped MoE entries compiled at run time, dev.gin4j.moe.ShapedEntries): no
+  // system headers there. The fixed-width types as glibc defines them on x86-64 Linux, so the code
+  // is the one nvcc makes; the runtime's device builtins come predefined.
+  typedef signed char int8_t;
+  typedef short int16_t;
+  typedef int int32_t;
+  typedef long int64_t;
+  typedef unsigned char uint8_t;
+  typedef unsigned short uint16_t;
+  typedef unsigned int uint32_t;
+  typedef unsigned long uint64_t;
+  typedef unsigned long uintptr_t;
+#else
+  #include <stdint.h>
+#endif
 
-#if defined(__HIP__) || defined(__HIPCC__)
+#if defined(__HIPCC_RTC__)
+  #define GIN_HIP 1
+  #define GIN_CUDA 0
+#elif defined(__HIP__) || defined(__HIPCC__)
   #include <hip/hip_runtime.h>
   #define GIN_HIP 1
   #define GIN_CUDA 0
+#elif defined(__CUDACC_RTC__)
+  #define GIN_HIP 0
+  #define GIN_CUDA 1
 #else
   #include <cuda_runtime.h>
   #define GIN_HIP 0

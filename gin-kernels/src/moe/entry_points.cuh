@@ -5,20 +5,10 @@
 
 #include "memory_layout.cuh"
 
-// Model shapes (ranks, experts, top-k, hidden) with token-path entry points of their own, compiled
-// with these sizes as constants (see "Entry points" in moe_gin.cu): DeepSeek-V3, Qwen3-30B-A3B and
-// Mixtral 8x7B at 2, 4 and 8 ranks (expert parallelism inside one node).
-#define MOE_TP_SHAPES(X)                                           \
-  X(2, 256, 8, 7168) X(4, 256, 8, 7168) X(8, 256, 8, 7168)         \
-  X(2, 128, 8, 2048) X(4, 128, 8, 2048) X(8, 128, 8, 2048)         \
-  X(2, 8, 2, 4096) X(4, 8, 2, 4096) X(8, 8, 2, 4096)
-
-// The shapes whose models ship fp8 checkpoints (DeepSeek-V3, Qwen3-30B-A3B) get fp8 token-path
-// entries of their own (Qwen3, 2 ranks on one H200, 128 tokens, gated: 15.3 us against 18.5 through
-// moe_gin_dispatch_fp8_tp); each entry adds ~0.1 MB of code per architecture to the jar.
-#define MOE_TP_FP8_SHAPES(X)                                       \
-  X(2, 256, 8, 7168) X(4, 256, 8, 7168) X(8, 256, 8, 7168)         \
-  X(2, 128, 8, 2048) X(4, 128, 8, 2048) X(8, 128, 8, 2048)
+// The model shapes with token-path entries of their own (moe/shaped_entries.cuh):
+// MOE_TP_SHAPES(X) and MOE_TP_FP8_SHAPES(X) call X(R, E, K, H) once per shape. gin-kernels/build
+// writes moe_shapes.h from gin-kernels/moe_shapes.list; a run-time compile writes its own.
+#include "moe_shapes.h"
 
 // Every entry takes its argument struct of abi/moe.h by value, as const __grid_constant__ (read in
 // place from the parameter space), except three where ptxas allocates registers better with a plain

@@ -1,8 +1,9 @@
-/** Generated FFM bindings (jextract shape) to the CUDA driver, the HIP runtime and NCCL/RCCL, and the layouts of our MoE kernels' ABI. */
+/** Generated FFM bindings (jextract shape) to the CUDA driver, the HIP runtime, NCCL/RCCL and NVRTC, and the layouts of our MoE kernels' ABI. */
 module dev.gin4j.bindings {
     exports dev.gin4j.bindings;
     exports dev.gin4j.bindings.cuda;
     exports dev.gin4j.bindings.hip;
     exports dev.gin4j.bindings.nccl;
+    exports dev.gin4j.bindings.nvrtc;
     exports dev.gin4j.bindings.moe;
 }

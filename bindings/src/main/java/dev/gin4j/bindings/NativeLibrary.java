@@ -45,6 +45,11 @@ public final class NativeLibrary {
     public static final NativeLibrary NCCL = configured("NCCL/RCCL", "GIN4J_NCCL_LIBRARY", "gin4j.nccl.library",
             List.of("libnccl.so.2", "librccl.so.1"), "ncclGetVersion");
 
+    /** NVRTC, the CUDA run-time compiler (the toolkit's, or the nvidia-cuda-nvrtc wheel's); optional. */
+    public static final NativeLibrary NVRTC = configured("NVRTC", "GIN4J_NVRTC_LIBRARY", "gin4j.nvrtc.library",
+            List.of("libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so", "/usr/local/cuda/lib64/libnvrtc.so.13",
+                    "/usr/local/cuda/lib64/libnvrtc.so.12", "/usr/local/cuda/lib64/libnvrtc.so"), "nvrtcVersion");
+
     private final String name;
     private final String envVar;
     private final String property;

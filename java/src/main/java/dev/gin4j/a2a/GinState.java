@@ -145,7 +145,7 @@ final class GinState implements AutoCloseable {
         }
     }
 
-    /** LL staging bytes per (parity, source): gin_a2a_ll_slot_stride in a2a.cu. */
+    /** LL staging bytes per (parity, source): gin_a2a_ll_slot_stride in gin-kernels/src/a2a/window_layout.cuh. */
     static long llSlotStride(long llCapacity) { return 16 + 16 * ((llCapacity + 7) / 8); }
 
     /** LL128 staging bytes per (parity, source): one header line, one 128-byte line per 120 payload bytes (gin_a2a_ll128_slot_stride). */
@@ -189,7 +189,8 @@ final class GinState implements AutoCloseable {
         System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "GIN all-to-all over " + group.describe() + ": "
                 + (hybrid ? "some peer is outside the LSA team: the hybrid kernels, ncclGin puts for those peers" : "every peer load/store reachable (LSA)")
                 + ", " + slotCapacity + " bytes per source slot");
-        this.window = SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, hybrid));
+        this.window = hybrid ? SymmetricWindow.allocateRegistered(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, true))  // GIN puts need NCCL's window
+                : SymmetricWindow.allocate(group, layout(nranks, slotCapacity, llCapacity, ll128Capacity, false));
         DeviceComm dc = null;
         try {
             if (hybrid) {

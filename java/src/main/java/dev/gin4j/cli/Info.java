@@ -125,6 +125,9 @@ final class Info {
             InfoReport.Section here = k.child("for_this_machine");
             devices.stream().map(Device::arch).distinct().forEach(a -> here.put(a, !kernels.objects(a).isEmpty(), "  for this machine's " + a + ": "
                     + (kernels.objects(a).isEmpty() ? "NONE shipped (" + KernelLibrary.rebuildHint(a) + ")" : "shipped")));
+            // MoE shapes outside gin-kernels/moe_shapes.list: compiled on first use, or the generic entry
+            devices.stream().map(Device::arch).distinct().forEach(a -> here.put(a + "_shaped_moe", dev.gin4j.moe.ShapedEntries.unavailable(a).isEmpty(),
+                    "  " + a + ": " + dev.gin4j.moe.ShapedEntries.describe(a)));
         }
     }
 

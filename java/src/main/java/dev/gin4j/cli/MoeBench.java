@@ -56,7 +56,26 @@ final class MoeBench {
 
     static final List<Shape> SHAPES = List.of(new Shape("deepseek-v3", 7168, 256, 8, DType.BF16), new Shape("qwen3-30b-a3b", 2048, 128, 8, DType.BF16),
             new Shape("mixtral", 4096, 8, 2, DType.BF16), new Shape("deepseek-v3-fp8", 7168, 256, 8, DType.FP8_E4M3),
-            new Shape("deepseek-v3-fp8q", 7168, 256, 8, DType.FP8_E4M3, DType.BF16));
+            new Shape("deepseek-v3-fp8q", 7168, 256, 8, DType.FP8_E4M3, DType.BF16),
+            // not in gin-kernels/moe_shapes.list: their shaped entries are compiled on first use
+            new Shape("gpt-oss", 2880, 128, 4, DType.BF16), new Shape("qwen3-235b", 4096, 128, 8, DType.BF16),
+            new Shape("kimi-k2", 7168, 384, 8, DType.BF16), new Shape("deepseek-v2", 5120, 160, 6, DType.BF16));
+
+    /** A shape by name, or a bf16 shape written hidden/experts/topk (e.g. 2880/128/4). */
+    static Shape shape(String name) {
+        for (Shape s : SHAPES) if (s.name().equals(name)) return s;
+        String[] p = name.split("/");
+        if (p.length == 3) {
+            try {
+                int h = Integer.parseInt(p[0].trim()), e = Integer.parseInt(p[1].trim()), k = Integer.parseInt(p[2].trim());
+                if (h > 0 && e > 0 && k > 0) return new Shape(name, h, e, k, DType.BF16);
+            } catch (NumberFormatException ignored) {
+                // reported below
+            }
+        }
+        throw new IllegalArgumentException("--shapes: unknown shape '" + name + "', expected some of " + SHAPES.stream().map(Shape::name).toList()
+                + " or hidden/experts/topk with positive integers (e.g. 2880/128/4)");
+    }
 
     /** Calls back to back in the pipelined measurement. */
     static final int PIPELINED = 20;
@@ -74,7 +93,7 @@ final class MoeBench {
     private MoeBench() {}
 
     static int run(String[] args, PrintStream out) throws IOException {
-        Bench.checkOptions(args, List.of("--tokens", "--shapes", "--routing", "--channels", "--iters", "--warmup", "--out"));
+        Bench.checkOptions(args, List.of("--tokens", "--shapes", "--entries", "--routing", "--channels", "--iters", "--warmup", "--out"));
         int iters = Bench.intOption(args, "--iters", "20", 1);
         int warmup = Bench.intOption(args, "--warmup", "10", 0);  // GIN runs at least 1500
         String tokenList = Bench.option(args, "--tokens", "128,4096");
@@ -87,9 +106,11 @@ final class MoeBench {
         // each count is the instance's maxTokens too, which must be >= 1
         for (int t : tokenCounts) if (t < 1) throw new IllegalArgumentException("--tokens " + tokenList + ": expected token counts >= 1, got " + t);
         List<String> names = List.of(Bench.option(args, "--shapes", "deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q").split(","));
-        for (String n : names)
-            if (SHAPES.stream().noneMatch(sh -> sh.name().equals(n)))
-                throw new IllegalArgumentException("--shapes: unknown shape '" + n + "', expected some of " + SHAPES.stream().map(Shape::name).toList());
+        List<Shape> shapes = names.stream().map(MoeBench::shape).toList();
+        // --entries auto,generic: each shape once per way of choosing the GIN token-path entry (GIN4J_MOE_ENTRIES)
+        List<String> entryModes = List.of(Bench.option(args, "--entries", System.getProperty("gin4j.moe.entries", "auto")).split(","));
+        for (String e : entryModes)
+            if (!List.of("auto", "jit", "generic").contains(e)) throw new IllegalArgumentException("--entries: expected some of auto, jit, generic, got '" + e + "'");
         Path json = Bench.outPath(args, "moe.json");
         Routing routing = Routing.parse(Bench.option(args, "--routing", "uniform"));
         int channels = Bench.intOption(args, "--channels", "0");  // 0: MoeConfig's default (the whole GPU)
@@ -102,11 +123,13 @@ final class MoeBench {
             mode = Bench.modeNote(g);
             floor = launchFloor(g.rank(0).device());
             for (int i = 0; i < floor.length; i++) floor[i] = Bench.slowest(g, floor[i]);
-            SHAPES.stream().filter(s -> names.contains(s.name())).findFirst().ifPresent(
-                    s -> measure(g, s, Arrays.stream(tokenCounts).min().getAsInt(), Backend.GIN, routing, channels, JIT_WARMUP_CALLS, 1));
-            for (Shape shape : SHAPES) {
-                if (!names.contains(shape.name())) continue;
+            System.setProperty("gin4j.moe.entries", entryModes.getFirst());
+            measure(g, shapes.getFirst(), Arrays.stream(tokenCounts).min().getAsInt(), Backend.GIN, routing, channels, JIT_WARMUP_CALLS, 1);
+            for (Shape named : shapes) {
+                for (String entries : entryModes)
                 for (int tokens : tokenCounts) {
+                    System.setProperty("gin4j.moe.entries", entries);
+                    Shape shape = entryModes.size() == 1 ? named : new Shape(named.name() + "/" + entries, named.hidden(), named.experts(), named.topK(), named.dtype(), named.input());
                     for (Backend b : List.of(Backend.GIN, Backend.HOST)) {
                         Row m = measure(g, shape, tokens, b, routing, channels, warmup, iters);
                         Row r = new Row(m.shape(), m.tokens(), m.backend(), Bench.slowest(g, m.dispatchUs()), Bench.slowest(g, m.combineUs()),
@@ -276,7 +299,8 @@ final class MoeBench {
             moe.checkErrors(streams);
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
                     median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
-                    crossingTokens * moe.config().dispatchRowBytes() / local, moe.dispatchKernelName(),
+                    crossingTokens * moe.config().dispatchRowBytes() / local,
+                    moe.dispatchKernelName() + (backend == Backend.GIN ? " [" + moe.entrySource().name().toLowerCase(Locale.ROOT) + "]" : ""),
                     Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()), moe.channels(), beside[0], beside[1]);
         } finally {
             streams.forEach(Stream::close);

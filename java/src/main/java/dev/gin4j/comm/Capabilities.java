@@ -42,13 +42,18 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         boolean devApi = NativeLibrary.NCCL.find("ncclDevCommCreate").isPresent();
         notes.add("symmetric windows (ncclMemAlloc + ncclCommWindowRegister): " + (windows ? "exported" : "not exported (needs NCCL >= 2.27)"));
         notes.add("device API (ncclDevCommCreate): " + (devApi ? "exported" : "not exported (needs NCCL >= 2.28)"));
+        notes.add("LSA (Backend.GIN inside one node: all-to-all, all-to-all-v, MoE): needs no NCCL device API and no particular NCCL version;"
+                + " gin4j maps the peers' windows itself (one process: peer access; one process per GPU: CUDA/HIP IPC handles exchanged over the group)");
+        String ginVersion = DeviceComm.ginVersionProblem(version);
+        notes.add("GIN across nodes: needs NCCL >= " + Nccl.versionString(DeviceComm.GIN_MIN_VERSION) + ", kernels built against its headers and a GIN-capable"
+                + " network or plugin; loaded NCCL " + Nccl.versionString(version) + (ginVersion == null ? " is new enough" : " is too old for it"));
         boolean abiOk = false;
         try {
             NcclDeviceAbi.forLoadedLibrary();
             abiOk = true;
-            notes.add("device-API kernels: built for this NCCL version");
+            notes.add("device-API kernels (GIN across nodes only): built for this NCCL version");
         } catch (CommException e) {
-            notes.add("device-API kernels: " + e.getMessage());
+            notes.add("device-API kernels (GIN across nodes only): " + e.getMessage());
         }
         List<String> rdma = rdmaDevices();
         boolean gin = false;

@@ -39,17 +39,38 @@ public final class DeviceComm extends NativeResource {
         this.created = new boolean[group.localCount()];
     }
 
-    /** Collective: a device communicator for every local rank of {@code group}. */
+    /** The NCCL version that GIN across nodes needs (NCCL_VERSION_CODE of 2.29.7): GIN plugins, and the device API gin4j's GIN kernels are written for. */
+    public static final int GIN_MIN_VERSION = 22907;
+
+    /**
+     * Why the library of version {@code loaded} cannot run GIN across nodes, or null where its
+     * version can (the kernels' headers are checked after: {@link NcclDeviceAbi#checkMatches}).
+     */
+    public static String ginVersionProblem(int loaded) {
+        if (loaded >= GIN_MIN_VERSION) return null;
+        return "GIN across nodes (peers outside the LSA team: another host, or a peer whose memory cannot be mapped) needs NCCL >= "
+                + Nccl.versionString(GIN_MIN_VERSION) + " with a GIN-capable network or plugin and kernels built against its headers, but the loaded library is NCCL "
+                + Nccl.versionString(loaded) + ". Inside one node Backend.GIN works with any NCCL version; across nodes load NCCL >= "
+                + Nccl.versionString(GIN_MIN_VERSION) + " (GIN4J_NCCL_LIBRARY) or use Backend.HOST";
+    }
+
+    /**
+     * Collective: a device communicator for every local rank of {@code group}.
+     * @throws CommException at once, naming the versions, when GIN is asked for and the loaded NCCL is
+     *     older than {@link #GIN_MIN_VERSION}, or when the kernels were built against another NCCL's headers
+     */
     public static DeviceComm create(CommGroup group, Requirements req) {
         group.ensureOpen();
+        boolean gin = req.ginSignalCount() > 0 || req.ginCounterCount() > 0;
+        String tooOld = gin ? ginVersionProblem(Nccl.version()) : null;
+        if (tooOld != null) throw new CommException(tooOld + " (" + Nccl.describe() + ")");
         NcclDeviceAbi abi = NcclDeviceAbi.forLoadedLibrary();
-        if ((req.ginSignalCount() > 0 || req.ginCounterCount() > 0) && !abi.hasRequirement("ginSignalCount")) {
+        if (gin && !abi.hasRequirement("ginSignalCount")) {
             throw new CommException("GIN requested but NCCL " + Nccl.versionString(abi.builtFor()) + " has no GIN fields in ncclDevCommRequirements (GIN needs NCCL >= 2.28.7)");
         }
         DeviceComm dc = new DeviceComm(group, abi);
         Map<String, Integer> fields = new LinkedHashMap<>();
         if (abi.hasRequirement("lsaBarrierCount")) fields.put("lsaBarrierCount", req.lsaBarrierCount());
-        boolean gin = req.ginSignalCount() > 0 || req.ginCounterCount() > 0;
         // the kernels use GIN context 0 (NCCL makes at least as many as it has connections)
         if (gin && abi.hasRequirement("ginContextCount")) fields.put("ginContextCount", 1);
         if (req.ginSignalCount() > 0) fields.put("ginSignalCount", req.ginSignalCount());

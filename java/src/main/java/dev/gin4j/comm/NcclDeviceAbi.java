@@ -13,7 +13,9 @@ import java.util.Properties;
  * kernel build's probe recorded it in the kernel manifest ({@code nccl.*} keys). NCCL's device
  * structs change between releases (2.28.3 has no size/magic/version header and no GIN fields in
  * {@code ncclDevCommRequirements}; 2.29 added them), so gin4j fills them from this record rather
- * than from the generated 2.29 bindings, and refuses to run against a different NCCL.
+ * than from the generated 2.29 bindings, and refuses to run against a different NCCL. Only GIN across
+ * nodes (and {@link PeerTable#fromDeviceApi}) uses these kernels: the LSA path inside a node needs no
+ * device-API struct ({@link SymmetricWindow#allocate}).
  */
 public record NcclDeviceAbi(int builtFor, String include, long devCommSize, long devCommAlign,
                             long requirementsSize, byte[] requirementsInit, Properties raw, boolean gin) {
@@ -41,10 +43,10 @@ public record NcclDeviceAbi(int builtFor, String include, long devCommSize, long
     /** @throws CommException naming both versions and how to rebuild, when they differ */
     public void checkMatches(int loaded) {
         if (loaded != builtFor) {
-            throw new CommException("NCCL device-API version mismatch: the kernels were built against NCCL " + Nccl.versionString(builtFor)
+            throw new CommException("NCCL device-API version mismatch: the device-API kernels (GIN across nodes; the LSA path inside a node needs none) were built against NCCL " + Nccl.versionString(builtFor)
                     + " headers (" + include + ") but the loaded library is NCCL " + Nccl.versionString(loaded) + " (" + Nccl.describe() + "). "
                     + "The device API has no ABI stability across releases: rebuild the kernels against the loaded library's headers with "
-                    + "`gin-kernels/build --nccl-include <its include folder>` and set GIN4J_KERNELS_DIR to the build's resources folder.");
+                    + "`gin-kernels/build --nccl-include <its include folder>` and set GIN4J_KERNELS_DIR to the build's resources folder, or use Backend.HOST.");
         }
     }
 

@@ -14,28 +14,61 @@ import java.util.List;
 /**
  * For each local rank, a device array of {@code worldSize} addresses: where each rank's copy of a
  * symmetric window is mapped in this process (0 where a peer is not load/store reachable).
- * Kernels store into peers through it. One process driving all GPUs shares one address space, so
- * the table is the ranks' own window addresses ({@code ncclMemAlloc} grants peer access); with one
- * process per GPU, NCCL maps peers' windows at registration and the device API tells where
- * ({@code ncclGetLsaPointer}, in the gin_resolve_peers kernel).
+ * Kernels store into peers through it. For a window gin4j maps itself
+ * ({@link SymmetricWindow#allocate}) the addresses come from that mapping (peer access in one
+ * process, CUDA / HIP IPC with one process per GPU), with any NCCL version. For a window registered
+ * with NCCL ({@link SymmetricWindow#allocateRegistered}): one process driving all GPUs shares one
+ * address space, so the table is the ranks' own window addresses ({@code ncclMemAlloc} grants peer
+ * access); with one process per GPU, NCCL maps peers' windows at registration and the device API
+ * tells where ({@code ncclGetLsaPointer}, in the gin_resolve_peers kernel, built against the
+ * headers of the NCCL that loads it).
  */
 public final class PeerTable {
     private final List<DeviceBuffer> tables;
     private final List<long[]> host;
     private final String source;
+    private final boolean allReachable;
+    private final String unreachable;
 
     private PeerTable(List<DeviceBuffer> tables, List<long[]> host, String source) {
+        this(tables, host, source, host.stream().allMatch(b -> java.util.Arrays.stream(b).allMatch(a -> a != 0)), "");
+    }
+
+    private PeerTable(List<DeviceBuffer> tables, List<long[]> host, String source, boolean allReachable, String unreachable) {
         this.tables = tables;
         this.host = host;
         this.source = source;
+        this.allReachable = allReachable;
+        this.unreachable = unreachable;
     }
 
-    /** Chooses the way that works for how the group was set up; tables live as long as {@code arena}. */
+    /**
+     * The table of {@code window}: from gin4j's own mapping, or for a registered window the way that
+     * works for how the group was set up. Local work (no collective); tables live as long as {@code arena}.
+     */
     public static PeerTable resolve(SymmetricWindow window, Arena arena) {
+        if (!window.isRegistered()) return fromMapping(window, arena);
         return window.group().isSingleProcess() ? direct(window, arena) : fromDeviceApi(window, arena);
     }
 
-    /** Single process: the ranks' own window addresses. */
+    /** A gin4j-mapped window: the addresses its mapping found, the reachability every rank agreed on. */
+    private static PeerTable fromMapping(SymmetricWindow window, Arena arena) {
+        LsaPeers peers = window.peers();
+        CommGroup g = window.group();
+        List<DeviceBuffer> tables = new ArrayList<>();
+        List<long[]> host = new ArrayList<>();
+        for (int i = 0; i < g.localCount(); i++) {
+            long[] bases = peers.bases()[i].clone();
+            DeviceBuffer t = g.rank(i).device().allocate(8L * bases.length, arena);
+            t.copyFromHost(MemorySegment.ofArray(bases.clone()));
+            tables.add(t);
+            host.add(bases);
+        }
+        String source = g.isSingleProcess() ? "direct addresses (one process, peer access)" : "CUDA/HIP IPC handles exchanged over the group";
+        return new PeerTable(tables, host, source, peers.allReachable(), peers.unreachable());
+    }
+
+    /** Single process: the ranks' own window addresses (a registered window, or one gin4j mapped: both grant peer access). */
     public static PeerTable direct(SymmetricWindow window, Arena arena) {
         CommGroup g = window.group();
         if (!g.isSingleProcess()) throw new IllegalStateException("direct peer addresses need one process driving every rank");
@@ -58,9 +91,10 @@ public final class PeerTable {
         return new PeerTable(tables, host, "direct addresses (one process, shared address space)");
     }
 
-    /** Any process layout: asks NCCL's device API through the gin_resolve_peers kernel. */
+    /** A registered window, any process layout: asks NCCL's device API through the gin_resolve_peers kernel. Collective. */
     public static PeerTable fromDeviceApi(SymmetricWindow window, Arena arena) {
         CommGroup g = window.group();
+        if (!window.isRegistered()) throw new IllegalArgumentException("NCCL's device API knows only windows registered with NCCL (SymmetricWindow.allocateRegistered); this one gin4j mapped itself");
         List<DeviceBuffer> tables = new ArrayList<>();
         List<long[]> host = new ArrayList<>();
         try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(0, 0, 0))) {
@@ -95,11 +129,14 @@ public final class PeerTable {
     /** A host copy of local rank {@code localIndex}'s table. */
     public long[] bases(int localIndex) { return host.get(localIndex).clone(); }
 
-    /** Whether every peer of every local rank is load/store reachable. */
-    public boolean allReachable() {
-        for (long[] b : host) for (long a : b) if (a == 0) return false;
-        return true;
-    }
+    /**
+     * Whether every peer of every local rank is load/store reachable; for a gin4j-mapped window,
+     * whether every rank reaches every other one, the same answer on every rank.
+     */
+    public boolean allReachable() { return allReachable; }
+
+    /** Why some peer is not reachable (another host, a window that could not be mapped), or "" where that is not known or all are. */
+    public String unreachable() { return unreachable; }
 
     /** Where the addresses came from (for reports). */
     public String source() { return source; }

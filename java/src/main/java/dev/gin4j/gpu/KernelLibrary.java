@@ -157,6 +157,19 @@ public final class KernelLibrary {
         }
     }
 
+    /** A file of the library by its path under dev/gin4j/kernels/ (e.g. the kernel sources, src/...). */
+    public byte[] readResource(String rel) {
+        try {
+            if (folder != null) return Files.readAllBytes(folder.resolve(ROOT + rel));
+            try (InputStream in = resource(ROOT + rel)) {
+                if (in == null) throw new GpuException("the manifest names " + ROOT + rel + " but it is not on the class path");
+                return in.readAllBytes();
+            }
+        } catch (IOException e) {
+            throw new UncheckedIOException("cannot read " + rel + " from " + source(), e);
+        }
+    }
+
     static CodeObject load(Device device, String object) {
         return device.loadCodeObject(object, get().read(device.arch(), object));
     }

@@ -38,6 +38,7 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Optional;
 import java.util.function.Function;
 
 /**
@@ -84,9 +85,13 @@ public final class MoeAllToAll extends NativeResource {
     // for prior grids before anything else, so they may start while the previous kernel drains)
     private final LaunchConfig ginLaunch;
     private final MemorySegment info;           // MoeLayoutInfo of moe_query_layout (host copy)
+    private static final System.Logger LOG = System.getLogger("dev.gin4j");
+    // set by entryPoint / RankState.entry while the ranks are created (the same for every rank)
+    private volatile ShapedEntries.Source entrySource = ShapedEntries.Source.GENERIC;
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;       // GIN only
-    private final PeerTable peers;              // GIN only
+    private final PeerTable peers;              // GIN inside one node only
+    private final MoeNetwork network;           // GIN across nodes only (some peer outside the LSA team)
     private final List<RankState> ranks = new ArrayList<>();
 
     /** Per local rank: kernels, argument structs, buffers. */
@@ -118,6 +123,15 @@ public final class MoeAllToAll extends NativeResource {
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
 
+        /** The GIN entry of {@code base} for this instance (see entryPoint): from the code object, or compiled for the shape. */
+        Kernel entry(String base) {
+            String name = entryPoint(base, device);
+            if (!name.startsWith(shapedPrefix(base))) return code.kernel(name);
+            if (KernelLibrary.get().kernels(device.arch(), kernelObject()).contains(name) && ShapedEntries.mode() != ShapedEntries.Mode.JIT) return code.kernel(name);
+            entrySource = ShapedEntries.Source.JIT;
+            return ShapedEntries.load(device, base.endsWith("_fp8"), nRanks, cfg.experts(), cfg.topK(), cfg.hidden()).kernel(name);
+        }
+
         /** The HOST kernels' launch: one warp (NVIDIA) or wavefront (AMD) per item, 256-thread blocks, at most 4096 of them. */
         LaunchConfig warpLaunch(long warps) {
             int perBlock = 256 / warpSize;
@@ -144,8 +158,8 @@ public final class MoeAllToAll extends NativeResource {
                 String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
                 // only this backend's kernels: each lookup asks the runtime for the parameters' sizes
                 boolean gin = cfg.backend() == Backend.GIN;
-                dispatch = gin ? code.kernel(entryPoint("moe_gin_dispatch" + fp8, device)) : null;
-                combine = gin ? code.kernel(entryPoint("moe_gin_combine", device)) : null;
+                dispatch = gin ? entry("moe_gin_dispatch" + fp8) : null;
+                combine = gin ? entry("moe_gin_combine") : null;
                 layout = gin ? null : code.kernel("moe_host_layout");
                 pack = gin ? null : code.kernel("moe_host_pack" + fp8);
                 permute = gin ? null : code.kernel("moe_host_permute" + fp8);
@@ -246,13 +260,14 @@ public final class MoeAllToAll extends NativeResource {
                 }
                 return q;
             });
-            this.window = cfg.backend() == Backend.GIN
+            boolean acrossNodes = cfg.backend() == Backend.GIN && MoeNetwork.needed(group);
+            this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
             // failed must not leave the others waiting here (its close below deregisters collectively)
             this.peers = group.failTogether("setting up the MoE exchange's kernels and buffers", () -> {
                 PeerTable peerTable = window == null ? null : PeerTable.resolve(window, arena);
-                if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node); use Backend.HOST");
+                if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node; " + peerTable.unreachable() + "); use Backend.HOST");
                 for (Communicator c : group.ranks()) {
                     try (Stream s = c.device().createStream()) {
                         ranks.add(new RankState(c, s));
@@ -264,6 +279,8 @@ public final class MoeAllToAll extends NativeResource {
                 }
                 return peerTable;
             });
+            this.network = acrossNodes ? new MoeNetwork(group, cfg, channels, ranks.stream()
+                    .map(r -> new MoeNetwork.Buffers(r.workspace, r.recvX, r.recvWeights, r.recvCounts, r.y, r.xq, r.errors)).toList()) : null;
         } catch (RuntimeException e) {
             close();
             throw e;
@@ -365,14 +382,30 @@ public final class MoeAllToAll extends NativeResource {
     private String entryPoint(String base, Device device) {
         if (MoeLayoutInfo.tokenPath(info) != 1) return base;
         List<String> shipped = KernelLibrary.get().kernels(device.arch(), kernelObject());
-        String shaped = base + "_tp_r" + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
-        if (shipped.contains(shaped)) return shaped;
+        String shaped = shapedPrefix(base) + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
+        ShapedEntries.Mode mode = ShapedEntries.mode();
+        if (mode != ShapedEntries.Mode.GENERIC) {
+            if (mode == ShapedEntries.Mode.AUTO && shipped.contains(shaped)) { entrySource = ShapedEntries.Source.PRECOMPILED; return shaped; }
+            Optional<String> why = ShapedEntries.unavailable(device.arch());
+            if (why.isEmpty()) return shaped;  // compiled for this shape (RankState.entry), also at one rank
+            if (mode == ShapedEntries.Mode.JIT) throw new IllegalStateException("GIN4J_MOE_ENTRIES=jit: " + why.get());
+            LOG.log(System.Logger.Level.DEBUG, () -> "moe: no " + shaped + " precompiled; " + why.get());
+        }
+        entrySource = ShapedEntries.Source.GENERIC;
         if (nRanks == 1 && shipped.contains(base + "_tp_r1")) return base + "_tp_r1";  // one rank, any shape
         return shipped.contains(base + "_tp") ? base + "_tp" : base;
     }
 
+    private static String shapedPrefix(String base) { return base + "_tp_r"; }
+
+    /** Where this instance's GIN token-path entries come from (precompiled, compiled at run time, generic); GENERIC off the token path and on HOST. */
+    public ShapedEntries.Source entrySource() { return entrySource; }
+
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
-    public String dispatchKernelName() { return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL"; }
+    public String dispatchKernelName() {
+        if (network != null) return network.dispatchKernelName();
+        return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
+    }
 
     /** The configuration it was created with. */
     public MoeConfig config() { return cfg; }
@@ -402,6 +435,8 @@ public final class MoeAllToAll extends NativeResource {
      */
     private void checkOutputs(RankState r, MoeOutputs o, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w) {
         if (o == null) throw new IllegalArgumentException(r.comm + ": outputs must be given (MoeOutputs.INSTANCE_OWNED for the instance's buffers), got null");
+        if (network != null && (o.rows() != null || o.weights() != null || o.counts() != null))
+            throw new UnsupportedOperationException(r.comm + ": caller-owned dispatch outputs are not available across nodes yet; pass MoeOutputs.INSTANCE_OWNED");
         long cap = capacityRows(), rowBytes = cfg.dispatchRowBytes();
         int rowAlign = cfg.dtype() == DType.FP8_E4M3 ? 16 : 2;
         String rowsWhat = cfg.dtype() == DType.FP8_E4M3 ? "[" + cap + "] scaled fp8 rows of " + rowBytes + " bytes" : "[" + cap + "][" + cfg.hidden() + "] bf16";
@@ -499,7 +534,8 @@ public final class MoeAllToAll extends NativeResource {
         MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
-        r.dispatch.launch(stream, ginLaunch, a);
+        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);  // into the instance's buffers (outputs refused across nodes)
+        else r.dispatch.launch(stream, ginLaunch, a);
         return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights());
     }
 
@@ -655,6 +691,8 @@ public final class MoeAllToAll extends NativeResource {
         }
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device() + ", expected " + r.device);
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device() + ", expected " + r.device);
+        if (network != null && y != null)
+            throw new UnsupportedOperationException(r.comm + ": a caller-owned y is not available across nodes yet; pass null for the instance's");
         if (y == null) {
             DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
             return r;
@@ -723,6 +761,11 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the combine launch (y null: the instance's). */
     private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted) {
+        if (network != null) {  // y null: a caller's y is refused across nodes
+            noteUse(stream);
+            network.combine(handle.localIndex(), expertOut, weighted ? r.recvWeights : null, handle.numTokens(), stream);
+            return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
+        }
         DeviceBuffer out = y != null ? y : r.y;
         KernelArgs a = r.combineArgs;
         a.setPointerField(MoeGinCombineArgs.expertOut$offset(), expertOut).setPointerField(MoeGinCombineArgs.recvWeights$offset(), weighted ? handle.weights() : r.unitWeights)
@@ -804,6 +847,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the row values launch. */
     private DeviceBuffer ginRowValues(RankState r, MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
+        if (network != null) throw new UnsupportedOperationException(r.comm + ": returnRowValues is not available across nodes yet (dispatch and combine are); use Backend.HOST for it");
         r.valuesArgs.setPointerField(MoeGinRowValuesArgs.rowValues$offset(), rowValues).setPointerField(MoeGinRowValuesArgs.peerBases$offset(), peers.table(handle.localIndex()));
         MoeGinRowValuesArgs.numTokens(r.valuesArgs.struct(), handle.numTokens());
         noteUse(stream);
@@ -976,6 +1020,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */
     @Override protected void release() {
         List<Runnable> steps = new ArrayList<>();
+        if (network != null) steps.add(network::close);
         for (RankState r : ranks) steps.add(r.code::close);
         steps.add(() -> { if (window != null) window.close(); });
         steps.add(arena::close);

@@ -39,8 +39,11 @@ class CommGpuTest {
         List<Device> devs = rt.devices();
         try (CommGroup g = CommGroup.initAll(devs); Arena arena = Arena.ofShared()) {
             WindowLayout layout = WindowLayout.builder().region("payload", 1 << 20, 4096).build();
-            try (SymmetricWindow w = SymmetricWindow.allocate(g, layout)) {
-                PeerTable peers = PeerTable.direct(w, arena);
+            // gin4j's own mapping (peer access), then a window NCCL registered
+            for (boolean registered : new boolean[] {false, true})
+            try (SymmetricWindow w = registered ? SymmetricWindow.allocateRegistered(g, layout) : SymmetricWindow.allocate(g, layout)) {
+                assertEquals(registered, w.isRegistered());
+                PeerTable peers = registered ? PeerTable.direct(w, arena) : PeerTable.resolve(w, arena);
                 assertTrue(peers.allReachable());
                 int n = (1 << 20) / 4;
                 // rank i writes (src + 1) into rank (i+1)'s payload through the peer table
@@ -76,6 +79,11 @@ class CommGpuTest {
                 }
                 // the device API's table (NCCL's own mapping of the same memory) must reach the same bytes:
                 // rank i reads its peer's payload through it and compares with what the peer holds
+                if (!registered) {
+                    assertThrows(IllegalArgumentException.class, () -> PeerTable.fromDeviceApi(w, arena));
+                    assertThrows(IllegalStateException.class, () -> w.handle(0));
+                    continue;
+                }
                 PeerTable viaNccl = PeerTable.fromDeviceApi(w, arena);
                 assertTrue(viaNccl.allReachable());
                 for (int i = 0; i < g.localCount(); i++) {

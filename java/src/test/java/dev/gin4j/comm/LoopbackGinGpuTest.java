@@ -47,6 +47,23 @@ class LoopbackGinGpuTest {
 
     @Test void fourRanksAllToAllThroughGin() throws Exception { allToAll(4); }
 
+    private static void moe(int world) throws Exception {
+        Gpus.requireKernels(Gpus.runtime(), "nccl_gin_moe");
+        List<String> out = TwoProcessGpuTest.runRanks(ranksAsHosts(), "ginMoe", Map.of(), world);
+        for (String o : out) {
+            assertTrue(o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3, o);
+            assertTrue(o.contains("replayed 1000 times") && o.contains("dispatch: ") && o.contains("combine: "), o);
+            System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
+        }
+    }
+
+    /** MoE dispatch and combine across nodes: 2, 3 and 4 ranks, each its own host, every row through GIN. */
+    @Test void twoRanksMoeAcrossNodes() throws Exception { moe(2); }
+
+    @Test void threeRanksMoeAcrossNodes() throws Exception { moe(3); }
+
+    @Test void fourRanksMoeAcrossNodes() throws Exception { moe(4); }
+
     /**
      * A rank that dies mid-run: the others' next GIN exchange fails well within the time-out,
      * naming the peer (the transport sees its process gone and NCCL reports that), and their group

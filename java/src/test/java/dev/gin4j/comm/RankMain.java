@@ -38,6 +38,8 @@ public final class RankMain {
      * must be refused, clearly, on every rank, and the host-initiated ones must work.
      */
     static final boolean ONE_GPU_AS_HOSTS = "one-gpu-as-hosts".equals(System.getenv("GIN4J_TEST_PLACEMENT"));
+    /** Every rank on the one GPU, separate hosts for NCCL but one for gin4j (GIN4J_HOSTID): LSA over CUDA / HIP IPC. */
+    static final boolean ONE_GPU_ONE_HOST = "one-gpu-one-host".equals(System.getenv("GIN4J_TEST_PLACEMENT"));
 
     public static void main(String[] args) throws Exception {
         String scenario = args.length > 0 ? args[0] : "exchange";
@@ -55,6 +57,7 @@ public final class RankMain {
                 case "peerDiesThenClose" -> peerDiesThenClose(g, rank, seed, arena);
                 case "ginAllToAll" -> LoopbackGinRank.allToAll(g, rank, seed, arena);
                 case "ginPeerDies" -> LoopbackGinRank.peerDies(g, rank, seed, arena);
+                case "ginMoe" -> LoopbackGinMoeRank.run(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
@@ -62,14 +65,20 @@ public final class RankMain {
         System.exit(0);
     }
 
-    /** On ranks posing as hosts: {@code what} must be refused on this rank with the reason and the way out. */
+    /**
+     * On ranks posing as hosts: {@code what} must be refused on this rank, at create, with the reason
+     * (no device communicator, or an NCCL too old for GIN across nodes) and the way out (Backend.HOST).
+     */
     private static void expectNoDeviceComm(String what, Runnable attempt) {
         try {
             attempt.run();
         } catch (CommException e) {
-            if (!e.getMessage().contains("NCCL made no device communicator") || !e.getMessage().contains("Backend.HOST needs none"))
-                throw new AssertionError(what + ": unclear refusal: " + e.getMessage(), e);
-            System.out.println(what + " refused as expected: " + e.getMessage());
+            String m = e.getMessage();
+            boolean reason = m.contains("NCCL made no device communicator") || m.contains("needs NCCL >= 2.29.7") || m.contains("load/store reachable")
+                    || m.contains("device-API version mismatch");
+            if (!reason || !m.contains("Backend.HOST"))
+                throw new AssertionError(what + ": unclear refusal: " + m, e);
+            System.out.println(what + " refused as expected: " + m);
             return;
         }
         throw new AssertionError(what + " was set up although NCCL links these ranks only by sockets");
@@ -106,13 +115,20 @@ public final class RankMain {
         int world = g.worldSize();
         WindowLayout layout = WindowLayout.builder().region("payload", 1 << 20, 4096).build();
         try (SymmetricWindow w = SymmetricWindow.allocate(g, layout); Stream s = d.createStream()) {
+            PeerTable peers = PeerTable.resolve(w, arena);
             if (ONE_GPU_AS_HOSTS) {
-                expectNoDeviceComm("the peer table", () -> PeerTable.resolve(w, arena));
+                // other hosts for gin4j too: no peer mapped, on every rank, and the reason given
+                long[] bases = peers.bases(0);
+                for (int p = 0; p < world; p++)
+                    if ((p == rank) != (bases[p] != 0)) throw new AssertionError("rank " + rank + ": peer table " + Arrays.toString(bases) + " maps another host's window");
+                if (peers.allReachable() || !peers.unreachable().contains("another host"))
+                    throw new AssertionError("ranks posing as hosts taken for one LSA team: " + peers.unreachable());
+                System.out.println("the peer table: other hosts, as expected: " + peers.unreachable());
                 hostAllToAll(g, rank, seed + 7, 10_007, arena, "host all-to-all");
                 return;
             }
-            PeerTable peers = PeerTable.resolve(w, arena);
-            if (!peers.allReachable()) throw new AssertionError("not every peer is load/store reachable: " + Arrays.toString(peers.bases(0)));
+            if (!peers.allReachable()) throw new AssertionError("not every peer is load/store reachable: " + Arrays.toString(peers.bases(0)) + ": " + peers.unreachable());
+            System.out.println("rank " + rank + ": every peer mapped (" + peers.source() + ") with " + Nccl.describe());
             w.region(0, "payload").fill((byte) 0xee, s);
             s.synchronize();
             g.allGatherLongs(new long[] {rank}); // everyone poisoned before anyone writes
@@ -272,7 +288,7 @@ public final class RankMain {
                 SymmetricWindow.allocate(g, WindowLayout.builder().region("payload", windowBytes, 4096).build()).close();
                 throw new AssertionError("rank 1 had no room for " + windowBytes + " bytes, yet the window was made on rank " + rank);
             } catch (CommException e) {
-                String expected = rank == 1 || ONE_GPU_AS_HOSTS ? "ncclMemAlloc(" + windowBytes + " bytes)" : "failed on rank(s) [1]";
+                String expected = rank == 1 || ONE_GPU_AS_HOSTS || ONE_GPU_ONE_HOST ? "(" + windowBytes + " bytes)" : "failed on rank(s) [1]";
                 if (!e.getMessage().contains(expected)) throw new AssertionError("rank " + rank + ": expected '" + expected + "' in: " + e.getMessage(), e);
                 System.out.println("rank " + rank + " window refused together: " + e.getMessage());
             }
@@ -327,7 +343,7 @@ public final class RankMain {
         }
     }
 
-    private static DeviceBuffer upload(Device d, Arena arena, Object array) {
+    static DeviceBuffer upload(Device d, Arena arena, Object array) {
         MemorySegment host = switch (array) {
             case byte[] b -> MemorySegment.ofArray(b);
             case int[] i -> MemorySegment.ofArray(i);
@@ -375,7 +391,7 @@ public final class RankMain {
             if (!g.isClosed()) throw new AssertionError("the group is still open after a peer died", e);
             if (!e.getMessage().contains("all-to-all")) throw new AssertionError("the error does not say what failed: " + e.getMessage(), e);
             // over sockets NCCL sees the closed connection: reported, not left to the time-out
-            if (connected && ONE_GPU_AS_HOSTS && (!e.getMessage().contains("ncclRemoteError") || took > timeout / 2))
+            if (connected && (ONE_GPU_AS_HOSTS || ONE_GPU_ONE_HOST) && (!e.getMessage().contains("ncclRemoteError") || took > timeout / 2))
                 throw new AssertionError("NCCL's report of the dead peer was expected well before the time-out: " + e.getMessage(), e);
         }
     }

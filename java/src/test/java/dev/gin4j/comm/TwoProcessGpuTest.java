@@ -33,14 +33,25 @@ class TwoProcessGpuTest {
          * Every rank on GPU 0, each with its own NCCL_HOSTID: NCCL takes them for separate hosts
          * (it refuses two ranks of one host on one GPU) and links them by sockets on loopback. The
          * host-initiated paths and every cross-process agreement then run on a one-GPU machine; the
-         * GPU-initiated ones must be refused (RankMain.ONE_GPU_AS_HOSTS).
+         * GPU-initiated ones must be refused (RankMain.ONE_GPU_AS_HOSTS): gin4j, too, takes ranks
+         * with different NCCL_HOSTIDs for different hosts.
          */
-        ONE_GPU_AS_HOSTS;
+        ONE_GPU_AS_HOSTS,
+        /**
+         * Every rank on GPU 0, separate hosts for NCCL (NCCL_HOSTID per rank, sockets on loopback, as
+         * above) but one host for gin4j (one GIN4J_HOSTID): gin4j maps the ranks' windows with CUDA /
+         * HIP IPC on the one GPU, so the GPU-initiated paths run over LSA, with no NCCL device API.
+         */
+        ONE_GPU_ONE_HOST;
 
         Map<String, String> env(int rank) {
-            return this == GPU_EACH ? Map.of("LOCAL_RANK", "" + rank, "GIN4J_TEST_PLACEMENT", "gpu-each")
-                    : Map.of("LOCAL_RANK", "0", "GIN4J_TEST_PLACEMENT", "one-gpu-as-hosts", "NCCL_HOSTID", "gin4j-test-host-" + rank,
-                             "NCCL_SOCKET_IFNAME", "lo", "NCCL_IB_DISABLE", "1");
+            return switch (this) {
+                case GPU_EACH -> Map.of("LOCAL_RANK", "" + rank, "GIN4J_TEST_PLACEMENT", "gpu-each");
+                case ONE_GPU_AS_HOSTS -> Map.of("LOCAL_RANK", "0", "GIN4J_TEST_PLACEMENT", "one-gpu-as-hosts", "NCCL_HOSTID", "gin4j-test-host-" + rank,
+                        "NCCL_SOCKET_IFNAME", "lo", "NCCL_IB_DISABLE", "1");
+                case ONE_GPU_ONE_HOST -> Map.of("LOCAL_RANK", "0", "GIN4J_TEST_PLACEMENT", "one-gpu-one-host", "NCCL_HOSTID", "gin4j-test-host-" + rank,
+                        "GIN4J_HOSTID", "gin4j-test-one-host", "NCCL_SOCKET_IFNAME", "lo", "NCCL_IB_DISABLE", "1");
+            };
         }
     }
 
@@ -50,7 +61,7 @@ class TwoProcessGpuTest {
     static Placement twoRanks() throws IOException {
         GpuRuntime rt = Gpus.runtimeWithDevices(1);
         Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
-        Gpus.requireKernels(rt, "nccl_peers");
+        Gpus.requireKernels(rt, "a2a");
         Placement p = rt.devices().size() >= 2 ? Placement.GPU_EACH : Placement.ONE_GPU_AS_HOSTS;
         if (p == Placement.ONE_GPU_AS_HOSTS && SAID.add(p))
             System.err.println("TwoProcessGpuTest: one GPU, so both ranks run on it, each posing as its own host (NCCL over loopback sockets;"
@@ -81,6 +92,7 @@ class TwoProcessGpuTest {
                 logs.add(log);
                 ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), RankMain.class.getName(), scenario);
                 pb.environment().remove("NCCL_COMM_BLOCKING");  // the test's own GIN4J_COMM_NONBLOCKING decides
+                pb.environment().remove("GIN4J_HOSTID");  // the placement decides which ranks gin4j takes for one host
                 pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "MASTER_ADDR", "127.0.0.1",
                         "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60",
                         "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the 180 s below

@@ -10,43 +10,41 @@ import dev.gin4j.gpu.GpuRuntime;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemorySegment;
-import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
 /**
- * One process drives every local GPU; each rank sends 1024 floats to every rank with the
- * GPU-initiated all-to-all, then prints what rank 0 received from each source.
- * Run: java --enable-native-access=ALL-UNNAMED -cp ... dev.gin4j.samples.AllToAllSample
+ * One process drives every local GPU; each rank sends 1024 random floats to every rank with the
+ * GPU-initiated all-to-all; every element every rank received is checked against what its source
+ * sent. Run: java --enable-native-access=ALL-UNNAMED -cp ... dev.gin4j.samples.AllToAllSample
  */
 public final class AllToAllSample {
     public static void main(String[] args) {
         List<Device> devices = GpuRuntime.get().devices();
         int n = devices.size(), count = 1024;
+        long seed = System.nanoTime();
+        java.util.Random random = new java.util.Random(seed);
         try (CommGroup group = CommGroup.initAll(devices); Arena arena = Arena.ofShared();
-             AllToAll a2a = AllToAll.create(group, (long) count * DType.FP32.bytes(), Backend.GIN)) {
+             AllToAll a2a = AllToAll.create(group, (long) count * DType.FP32.bytes(), Backend.GIN);
+             SampleData.PerGpu<Stream> streams = new SampleData.PerGpu<>()) {
             List<DeviceBuffer> inputs = new ArrayList<>();
-            List<Stream> streams = new ArrayList<>();
+            float[][] sent = new float[n][count * n];  // sent[r][p * count + i]: element i from rank r to rank p
             for (int r = 0; r < n; r++) {
-                // rank r sends the value 100*r + p to rank p
-                MemorySegment host = arena.allocate(4L * count * n);
-                for (int p = 0; p < n; p++) for (int i = 0; i < count; i++) host.setAtIndex(ValueLayout.JAVA_FLOAT, (long) p * count + i, 100f * r + p);
-                DeviceBuffer in = devices.get(r).allocate(host.byteSize(), arena);
-                in.copyFromHost(host);
-                inputs.add(in);
+                for (int i = 0; i < sent[r].length; i++) sent[r][i] = random.nextFloat();
+                inputs.add(SampleData.upload(devices.get(r), arena, sent[r]));
                 streams.add(devices.get(r).createStream());
             }
             a2a.runElements(inputs, count, DType.FP32, streams);
             a2a.checkErrors(streams);
-            MemorySegment got = arena.allocate(4L * count * n);
-            a2a.result(0).copyToHost(got);
-            for (int s = 0; s < n; s++) {
-                float v = got.getAtIndex(ValueLayout.JAVA_FLOAT, (long) s * count);
-                System.out.println("rank 0 got " + v + " from rank " + s + " (expected " + 100f * s + ")");
-                if (v != 100f * s) throw new IllegalStateException("wrong value from rank " + s);
+            for (int r = 0; r < n; r++) {
+                float[] got = SampleData.readFloats(a2a.result(r), count * n, streams.get(r));  // got[s * count + i]: from rank s
+                for (int s = 0; s < n; s++)
+                    for (int i = 0; i < count; i++)
+                        if (got[s * count + i] != sent[s][r * count + i])
+                            throw new IllegalStateException("rank " + r + " got " + got[s * count + i] + " as element " + i + " from rank " + s
+                                    + ", which sent " + sent[s][r * count + i] + " (seed " + seed + ")");
             }
-            streams.forEach(Stream::close);
+            System.out.println("each of " + n + " rank(s) received all " + count + " floats from every rank as sent");
         }
     }
 }

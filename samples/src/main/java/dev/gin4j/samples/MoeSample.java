@@ -30,9 +30,9 @@ public final class MoeSample {
         long seed = System.nanoTime();
         Random random = new Random(seed);
         try (CommGroup group = CommGroup.initAll(devices); Arena arena = Arena.ofShared();
-             MoeAllToAll moe = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, topK, tokens, Backend.GIN))) {
+             MoeAllToAll moe = MoeAllToAll.create(group, MoeConfig.bf16(hidden, experts, topK, tokens, Backend.GIN));
+             SampleData.PerGpu<Stream> streams = new SampleData.PerGpu<>()) {
             List<DeviceBuffer> x = new ArrayList<>(), idx = new ArrayList<>(), w = new ArrayList<>();
-            List<Stream> streams = new ArrayList<>();
             short[][] rows = new short[n][tokens * hidden];
             for (int r = 0; r < n; r++) {
                 Device d = devices.get(r);
@@ -67,7 +67,6 @@ public final class MoeSample {
                 }
             }
             System.out.println("y = 0.75 x for all " + tokens + " x " + hidden + " elements on each of " + n + " GPU(s)");
-            streams.forEach(Stream::close);
         }
     }
 

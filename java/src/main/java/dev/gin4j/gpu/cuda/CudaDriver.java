@@ -8,6 +8,7 @@ import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 
+import dev.gin4j.bindings.cuda.CUipcMemHandle_st;
 import dev.gin4j.bindings.cuda.CUlaunchAttributeValue_union;
 import dev.gin4j.bindings.cuda.CUlaunchAttribute_st;
 import dev.gin4j.bindings.cuda.CUlaunchConfig_st;
@@ -201,6 +202,26 @@ public final class CudaDriver implements Driver {
     }
 
     @Override public void synchronize(int dev) { makeCurrent(dev); check("cuCtxSynchronize", cuCtxSynchronize()); }
+
+    @Override public byte[] ipcHandle(int dev, long ptr) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment h = a.allocate(CUipcMemHandle_st.layout());
+            check("cuIpcGetMemHandle", cuIpcGetMemHandle(h, ptr));
+            return h.toArray(ValueLayout.JAVA_BYTE);
+        }
+    }
+
+    @Override public long ipcOpen(int dev, byte[] handle) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment h = a.allocate(CUipcMemHandle_st.layout());
+            MemorySegment.copy(handle, 0, h, ValueLayout.JAVA_BYTE, 0, Math.min(handle.length, (int) h.byteSize()));
+            return outLong("cuIpcOpenMemHandle_v2", out -> cuIpcOpenMemHandle_v2(out, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS()));
+        }
+    }
+
+    @Override public void ipcClose(int dev, long ptr) { makeCurrent(dev); check("cuIpcCloseMemHandle", cuIpcCloseMemHandle(ptr)); }
 
     @Override public long malloc(int dev, long bytes) {
         makeCurrent(dev);

@@ -48,6 +48,12 @@ public interface Driver {
      */
     void ensureCurrent(int dev);
     void enablePeerAccess(int dev, int peer);
+    /** The IPC handle (64 bytes) of the allocation {@link #malloc} returned as {@code ptr}: another process of the host maps it with {@link #ipcOpen}. */
+    byte[] ipcHandle(int dev, long ptr);
+    /** Maps another process's allocation into this process for {@code dev} (peer access enabled lazily where it is on another GPU); returns its address here. */
+    long ipcOpen(int dev, byte[] handle);
+    /** Unmaps what {@link #ipcOpen} mapped. */
+    void ipcClose(int dev, long ptr);
     void synchronize(int dev);
 
     long malloc(int dev, long bytes);

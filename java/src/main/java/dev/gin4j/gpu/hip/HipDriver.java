@@ -9,6 +9,7 @@ import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;
 
 import dev.gin4j.bindings.hip.hipDeviceProp_tR0600;
+import dev.gin4j.bindings.hip.hipIpcMemHandle_st;
 
 import static dev.gin4j.bindings.hip.hip_runtime_api_h.*;
 
@@ -172,6 +173,26 @@ public final class HipDriver implements Driver {
     }
 
     @Override public void synchronize(int dev) { makeCurrent(dev); check("hipDeviceSynchronize", hipDeviceSynchronize()); }
+
+    @Override public byte[] ipcHandle(int dev, long p) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment h = a.allocate(hipIpcMemHandle_st.layout());
+            check("hipIpcGetMemHandle", hipIpcGetMemHandle(h, ptr(p)));
+            return h.toArray(ValueLayout.JAVA_BYTE);
+        }
+    }
+
+    @Override public long ipcOpen(int dev, byte[] handle) {
+        makeCurrent(dev);
+        try (Arena a = Arena.ofConfined()) {
+            MemorySegment h = a.allocate(hipIpcMemHandle_st.layout());
+            MemorySegment.copy(handle, 0, h, ValueLayout.JAVA_BYTE, 0, Math.min(handle.length, (int) h.byteSize()));
+            return allocWith("hipIpcOpenMemHandle", out -> hipIpcOpenMemHandle(out, h, hipIpcMemLazyEnablePeerAccess()));
+        }
+    }
+
+    @Override public void ipcClose(int dev, long p) { makeCurrent(dev); check("hipIpcCloseMemHandle", hipIpcCloseMemHandle(ptr(p))); }
 
     private long allocWith(String call, java.util.function.ToIntFunction<MemorySegment> alloc) {
         try (Arena a = Arena.ofConfined()) {

@@ -1,0 +1,258 @@
+package dev.gin4j.comm;
+
+import dev.gin4j.a2a.Backend;
+import dev.gin4j.gpu.Device;
+import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Graph;
+import dev.gin4j.gpu.Stream;
+import dev.gin4j.moe.Fp8Rows;
+import dev.gin4j.moe.MoeAllToAll;
+import dev.gin4j.moe.MoeConfig;
+import dev.gin4j.moe.MoeDispatch;
+import dev.gin4j.moe.MoeReference;
+
+import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.SplittableRandom;
+
+/**
+ * The MoE exchange across nodes (gin-kernels/src/nccl_gin_moe.cu) on ranks that pose as separate
+ * hosts on one GPU, linked by the loopback GIN transport: every row crosses through ncclGin puts.
+ * Each case checks every received row, weight and count against the CPU reference (and, once, byte
+ * for byte against HOST), the combine within bf16 tolerance, and the transport's counters against
+ * the bytes the rule allows: per dispatch, to each peer, (tokens going there) x (row bytes) plus
+ * the metadata (the header, {@code align16(8 + 4L)} bytes, and 12K bytes per token); per combine,
+ * (tokens received from that peer) x 2H bytes. Every rank draws every rank's inputs from the seed.
+ */
+final class LoopbackGinMoeRank {
+    private LoopbackGinMoeRank() {}
+
+    /** One case: shape, tokens per rank (by rank), routing, rows. */
+    record Case(String name, int hidden, int experts, int k, int maxTokens, int[] tokens, MoeReference.Routing routing, boolean fp8) {}
+
+    static void run(CommGroup g, int rank, long seed, Arena arena) {
+        int world = g.worldSize();
+        List<Case> cases = new ArrayList<>();
+        int[] skewed = new int[world];
+        for (int r = 0; r < world; r++) skewed[r] = r == 0 ? 128 : (r == 1 ? 1 : 37);
+        cases.add(new Case("small odd hidden", 200, 4 * world, 3, 128, skewed, MoeReference.Routing.SOME_MASKED, false));
+        cases.add(new Case("nothing to the last rank", 256, 4 * world, 2, 64, fill(world, 64), MoeReference.Routing.NOTHING_TO_LAST_RANK, false));
+        cases.add(new Case("no tokens", 256, 4 * world, 2, 64, fill(world, 0), MoeReference.Routing.UNIFORM, false));
+        int[][] models = {{7168, 256, 8}, {2048, 128, 8}, {4096, 8, 2}, {2880, 128, 4}};
+        String[] names = {"DeepSeek-V3", "Qwen3-30B-A3B", "Mixtral", "gpt-oss"};
+        for (int m = 0; m < models.length; m++) {
+            if (models[m][1] % world != 0) continue;
+            for (int t : new int[] {1, 128})
+                cases.add(new Case(names[m] + " T=" + t, models[m][0], models[m][1], models[m][2], 128, fill(world, t), MoeReference.Routing.UNIFORM, false));
+        }
+        if (256 % world == 0) {
+            cases.add(new Case("DeepSeek-V3 T=4096", 7168, 256, 8, 4096, fill(world, 4096), MoeReference.Routing.UNIFORM, false));
+            cases.add(new Case("DeepSeek-V3 fp8 T=128", 7168, 256, 8, 128, fill(world, 128), MoeReference.Routing.SOME_MASKED, true));
+        }
+        int[] small = skewed.clone();
+        for (int i = 0; i < small.length; i++) small[i] = Math.min(small[i], 64);
+        cases.add(new Case("fp8 small", 256, 4 * world, 3, 64, small, MoeReference.Routing.SOME_MASKED, true));
+        Counters counters = new Counters();
+        Device d = g.rank(0).device();
+        boolean hostCompared = false;
+        for (Case c : cases) {
+            runCase(g, rank, seed + c.name().hashCode(), arena, d, c, counters, !hostCompared);
+            hostCompared = true;
+        }
+        repeated(g, rank, seed, arena, d);
+    }
+
+    static int[] fill(int n, int v) { int[] a = new int[n]; Arrays.fill(a, v); return a; }
+
+    /** LoopbackGinRank's counters (that class is the one place that reads the transport). */
+    static final class Counters {
+        final LoopbackGinRank.Counters c = new LoopbackGinRank.Counters();
+        long[][] all(int world) { return c.all(world); }
+    }
+
+    static MoeReference.Input[] inputs(Case c, int world, long seed, Device d, Arena arena, Stream s) {
+        MoeReference.Input[] in = new MoeReference.Input[world];
+        for (int r = 0; r < world; r++) {
+            MoeReference.Input bf = MoeReference.input(new SplittableRandom(seed * 31 + r), r, world, c.tokens()[r], c.hidden(), c.experts(), c.k(), c.routing());
+            if (!c.fp8()) { in[r] = bf; continue; }
+            // the fp8 rows every rank's dispatch makes from its bf16 x (the fake experts keep the bf16 values)
+            try (Fp8Rows q = new Fp8Rows(d)) {
+                DeviceBuffer x = RankMain.upload(d, arena, bf.rows());
+                DeviceBuffer out = q.quantize(x, bf.tokens(), c.hidden(), arena, s);
+                q.checkErrors(s);
+                byte[] rows = bf.tokens() == 0 ? new byte[0] : out.slice(0, bf.tokens() * Fp8Rows.rowBytes(c.hidden())).toByteArray();
+                in[r] = new MoeReference.Input(bf.tokens(), rows, bf.values(), bf.idx(), bf.w(), bf.rows());
+            }
+        }
+        return in;
+    }
+
+    private static void runCase(CommGroup g, int rank, long seed, Arena arena, Device d, Case c, Counters counters, boolean compareHost) {
+        int world = g.worldSize();
+        try (Stream s = d.createStream()) {
+            MoeReference.Input[] in = inputs(c, world, seed, d, arena, s);
+            byte[] ginRows = null;
+            for (Backend b : compareHost ? List.of(Backend.GIN, Backend.HOST) : List.of(Backend.GIN)) {
+                MoeConfig cfg = c.fp8() ? MoeConfig.fp8FromBf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b)
+                        : MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b);
+                try (MoeAllToAll moe = MoeAllToAll.create(g, cfg)) {
+                    if (b == Backend.GIN && !moe.dispatchKernelName().contains("moe_net_dispatch"))
+                        throw new AssertionError("every peer is on another host, but the exchange runs " + moe.dispatchKernelName());
+                    int rowBytes = (int) cfg.dispatchRowBytes();
+                    DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()),
+                            w = RankMain.upload(d, arena, in[rank].w());
+                    // a first dispatch gives the result buffers (the instance's own, rewritten by every
+                    // dispatch); they are poisoned, and the second dispatch (the other parity) must fill them
+                    MoeDispatch first = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+                    moe.checkErrors(List.of(s));
+                    first.rows().fill((byte) 0x5a, s);
+                    first.weights().fill((byte) 0x7f, s);
+                    first.counts().fill((byte) 0x33, s);
+                    long[][] before = counters.all(world);
+                    MoeDispatch h = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+                    moe.checkErrors(List.of(s));
+                    long[][] afterDispatch = counters.all(world);
+                    byte[] got = checkLayout(h, in, rank, rowBytes, c, b);
+                    if (b == Backend.GIN) {
+                        ginRows = got;
+                        expectDispatchTraffic(before, afterDispatch, in, rank, rowBytes, c, chunks(moe, world));
+                    } else if (!Arrays.equals(ginRows, got)) {
+                        throw new AssertionError(c.name() + ": GIN across nodes and HOST layouts differ on rank " + rank);
+                    }
+                    MoeReference.Layout exp = MoeReference.expected(in, rank, rowBytes, c.experts(), c.k());
+                    DeviceBuffer out = RankMain.upload(d, arena, MoeReference.expertOut(in, exp, c.hidden(), moe.capacityRows()));
+                    for (boolean weighted : new boolean[] {true, false}) {
+                        DeviceBuffer y = weighted ? moe.combine(h, out, s) : moe.combineUnweighted(h, out, s);
+                        moe.checkErrors(List.of(s));
+                        String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), weighted);
+                        if (off != null) throw new AssertionError(c.name() + " " + b + (weighted ? "" : " unweighted") + ": y on rank " + rank + " " + off);
+                    }
+                    if (b == Backend.GIN) expectCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, chunks(moe, world));
+                    System.out.println("rank " + rank + " MoE across nodes, " + c.name() + " " + b + ": " + exp.rows().size()
+                            + " rows received, layout, weights, counts and y checked");
+                }
+            }
+        }
+    }
+
+    /** The exchange kernel's blocks per peer and role (MoeNetwork: channels / R, within a 256-block grid). */
+    static int chunks(MoeAllToAll moe, int world) { return Math.max(1, Math.min(moe.channels() / world, 256 / (2 * world))); }
+
+    /** Counts, every row byte and every weight of the expert-major result against the reference; returns the rows. */
+    private static byte[] checkLayout(MoeDispatch h, MoeReference.Input[] in, int rank, int rowBytes, Case c, Backend b) {
+        MoeReference.Layout exp = MoeReference.expected(in, rank, rowBytes, c.experts(), c.k());
+        int rows = exp.rows().size();
+        int[] counts = new int[c.experts() / in.length];
+        MemorySegment.copy(MemorySegment.ofArray(h.counts().toByteArray()), ValueLayout.JAVA_INT_UNALIGNED, 0, counts, 0, counts.length);
+        if (!Arrays.equals(exp.counts(), counts))
+            throw new AssertionError(c.name() + " " + b + ": per-expert counts on rank " + rank + ": expected " + Arrays.toString(exp.counts()) + " got " + Arrays.toString(counts));
+        byte[] got = rows == 0 ? new byte[0] : h.rows().slice(0, (long) rows * rowBytes).toByteArray();
+        float[] weights = new float[rows];
+        if (rows > 0) MemorySegment.copy(MemorySegment.ofArray(h.weights().slice(0, 4L * rows).toByteArray()), ValueLayout.JAVA_FLOAT_UNALIGNED, 0, weights, 0, rows);
+        for (int r = 0; r < rows; r++) {
+            int[] o = exp.origin().get(r);
+            if (!Arrays.equals(exp.rows().get(r), 0, rowBytes, got, r * rowBytes, (r + 1) * rowBytes) || exp.weights().get(r) != weights[r])
+                throw new AssertionError(c.name() + " " + b + ": rank " + rank + " row " + r + " (source " + o[0] + " token " + o[1] + " expert " + o[2] + ") or its weight differs");
+        }
+        return got;
+    }
+
+    /** Tokens of {@code src} with at least one expert on rank {@code dst}. */
+    static long tokensTo(MoeReference.Input src, int dst, int experts, int k, int world) {
+        int l = experts / world;
+        long n = 0;
+        for (int t = 0; t < src.tokens(); t++) {
+            boolean any = false;
+            for (int q = 0; q < k; q++) { int e = src.idx()[t * k + q]; any |= e >= 0 && e / l == dst; }
+            if (any) n++;
+        }
+        return n;
+    }
+
+    static long align(long v, long a) { return (v + a - 1) / a * a; }
+
+    /**
+     * One dispatch's network traffic to each peer: rows = tokens going there x row bytes (once per
+     * token, however many of its experts are there), metadata = the header + 12K bytes per token;
+     * at most two puts and exactly one signal per block (chunk); nothing to itself.
+     */
+    private static void expectDispatchTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, int rowBytes, Case c, int chunks) {
+        int world = in.length;
+        long header = align(8 + 4L * (c.experts() / world), 16);
+        for (int p = 0; p < world; p++) {
+            long puts = after[p][0] - before[p][0], signals = after[p][1] - before[p][1], bytes = after[p][2] - before[p][2];
+            long n = tokensTo(in[rank], p, c.experts(), c.k(), world), rows = n * rowBytes, meta = header + 12L * c.k() * n;
+            boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == rows + meta && puts <= 2L * chunks && signals == chunks;
+            if (!ok) throw new AssertionError(c.name() + ": dispatch rank " + rank + " -> " + p + ": " + puts + " puts, " + signals + " signals, " + bytes
+                    + " bytes; expected " + (rows + meta) + " bytes (" + n + " tokens x " + rowBytes + " row bytes + " + meta + " of metadata), at most "
+                    + 2 * chunks + " puts and " + chunks + " signals");
+            if (p != rank) System.out.printf("rank %d -> %d, %s dispatch: %d puts, %d signals, %d bytes on the network (rows %d = %d tokens x %d, metadata %d)%n",
+                    rank, p, c.name(), puts, signals, bytes, rows, n, rowBytes, meta);
+        }
+    }
+
+    /** {@code calls} combines' traffic to each peer: one bf16 partial per token that peer sent here, at most one put and one signal per block. */
+    private static void expectCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, int chunks) {
+        int world = in.length;
+        for (int p = 0; p < world; p++) {
+            long puts = after[p][0] - before[p][0], signals = after[p][1] - before[p][1], bytes = after[p][2] - before[p][2];
+            long n = tokensTo(in[p], rank, c.experts(), c.k(), world), want = calls * n * 2L * c.hidden();
+            boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == want && puts <= (long) calls * chunks && signals == (long) calls * chunks;
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " combines rank " + rank + " -> " + p + ": " + puts + " puts, " + signals + " signals, "
+                    + bytes + " bytes; expected " + want + " (" + n + " partial rows of " + 2 * c.hidden() + " bytes per call)");
+            if (p != rank) System.out.printf("rank %d -> %d, %s combine: %d bytes on the network per call (%d partials x %d)%n", rank, p, c.name(), bytes / calls, n, 2 * c.hidden());
+        }
+    }
+
+    /**
+     * 1,000 dispatch + combine pairs back to back, inputs alternating between two routings, then one
+     * pair captured into a graph and replayed 1,000 times: the last results checked in full.
+     */
+    private static void repeated(CommGroup g, int rank, long seed, Arena arena, Device d) {
+        int world = g.worldSize();
+        Case c = new Case("repeated", 256, 4 * world, 2, 32, fill(world, 32), MoeReference.Routing.SOME_MASKED, false);
+        try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN))) {
+            int rowBytes = (int) moe.config().dispatchRowBytes();
+            MoeReference.Input[][] in = {inputs(c, world, seed + 1, d, arena, s), inputs(c, world, seed + 2, d, arena, s)};
+            DeviceBuffer[][] dev = new DeviceBuffer[2][];
+            DeviceBuffer[] out = new DeviceBuffer[2];
+            for (int v = 0; v < 2; v++) {
+                dev[v] = new DeviceBuffer[] {RankMain.upload(d, arena, in[v][rank].x()), RankMain.upload(d, arena, in[v][rank].idx()), RankMain.upload(d, arena, in[v][rank].w())};
+                MoeReference.Layout exp = MoeReference.expected(in[v], rank, rowBytes, c.experts(), c.k());
+                out[v] = RankMain.upload(d, arena, MoeReference.expertOut(in[v], exp, c.hidden(), moe.capacityRows()));
+            }
+            long start = System.nanoTime();
+            MoeDispatch h = null;
+            DeviceBuffer y = null;
+            for (int i = 0; i < 1000; i++) {
+                int v = i % 2;
+                h = moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], c.tokens()[rank], s);
+                y = moe.combine(h, out[v], s);
+            }
+            moe.checkErrors(List.of(s));
+            System.out.printf("rank %d: 1000 back-to-back MoE dispatch + combine pairs across nodes: %.1f us per pair%n", rank, (System.nanoTime() - start) / 1e3 / 1000);
+            checkLayout(h, in[1], rank, rowBytes, c, Backend.GIN);
+            String off = MoeReference.combineMismatch(in[1][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            if (off != null) throw new AssertionError("after 1000 back-to-back pairs: y on rank " + rank + " " + off);
+            s.synchronize();
+            s.beginCapture();
+            h = moe.dispatch(0, dev[0][0], dev[0][1], dev[0][2], c.tokens()[rank], s);
+            y = moe.combine(h, out[0], s);
+            try (Graph graph = s.endCapture()) {
+                h.rows().fill((byte) 0x5a, s);
+                y.fill((byte) 0x5a, s);
+                start = System.nanoTime();
+                for (int i = 0; i < 1000; i++) graph.launch(s);
+                moe.checkErrors(List.of(s));
+                System.out.printf("rank %d: a captured MoE dispatch + combine across nodes replayed 1000 times: %.1f us per replay%n", rank, (System.nanoTime() - start) / 1e3 / 1000);
+            }
+            checkLayout(h, in[0], rank, rowBytes, c, Backend.GIN);
+            off = MoeReference.combineMismatch(in[0][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            if (off != null) throw new AssertionError("after 1000 graph replays: y on rank " + rank + " " + off);
+        }
+    }
+}
