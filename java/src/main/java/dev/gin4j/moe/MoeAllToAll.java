@@ -121,6 +121,7 @@ public final class MoeAllToAll extends NativeResource {
         // copied, so that the caller may reuse its topkIdx / topkWeights buffers after the dispatch as on GIN
         DeviceBuffer routingIdx, routingWeights;
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
+        final List<CodeObject> compiledCode = new ArrayList<>();  // shaped entries compiled for this shape (ShapedEntries)
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
 
         /** The GIN entry of {@code base} for this instance (see entryPoint): from the code object, or compiled for the shape. */
@@ -129,7 +130,9 @@ public final class MoeAllToAll extends NativeResource {
             if (!name.startsWith(shapedPrefix(base))) return code.kernel(name);
             if (KernelLibrary.get().kernels(device.arch(), kernelObject()).contains(name) && ShapedEntries.mode() != ShapedEntries.Mode.JIT) return code.kernel(name);
             entrySource = ShapedEntries.Source.JIT;
-            return ShapedEntries.load(device, base.endsWith("_fp8"), nRanks, cfg.experts(), cfg.topK(), cfg.hidden()).kernel(name);
+            CodeObject compiled = ShapedEntries.load(device, base.endsWith("_fp8"), nRanks, cfg.experts(), cfg.topK(), cfg.hidden());
+            compiledCode.add(compiled);  // closed with the instance
+            return compiled.kernel(name);
         }
 
         /** The HOST kernels' launch: one warp (NVIDIA) or wavefront (AMD) per item, 256-thread blocks, at most 4096 of them. */
@@ -223,6 +226,7 @@ public final class MoeAllToAll extends NativeResource {
                 }
             } catch (RuntimeException e) {
                 code.close();  // the buffers go with the instance's arena; this state never joins ranks
+                compiledCode.forEach(CodeObject::close);
                 throw e;
             }
         }
@@ -530,7 +534,8 @@ public final class MoeAllToAll extends NativeResource {
         a.setPointerField(MoeGinDispatchArgs.x$offset(), x).setPointerField(MoeGinDispatchArgs.topkIdx$offset(), topkIdx)
                 .setPointerField(MoeGinDispatchArgs.topkWeights$offset(), topkWeights)
                 .setPointerField(MoeGinDispatchArgs.recvX$offset(), out.rows()).setPointerField(MoeGinDispatchArgs.recvWeights$offset(), out.weights())
-                .setPointerField(MoeGinDispatchArgs.recvCounts$offset(), out.counts()).setPointerField(MoeGinDispatchArgs.peerBases$offset(), peers.table(localIndex));
+                .setPointerField(MoeGinDispatchArgs.recvCounts$offset(), out.counts());
+        if (peers != null) a.setPointerField(MoeGinDispatchArgs.peerBases$offset(), peers.table(localIndex));  // across nodes: no LSA table
         MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
@@ -1021,7 +1026,10 @@ public final class MoeAllToAll extends NativeResource {
     @Override protected void release() {
         List<Runnable> steps = new ArrayList<>();
         if (network != null) steps.add(network::close);
-        for (RankState r : ranks) steps.add(r.code::close);
+        for (RankState r : ranks) {
+            steps.add(r.code::close);
+            for (CodeObject c : r.compiledCode) steps.add(c::close);
+        }
         steps.add(() -> { if (window != null) window.close(); });
         steps.add(arena::close);
         releaseAll(steps.toArray(Runnable[]::new));

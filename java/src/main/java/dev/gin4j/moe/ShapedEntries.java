@@ -51,8 +51,8 @@ public final class ShapedEntries {
     /** Where an instance's entry came from, for reports. */
     public enum Source { PRECOMPILED, JIT, GENERIC }
 
-    // loaded JIT modules, per device and program; kept for the life of the process (like the libraries)
-    private static final Map<String, CodeObject> LOADED = new ConcurrentHashMap<>();
+    // compiled cubins per architecture and shape, for the life of the process (each instance loads its own module)
+    private static final Map<String, byte[]> CUBINS = new ConcurrentHashMap<>();
     private static volatile boolean builtinsLoaded;
 
     private ShapedEntries() {}
@@ -101,11 +101,14 @@ public final class ShapedEntries {
         return fp8 ? List.of("moe_gin_dispatch_fp8" + shape) : List.of("moe_gin_dispatch" + shape, "moe_gin_combine" + shape);
     }
 
-    /** The shaped program loaded on {@code device}, compiled (or read from the cache) on first use. */
+    /**
+     * The shaped program loaded on {@code device}, compiled (or read from the cache) on first use; the
+     * caller owns the code object and closes it (the cubin stays in memory for the next instance).
+     */
     static CodeObject load(Device device, boolean fp8, int ranks, int experts, int topK, int hidden) {
-        String key = device.ordinal() + "/" + (fp8 ? "fp8" : "bf16") + "_r" + ranks + "_e" + experts + "_k" + topK + "_h" + hidden;
-        return LOADED.computeIfAbsent(key, k -> device.loadCodeObject("moe_gin_jit_" + k.substring(k.indexOf('/') + 1),
-                cubin(device.arch(), fp8, ranks, experts, topK, hidden)));
+        String key = device.arch() + "/" + (fp8 ? "fp8" : "bf16") + "_r" + ranks + "_e" + experts + "_k" + topK + "_h" + hidden;
+        byte[] bytes = CUBINS.computeIfAbsent(key, k -> cubin(device.arch(), fp8, ranks, experts, topK, hidden));
+        return device.loadCodeObject("moe_gin_jit_" + key.substring(key.indexOf('/') + 1), bytes);
     }
 
     /**

@@ -176,35 +176,37 @@ final class LoopbackGinMoeRank {
     static long align(long v, long a) { return (v + a - 1) / a * a; }
 
     /**
-     * One dispatch's network traffic to each peer: rows = tokens going there x row bytes (once per
-     * token, however many of its experts are there), metadata = the header + 12K bytes per token;
-     * at most two puts and exactly one signal per block (chunk); nothing to itself.
+     * One dispatch's network traffic from each peer, as this rank's transport received it (complete
+     * once this rank's dispatch has ended; what it sent may still be on its way): rows = the peer's
+     * tokens coming here x row bytes (once per token, however many of its experts are here),
+     * metadata = the header + 12K bytes per token; at most two puts and exactly one signal per
+     * block (chunk); nothing from itself.
      */
     private static void expectDispatchTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, int rowBytes, Case c, int chunks) {
         int world = in.length;
         long header = align(8 + 4L * (c.experts() / world), 16);
         for (int p = 0; p < world; p++) {
-            long puts = after[p][0] - before[p][0], signals = after[p][1] - before[p][1], bytes = after[p][2] - before[p][2];
-            long n = tokensTo(in[rank], p, c.experts(), c.k(), world), rows = n * rowBytes, meta = header + 12L * c.k() * n;
+            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
+            long n = tokensTo(in[p], rank, c.experts(), c.k(), world), rows = n * rowBytes, meta = header + 12L * c.k() * n;
             boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == rows + meta && puts <= 2L * chunks && signals == chunks;
-            if (!ok) throw new AssertionError(c.name() + ": dispatch rank " + rank + " -> " + p + ": " + puts + " puts, " + signals + " signals, " + bytes
+            if (!ok) throw new AssertionError(c.name() + ": dispatch rank " + p + " -> " + rank + ": " + puts + " puts, " + signals + " signals, " + bytes
                     + " bytes; expected " + (rows + meta) + " bytes (" + n + " tokens x " + rowBytes + " row bytes + " + meta + " of metadata), at most "
                     + 2 * chunks + " puts and " + chunks + " signals");
             if (p != rank) System.out.printf("rank %d -> %d, %s dispatch: %d puts, %d signals, %d bytes on the network (rows %d = %d tokens x %d, metadata %d)%n",
-                    rank, p, c.name(), puts, signals, bytes, rows, n, rowBytes, meta);
+                    p, rank, c.name(), puts, signals, bytes, rows, n, rowBytes, meta);
         }
     }
 
-    /** {@code calls} combines' traffic to each peer: one bf16 partial per token that peer sent here, at most one put and one signal per block. */
+    /** {@code calls} combines' traffic from each peer, as received: one bf16 partial per token this rank sent there, at most one put and one signal per block. */
     private static void expectCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, int chunks) {
         int world = in.length;
         for (int p = 0; p < world; p++) {
-            long puts = after[p][0] - before[p][0], signals = after[p][1] - before[p][1], bytes = after[p][2] - before[p][2];
-            long n = tokensTo(in[p], rank, c.experts(), c.k(), world), want = calls * n * 2L * c.hidden();
+            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
+            long n = tokensTo(in[rank], p, c.experts(), c.k(), world), want = calls * n * 2L * c.hidden();
             boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == want && puts <= (long) calls * chunks && signals == (long) calls * chunks;
-            if (!ok) throw new AssertionError(c.name() + ": " + calls + " combines rank " + rank + " -> " + p + ": " + puts + " puts, " + signals + " signals, "
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " combines rank " + p + " -> " + rank + ": " + puts + " puts, " + signals + " signals, "
                     + bytes + " bytes; expected " + want + " (" + n + " partial rows of " + 2 * c.hidden() + " bytes per call)");
-            if (p != rank) System.out.printf("rank %d -> %d, %s combine: %d bytes on the network per call (%d partials x %d)%n", rank, p, c.name(), bytes / calls, n, 2 * c.hidden());
+            if (p != rank) System.out.printf("rank %d -> %d, %s combine: %d bytes on the network per call (%d partials x %d)%n", p, rank, c.name(), bytes / calls, n, 2 * c.hidden());
         }
     }
 

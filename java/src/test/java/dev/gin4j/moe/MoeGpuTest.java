@@ -258,7 +258,9 @@ class MoeGpuTest {
         both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM);
         // DeepSeek-V3 has token-path entry points of its own at 2, 4 and 8 ranks (the shape as constants)
         try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, experts(256), 8, 128, Backend.GIN))) {
-            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_tp_r1" : "moe_gin_dispatch_tp";
+            // listed shapes precompiled at 2, 4 and 8 ranks; other rank counts compiled for the shape where NVRTC is there
+            boolean shaped = List.of(2, 4, 8).contains(n) || gin.entrySource() == ShapedEntries.Source.JIT;
+            String want = shaped ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_tp_r1" : "moe_gin_dispatch_tp";
             assertEquals(want, gin.dispatchKernelName());
         }
     }
@@ -298,7 +300,8 @@ class MoeGpuTest {
         both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, Rows.FP8);
         try (MoeAllToAll tp = MoeAllToAll.create(group, MoeConfig.fp8(7168, experts(256), 8, 128, Backend.GIN));
              MoeAllToAll layout = MoeAllToAll.create(group, MoeConfig.fp8(272, experts(16), 8, 600, Backend.GIN))) {
-            String want = List.of(2, 4, 8).contains(n) ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_fp8_tp_r1" : "moe_gin_dispatch_fp8_tp";
+            boolean shaped = List.of(2, 4, 8).contains(n) || tp.entrySource() == ShapedEntries.Source.JIT;
+            String want = shaped ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_fp8_tp_r1" : "moe_gin_dispatch_fp8_tp";
             assertEquals(want, tp.dispatchKernelName());
             assertEquals("moe_gin_dispatch_fp8", layout.dispatchKernelName());
         }
@@ -411,13 +414,11 @@ class MoeGpuTest {
             assertTrue(staleValues.getMessage().contains("last dispatch"), staleValues.getMessage());
             // Refused on the last rank only: nothing may have been launched for the others (their
             // collective kernels would wait for it until their time-out, which checkErrors reports).
-            List<DeviceBuffer> shortValues = new ArrayList<>(values), shortOuts = new ArrayList<>(outs);
+            List<DeviceBuffer> shortValues = new ArrayList<>(values);
             shortValues.set(n - 1, devs.get(n - 1).allocate(16, a));
-            shortOuts.set(n - 1, devs.get(n - 1).allocate(16, a));
             IllegalArgumentException small = assertThrows(IllegalArgumentException.class, () -> gin.returnRowValues(second, shortValues, streams));
             assertTrue(small.getMessage().contains("capacity rows"), small.getMessage());
-            IllegalArgumentException smallOut = assertThrows(IllegalArgumentException.class, () -> gin.combine(second, shortOuts, streams));
-            assertTrue(smallOut.getMessage().contains("capacity rows"), smallOut.getMessage());
+            // a GIN combine takes an expertOut of the received rows (the kernel checks it: MoeOutputsGpuTest), so a short one is no refusal here
             gin.combine(second, outs, streams);
             gin.returnRowValues(second, values, streams);
             gin.checkErrors(streams);
