@@ -68,14 +68,18 @@ final class MoeNetwork implements AutoCloseable {
     static final StructLayout RESET_ARGS = MemoryLayout.structLayout(JAVA_INT.withName("signalBase"), JAVA_INT.withName("signalCount"),
             JAVA_LONG.withName("errorFlags")).withName("MoeNetResetArgs");
 
+    private record Field(VarHandle handle, boolean int32) {}
+    // looked up once per (struct, path): the dispatch and combine set fields on every call
+    private static final java.util.Map<String, Field> FIELDS = new java.util.concurrent.ConcurrentHashMap<>();
+
     /** Sets field {@code path} (e.g. "dims.rank") of a struct of {@code layout} in {@code s}. */
     static void set(StructLayout layout, MemorySegment s, String path, long value) {
-        String[] parts = path.split("\\.");
-        PathElement[] elements = new PathElement[parts.length];
-        for (int i = 0; i < parts.length; i++) elements[i] = PathElement.groupElement(parts[i]);
-        VarHandle h = layout.varHandle(elements);
-        if (layout.select(elements).byteSize() == 4) h.set(s, 0L, Math.toIntExact(value));
-        else h.set(s, 0L, value);
+        Field f = FIELDS.computeIfAbsent(layout.name().orElseThrow() + "." + path, k -> {
+            PathElement[] elements = java.util.Arrays.stream(path.split("\\.")).map(PathElement::groupElement).toArray(PathElement[]::new);
+            return new Field(layout.varHandle(elements), layout.select(elements).byteSize() == 4);
+        });
+        if (f.int32()) f.handle().set(s, 0L, Math.toIntExact(value));
+        else f.handle().set(s, 0L, value);
     }
 
     /** Where the two exchanges live in the window (the same on every rank). */
