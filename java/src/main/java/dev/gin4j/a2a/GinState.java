@@ -169,14 +169,7 @@ final class GinState implements AutoCloseable {
      * (nccl_gin_a2a.cu) puts to those peers through GIN. Found on a small probe window, since
      * only a registered window tells where peers are mapped.
      */
-    private static boolean needsGin(CommGroup group) {
-        if (group.isSingleProcess()) return false;
-        try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
-             Arena a = Arena.ofConfined()) {
-            // together, before the probe's collective deregistration
-            return group.failTogether("finding where the peers are", () -> !PeerTable.resolve(probe, a).allReachable());
-        }
-    }
+    private static boolean needsGin(CommGroup group) { return PeerTable.someoneUnreachable(group); }
 
     GinState(CommGroup group, long slotCapacity) {
         this.group = group;

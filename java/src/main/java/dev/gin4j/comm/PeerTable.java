@@ -43,6 +43,19 @@ public final class PeerTable {
     }
 
     /**
+     * Collective: whether some peer of {@code group} is not load/store reachable (on another node),
+     * the same answer on every rank; found on a small probe window. False for one process.
+     */
+    public static boolean someoneUnreachable(CommGroup group) {
+        if (group.isSingleProcess()) return false;
+        try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
+             Arena a = Arena.ofConfined()) {
+            // together, before the probe's collective release
+            return group.failTogether("finding where the peers are", () -> !resolve(probe, a).allReachable());
+        }
+    }
+
+    /**
      * The table of {@code window}: from gin4j's own mapping, or for a registered window the way that
      * works for how the group was set up. Local work (no collective); tables live as long as {@code arena}.
      */

@@ -92,6 +92,7 @@ public final class MoeAllToAll extends NativeResource {
     private final SymmetricWindow window;       // GIN only
     private final PeerTable peers;              // GIN inside one node only
     private final MoeNetwork network;           // GIN across nodes only (some peer outside the LSA team)
+    private final boolean acrossNodes;          // set before the ranks' state: the LSA entries are then not loaded
     private final List<RankState> ranks = new ArrayList<>();
 
     /** Per local rank: kernels, argument structs, buffers. */
@@ -161,8 +162,8 @@ public final class MoeAllToAll extends NativeResource {
                 String fp8 = isFp8 ? "_fp8" : "";  // the fp8 dispatch entries; the combine is bf16
                 // only this backend's kernels: each lookup asks the runtime for the parameters' sizes
                 boolean gin = cfg.backend() == Backend.GIN;
-                dispatch = gin ? entry("moe_gin_dispatch" + fp8) : null;
-                combine = gin ? entry("moe_gin_combine") : null;
+                dispatch = gin && !acrossNodes ? entry("moe_gin_dispatch" + fp8) : null;  // across nodes: MoeNetwork's kernels
+                combine = gin && !acrossNodes ? entry("moe_gin_combine") : null;
                 layout = gin ? null : code.kernel("moe_host_layout");
                 pack = gin ? null : code.kernel("moe_host_pack" + fp8);
                 permute = gin ? null : code.kernel("moe_host_permute" + fp8);
@@ -264,7 +265,7 @@ public final class MoeAllToAll extends NativeResource {
                 }
                 return q;
             });
-            boolean acrossNodes = cfg.backend() == Backend.GIN && MoeNetwork.needed(group);
+            this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);
             this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup

@@ -8,7 +8,6 @@ import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.DeviceComm;
 import dev.gin4j.comm.KernelErrors;
 import dev.gin4j.comm.NcclDeviceAbi;
-import dev.gin4j.comm.PeerTable;
 import dev.gin4j.comm.SymmetricWindow;
 import dev.gin4j.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
@@ -95,15 +94,6 @@ final class MoeNetwork implements AutoCloseable {
     }
 
     static long align(long v, long a) { return (v + a - 1) / a * a; }
-
-    /** Whether some peer is not load/store reachable (another node), probed on a small window. */
-    static boolean needed(CommGroup group) {
-        if (group.isSingleProcess()) return false;
-        try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
-             Arena a = Arena.ofConfined()) {
-            return group.failTogether("finding where the MoE peers are", () -> !PeerTable.resolve(probe, a).allReachable());
-        }
-    }
 
     /** A local rank's buffers, owned by the MoeAllToAll. */
     record Buffers(DeviceBuffer workspace, DeviceBuffer recvX, DeviceBuffer recvWeights, DeviceBuffer recvCounts, DeviceBuffer y,
@@ -256,8 +246,6 @@ final class MoeNetwork implements AutoCloseable {
     private long offset(String region) { return window.layout().region(region).offset(); }
 
     String dispatchKernelName() { return "moe_host_layout + moe_net_dispatch"; }
-
-    int chunks() { return chunks; }
 
     /** The routing layout and the exchange on {@code stream}; inputs checked by the caller. */
     void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
