@@ -31,6 +31,14 @@ import java.util.SplittableRandom;
 final class LoopbackGinMoeRank {
     private LoopbackGinMoeRank() {}
 
+    private static final long START = System.nanoTime();
+
+    /** One line of progress, flushed at once, with the seconds since this rank started (a rank killed at its limit shows where it was). */
+    static void say(int rank, String what) {
+        System.out.printf("rank %d [%.1f s] %s%n", rank, (System.nanoTime() - START) / 1e9, what);
+        System.out.flush();
+    }
+
     /** One case: shape, tokens per rank (by rank), routing, rows. */
     record Case(String name, int hidden, int experts, int k, int maxTokens, int[] tokens, MoeReference.Routing routing, boolean fp8) {}
 
@@ -60,10 +68,13 @@ final class LoopbackGinMoeRank {
         Device d = g.rank(0).device();
         boolean hostCompared = false;
         for (Case c : cases) {
+            say(rank, "case " + c.name() + ": start");
             runCase(g, rank, seed + c.name().hashCode(), arena, d, c, counters, !hostCompared);
             hostCompared = true;
         }
+        say(rank, "repeated calls: start");
         repeated(g, rank, seed, arena, d);
+        say(rank, "all cases done");
     }
 
     static int[] fill(int n, int v) { int[] a = new int[n]; Arrays.fill(a, v); return a; }
@@ -99,7 +110,9 @@ final class LoopbackGinMoeRank {
             for (Backend b : compareHost ? List.of(Backend.GIN, Backend.HOST) : List.of(Backend.GIN)) {
                 MoeConfig cfg = c.fp8() ? MoeConfig.fp8FromBf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b)
                         : MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b);
+                say(rank, c.name() + " " + b + ": create");
                 try (MoeAllToAll moe = MoeAllToAll.create(g, cfg)) {
+                    say(rank, c.name() + " " + b + ": created, dispatching");
                     if (b == Backend.GIN && !moe.dispatchKernelName().contains("moe_net_dispatch"))
                         throw new AssertionError("every peer is on another host, but the exchange runs " + moe.dispatchKernelName());
                     int rowBytes = (int) cfg.dispatchRowBytes();
@@ -116,6 +129,7 @@ final class LoopbackGinMoeRank {
                     MoeDispatch h = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
                     moe.checkErrors(List.of(s));
                     long[][] afterDispatch = counters.all(world);
+                    say(rank, c.name() + " " + b + ": two dispatches done");
                     byte[] got = checkLayout(h, in, rank, rowBytes, c, b);
                     if (b == Backend.GIN) {
                         ginRows = got;
@@ -132,8 +146,7 @@ final class LoopbackGinMoeRank {
                         if (off != null) throw new AssertionError(c.name() + " " + b + (weighted ? "" : " unweighted") + ": y on rank " + rank + " " + off);
                     }
                     if (b == Backend.GIN) expectCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, chunks(moe, world));
-                    System.out.println("rank " + rank + " MoE across nodes, " + c.name() + " " + b + ": " + exp.rows().size()
-                            + " rows received, layout, weights, counts and y checked");
+                    say(rank, "MoE across nodes, " + c.name() + " " + b + ": " + exp.rows().size() + " rows received, layout, weights, counts and y checked");
                 }
             }
         }
@@ -227,6 +240,7 @@ final class LoopbackGinMoeRank {
                 MoeReference.Layout exp = MoeReference.expected(in[v], rank, rowBytes, c.experts(), c.k());
                 out[v] = RankMain.upload(d, arena, MoeReference.expertOut(in[v], exp, c.hidden(), moe.capacityRows()));
             }
+            say(rank, "repeated: created");
             long start = System.nanoTime();
             MoeDispatch h = null;
             DeviceBuffer y = null;

@@ -86,22 +86,26 @@ class TwoProcessGpuTest {
         List<Process> procs = new ArrayList<>();
         List<Path> logs = new ArrayList<>();
         long seed = System.nanoTime();
+        // GIN4J_TEST_LOG_DIR keeps each rank's log there as it is written (a run cut short still shows how far it got)
+        String logDir = System.getenv("GIN4J_TEST_LOG_DIR");
+        int limitS = Integer.parseInt(System.getenv().getOrDefault("GIN4J_TEST_RANK_LIMIT_S", "180"));
         try {
             for (int r = 0; r < world; r++) {
-                Path log = Files.createTempFile("gin4j-rank" + r, ".log");
+                Path log = logDir == null ? Files.createTempFile("gin4j-rank" + r, ".log")
+                        : Files.createDirectories(Path.of(logDir)).resolve(scenario + "-" + world + "ranks-rank" + r + "-" + seed + ".log");
                 logs.add(log);
                 ProcessBuilder pb = new ProcessBuilder(java, "--enable-native-access=ALL-UNNAMED", "-cp", classPath(), RankMain.class.getName(), scenario);
                 pb.environment().remove("NCCL_COMM_BLOCKING");  // the test's own GIN4J_COMM_NONBLOCKING decides
                 pb.environment().remove("GIN4J_HOSTID");  // the placement decides which ranks gin4j takes for one host
                 pb.environment().putAll(Map.of("RANK", "" + r, "WORLD_SIZE", "" + world, "MASTER_ADDR", "127.0.0.1",
                         "MASTER_PORT", "" + port, "GIN4J_TEST_SEED", "" + seed, "NCCL_NVLS_ENABLE", "0", "GIN4J_RENDEZVOUS_TIMEOUT_S", "60",
-                        "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the 180 s below
+                        "GIN4J_COMM_TIMEOUT_S", "60"));  // a rank left waiting gives up well before the limit below (180 s by default)
                 pb.environment().putAll(placement.env(r));
                 pb.environment().putAll(env);
                 pb.redirectErrorStream(true).redirectOutput(log.toFile());
                 procs.add(pb.start());
             }
-            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(180);
+            long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(limitS);
             for (Process p : procs) p.waitFor(Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
         } finally {
             // no rank outlives the test: one left behind could hold the GPU, or wait in NCCL, under every later test
@@ -114,11 +118,11 @@ class TwoProcessGpuTest {
         }
         List<String> outputs = new ArrayList<>();
         for (int r = 0; r < world; r++) outputs.add(Files.readString(logs.get(r)));
-        for (Path log : logs) Files.deleteIfExists(log);
+        if (logDir == null) for (Path log : logs) Files.deleteIfExists(log);
         for (int r = 0; r < world; r++) {
             Process p = procs.get(r);
             String out = outputs.get(r);
-            assertEquals(0, p.exitValue(), "rank " + r + " failed or did not finish in 180 s (killed):\n" + out);
+            assertEquals(0, p.exitValue(), "rank " + r + " failed or did not finish in " + limitS + " s (killed; GIN4J_TEST_RANK_LIMIT_S sets the limit):\n" + out);
             assertTrue(out.contains("RANK " + r + " OK"), out);
         }
         return outputs;
