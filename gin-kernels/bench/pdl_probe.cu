@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(512, 1) busy(uint64_t ns, unsigned* sink, int*
   }
 }
 
-// No work: the host-side launch cost (twelve arguments, like gin_a2a_ll128). Waits for prior grids
+// No work: the host-side launch cost (twelve arguments, as many as GinA2aArgs has fields). Waits for prior grids
 // so that it may be launched with PDL.
 __global__ void empty12(unsigned* a, uint64_t b, unsigned* c, uint64_t d, uint64_t e, uint64_t f, unsigned* g, int h,
                         int i, int j, int k, int* l) {

@@ -27,9 +27,10 @@
 //   copy_engine            the copy-engine variant's argument check and signal exchange
 //   entry_points           the extern "C" declarations (a test program links this object)
 //   direct_copy_candidates test-only remote copies for the direct protocol (a2a_test; not included here)
-// Signatures, window layout, grid rules, error bits and the memory-ordering arguments (including
-// the proof that the LL protocol needs no ready handshake) are in docs/kernels.md, section
-// "a2a.cu"; the short form of each argument is repeated next to the code that relies on it.
+// Every entry takes one argument struct of gin-kernels/abi/a2a.h by value (the fields are described
+// there). Window layout, grid rules, error bits and the memory-ordering arguments (including the
+// proof that the LL protocol needs no ready handshake) are in docs/kernels.md, section "a2a.cu";
+// the short form of each argument is repeated next to the code that relies on it.
 #include "a2a/entry_points.cuh"
 #include "a2a/direct.cuh"
 #include "a2a/ll.cuh"
@@ -39,71 +40,50 @@
 // ================================================================================================
 // Entry points. Grid: nranks * chunksPerPeer blocks (1-D), all co-resident; blockDim.x <= 1024
 // (direct) or <= 512 (LL, LL128), a multiple of 32 recommended (LL128: required, a multiple of the
-// warp size); no dynamic shared memory. See docs/kernels.md for every argument. Each waits for prior
+// warp size); no dynamic shared memory. Arguments: abi/a2a.h. Each waits for prior
 // grids first (gin_wait_prior_grids), so it may be launched as a programmatic dependent launch.
 // ================================================================================================
 
-extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
-gin_a2a(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-        uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
-        int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_MAX_THREADS) gin_a2a(const __grid_constant__ GinA2aArgs a) {
   gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
-  gin_a2a_detail::a2a_direct<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
-                                    signalOffset, seqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
-                                    errorFlags);
+  gin_a2a_detail::a2a_direct<false>(a.send, 0, a.bytesPerPeer, nullptr, nullptr, a.peerBases, a.recvOffset, a.slotBytes, 0,
+                                    a.signalOffset, a.seqState, a.rank, a.nranks, a.chunksPerPeer, a.maxChunksPerPeer,
+                                    a.errorFlags);
 }
 
-extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
-gin_a2av(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts, const uint64_t* sendOffsets,
-         const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
-         uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks, int32_t chunksPerPeer,
-         int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_MAX_THREADS) gin_a2av(const __grid_constant__ GinA2avArgs a) {
   gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
-  gin_a2a_detail::a2a_direct<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
-                                   recvCountsOffset, signalOffset, seqState, rank, nranks, chunksPerPeer,
-                                   maxChunksPerPeer, errorFlags);
+  gin_a2a_detail::a2a_direct<true>(a.send, a.sendBytes, 0, a.sendCounts, a.sendOffsets, a.peerBases, a.recvOffset,
+                                   a.slotBytes, a.recvCountsOffset, a.signalOffset, a.seqState, a.rank, a.nranks,
+                                   a.chunksPerPeer, a.maxChunksPerPeer, a.errorFlags);
 }
 
-extern "C" __global__ void __launch_bounds__(GIN_A2A_LL_MAX_THREADS)
-gin_a2a_ll(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-           uint64_t slotBytes, uint64_t llOffset, uint64_t llCapacity, uint64_t* llSeqState, int32_t rank,
-           int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_LL_MAX_THREADS) gin_a2a_ll(const __grid_constant__ GinA2aStagedArgs a) {
   gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
-  gin_a2a_detail::a2a_ll<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
-                                llOffset, llCapacity, llSeqState, rank, nranks, chunksPerPeer, maxChunksPerPeer,
-                                errorFlags);
+  gin_a2a_detail::a2a_ll<false>(a.send, 0, a.bytesPerPeer, nullptr, nullptr, a.peerBases, a.recvOffset, a.slotBytes, 0,
+                                a.stagingOffset, a.stagingCapacity, a.seqState, a.rank, a.nranks, a.chunksPerPeer,
+                                a.maxChunksPerPeer, a.errorFlags);
 }
 
-extern "C" __global__ void __launch_bounds__(GIN_A2A_LL_MAX_THREADS)
-gin_a2av_ll(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts, const uint64_t* sendOffsets,
-            const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
-            uint64_t llOffset, uint64_t llCapacity, uint64_t* llSeqState, int32_t rank, int32_t nranks,
-            int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_LL_MAX_THREADS) gin_a2av_ll(const __grid_constant__ GinA2avStagedArgs a) {
   gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
-  gin_a2a_detail::a2a_ll<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
-                               recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunksPerPeer,
-                               maxChunksPerPeer, errorFlags);
+  gin_a2a_detail::a2a_ll<true>(a.send, a.sendBytes, 0, a.sendCounts, a.sendOffsets, a.peerBases, a.recvOffset,
+                               a.slotBytes, a.recvCountsOffset, a.stagingOffset, a.stagingCapacity, a.seqState, a.rank,
+                               a.nranks, a.chunksPerPeer, a.maxChunksPerPeer, a.errorFlags);
 }
 
-extern "C" __global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS)
-gin_a2a_ll128(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-              uint64_t slotBytes, uint64_t ll128Offset, uint64_t ll128Capacity, uint64_t* ll128SeqState,
-              int32_t rank, int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS) gin_a2a_ll128(const __grid_constant__ GinA2aStagedArgs a) {
   gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
-  gin_a2a_detail::a2a_ll128<false>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes, 0,
-                                   ll128Offset, ll128Capacity, ll128SeqState, rank, nranks, chunksPerPeer,
-                                   maxChunksPerPeer, errorFlags);
+  gin_a2a_detail::a2a_ll128<false>(a.send, 0, a.bytesPerPeer, nullptr, nullptr, a.peerBases, a.recvOffset, a.slotBytes,
+                                   0, a.stagingOffset, a.stagingCapacity, a.seqState, a.rank, a.nranks, a.chunksPerPeer,
+                                   a.maxChunksPerPeer, a.errorFlags);
 }
 
-extern "C" __global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS)
-gin_a2av_ll128(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCounts, const uint64_t* sendOffsets,
-               const uint64_t* peerBases, uint64_t recvOffset, uint64_t slotBytes, uint64_t recvCountsOffset,
-               uint64_t ll128Offset, uint64_t ll128Capacity, uint64_t* ll128SeqState, int32_t rank, int32_t nranks,
-               int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS) gin_a2av_ll128(const __grid_constant__ GinA2avStagedArgs a) {
   gin_wait_prior_grids();  // programmatic dependent launch: the previous kernel is done
-  gin_a2a_detail::a2a_ll128<true>(send, sendBytes, 0, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes,
-                                  recvCountsOffset, ll128Offset, ll128Capacity, ll128SeqState, rank, nranks,
-                                  chunksPerPeer, maxChunksPerPeer, errorFlags);
+  gin_a2a_detail::a2a_ll128<true>(a.send, a.sendBytes, 0, a.sendCounts, a.sendOffsets, a.peerBases, a.recvOffset,
+                                  a.slotBytes, a.recvCountsOffset, a.stagingOffset, a.stagingCapacity, a.seqState,
+                                  a.rank, a.nranks, a.chunksPerPeer, a.maxChunksPerPeer, a.errorFlags);
 }
 
 // ================================================================================================
@@ -123,10 +103,12 @@ gin_a2av_ll128(const uint8_t* send, uint64_t sendBytes, const uint64_t* sendCoun
 // the copy engine may overwrite p's slot. The copies are enqueued by the host after this kernel
 // whatever its outcome (a copy engine cannot be told to skip): a time-out here (a peer more than
 // GIN_WAIT_TIMEOUT_NS late) is reported through errorFlags, and that call's results are invalid.
-extern "C" __global__ void gin_a2a_ce_ready(const uint64_t* peerBases, uint64_t signalOffset, uint64_t* seqState,
-                                            int32_t rank, int32_t nranks, int32_t maxChunksPerPeer,
-                                            uint32_t* errorFlags) {
+GIN_KERNEL void gin_a2a_ce_ready(const __grid_constant__ GinA2aCeSignalArgs a) {
   using namespace gin_a2a_detail;
+  const uint64_t* const peerBases = a.peerBases;
+  uint64_t* const seqState = a.seqState;
+  uint32_t* const errorFlags = a.errorFlags;
+  const int rank = a.rank, nranks = a.nranks, maxChunksPerPeer = a.maxChunksPerPeer;
   if (!ce_args_ok(peerBases, seqState, rank, nranks, maxChunksPerPeer, errorFlags)) return;
   const int p = (int)threadIdx.x;
   if (p >= nranks || p == rank) return;
@@ -137,34 +119,34 @@ extern "C" __global__ void gin_a2a_ce_ready(const uint64_t* peerBases, uint64_t 
   uint64_t* seq = seqState + (uint64_t)p * maxChunksPerPeer;
   const uint64_t s = *seq + 1;
   *seq = s;
-  ce_signal_and_wait(peerBases, signalOffset, 0, rank, p, maxChunksPerPeer, s, errorFlags);
+  ce_signal_and_wait(peerBases, a.signalOffset, 0, rank, p, maxChunksPerPeer, s, errorFlags);
 }
 
 // Runs after this rank's copies into every peer completed (stream order: a completed copy has
 // written the peer's memory), so done[rank][0] := s in p's window (release) follows the data; then
 // waits done[p][0] >= s in its own window (acquire): p's data for this rank has landed when the
 // kernel ends, and stream order makes it visible to whatever runs next.
-extern "C" __global__ void gin_a2a_ce_done(const uint64_t* peerBases, uint64_t signalOffset, uint64_t* seqState,
-                                           int32_t rank, int32_t nranks, int32_t maxChunksPerPeer,
-                                           uint32_t* errorFlags) {
+GIN_KERNEL void gin_a2a_ce_done(const __grid_constant__ GinA2aCeSignalArgs a) {
   using namespace gin_a2a_detail;
+  const uint64_t* const peerBases = a.peerBases;
+  uint64_t* const seqState = a.seqState;
+  uint32_t* const errorFlags = a.errorFlags;
+  const int rank = a.rank, nranks = a.nranks, maxChunksPerPeer = a.maxChunksPerPeer;
   if (!ce_args_ok(peerBases, seqState, rank, nranks, maxChunksPerPeer, errorFlags)) return;
   const int p = (int)threadIdx.x;
   if (p >= nranks || p == rank) return;
   if (peerBases[p] == 0) return;  // reported by gin_a2a_ce_ready
   const uint64_t s = seqState[(uint64_t)p * maxChunksPerPeer];  // advanced by this call's gin_a2a_ce_ready
   const uint64_t doneBase = (uint64_t)nranks * (uint64_t)maxChunksPerPeer;
-  ce_signal_and_wait(peerBases, signalOffset, doneBase, rank, p, maxChunksPerPeer, s, errorFlags);
+  ce_signal_and_wait(peerBases, a.signalOffset, doneBase, rank, p, maxChunksPerPeer, s, errorFlags);
 }
 
 // Any 1-D grid, block <= 1024: the self slot, send + rank*bytesPerPeer -> own window
 // recvOffset + rank*slotBytes, any size and alignment, split in 256-byte-aligned block ranges.
-extern "C" __global__ void __launch_bounds__(GIN_A2A_MAX_THREADS)
-gin_a2a_ce_self(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-                uint64_t slotBytes, int32_t rank) {
+GIN_KERNEL void __launch_bounds__(GIN_A2A_MAX_THREADS) gin_a2a_ce_self(const __grid_constant__ GinA2aCeSelfArgs a) {
   using namespace gin_a2a_detail;
   uint64_t lo, hi;
-  chunk_range(bytesPerPeer, (int)gridDim.x, (int)blockIdx.x, kDirectGranule, lo, hi);
-  copy_self<false>(peerBases, rank, send, (uint64_t)rank * bytesPerPeer, bytesPerPeer, lo, hi, recvOffset, slotBytes, 0,
-                   (int)blockIdx.x, threadIdx.x, blockDim.x);
+  chunk_range(a.bytesPerPeer, (int)gridDim.x, (int)blockIdx.x, kDirectGranule, lo, hi);
+  copy_self<false>(a.peerBases, a.rank, a.send, (uint64_t)a.rank * a.bytesPerPeer, a.bytesPerPeer, lo, hi, a.recvOffset,
+                   a.slotBytes, 0, (int)blockIdx.x, threadIdx.x, blockDim.x);
 }

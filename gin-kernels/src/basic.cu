@@ -2,6 +2,7 @@
 // peer access). Signatures and the GinTestStruct layout are documented in docs/kernels.md.
 // All loops are 1-D grid-stride loops: any grid and block size gives the same result.
 #include "include/gin_sync.cuh"  // gin_clock_ns; includes gin_device.cuh
+#include "abi/basic.h"    // GinHoldSmsArgs (gin-kernels/abi/basic.h)
 #include <stddef.h>
 
 // No arguments, no work: measures the bare launch path.
@@ -15,7 +16,10 @@ GIN_KERNEL void gin_empty() {}
 // slowed the exchange on the other SMs ~40x). Launched with the most dynamic shared memory a block
 // may have (the launch reserves it whether or not the kernel names it), so no other block that
 // uses shared memory can join its SM.
-GIN_KERNEL void gin_hold_sms(uint32_t* marks, uint64_t ns) {
+// Arguments: GinHoldSmsArgs (abi/basic.h), the one kernel here that the library launches itself.
+GIN_KERNEL void gin_hold_sms(const __grid_constant__ GinHoldSmsArgs a) {
+  uint32_t* const marks = a.marks;
+  const uint64_t ns = a.ns;
   if (threadIdx.x == 0) {
     *(volatile uint32_t*)(marks + blockIdx.x) = 1u;
     __threadfence_system();

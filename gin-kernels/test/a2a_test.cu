@@ -77,29 +77,21 @@ using TmaCopy4x32K = gin_a2a_detail::TmaCopy<4, 32768>;
 using TmaCopy8x8K = gin_a2a_detail::TmaCopy<8, 8192>;
 
 template <int kUnroll, class RemoteCopy, int kSelfDiv>
-__global__ void __launch_bounds__(512)
-test_a2a_variant(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-                 uint64_t slotBytes, uint64_t signalOffset, uint64_t* seqState, int32_t rank, int32_t nranks,
-                 int32_t chunksPerPeer, int32_t maxChunksPerPeer, uint32_t* errorFlags) {
-  gin_a2a_detail::a2a_direct<false, kUnroll, RemoteCopy, kSelfDiv>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases,
-                                                                   recvOffset, slotBytes, 0, signalOffset, seqState,
-                                                                   rank, nranks, chunksPerPeer, maxChunksPerPeer,
-                                                                   errorFlags);
+__global__ void __launch_bounds__(512) test_a2a_variant(const __grid_constant__ GinA2aArgs a) {
+  gin_a2a_detail::a2a_direct<false, kUnroll, RemoteCopy, kSelfDiv>(a.send, 0, a.bytesPerPeer, nullptr, nullptr,
+                                                                   a.peerBases, a.recvOffset, a.slotBytes, 0,
+                                                                   a.signalOffset, a.seqState, a.rank, a.nranks,
+                                                                   a.chunksPerPeer, a.maxChunksPerPeer, a.errorFlags);
 }
 // LL128 with 4 / 8 warp stores per round per warp instead of the library's GIN_LL128_UNROLL = 2
 // (same protocol, staging and counters as gin_a2a_ll128, so they may share them).
 template <int kUnroll>
-__global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS)
-test_a2a_ll128_variant(const uint8_t* send, uint64_t bytesPerPeer, const uint64_t* peerBases, uint64_t recvOffset,
-                       uint64_t slotBytes, uint64_t ll128Offset, uint64_t ll128Capacity, uint64_t* ll128SeqState,
-                       int32_t rank, int32_t nranks, int32_t chunksPerPeer, int32_t maxChunksPerPeer,
-                       uint32_t* errorFlags) {
-  gin_a2a_detail::a2a_ll128<false, kUnroll>(send, 0, bytesPerPeer, nullptr, nullptr, peerBases, recvOffset, slotBytes,
-                                            0, ll128Offset, ll128Capacity, ll128SeqState, rank, nranks, chunksPerPeer,
-                                            maxChunksPerPeer, errorFlags);
+__global__ void __launch_bounds__(GIN_A2A_LL128_MAX_THREADS) test_a2a_ll128_variant(const __grid_constant__ GinA2aStagedArgs a) {
+  gin_a2a_detail::a2a_ll128<false, kUnroll>(a.send, 0, a.bytesPerPeer, nullptr, nullptr, a.peerBases, a.recvOffset,
+                                            a.slotBytes, 0, a.stagingOffset, a.stagingCapacity, a.seqState, a.rank,
+                                            a.nranks, a.chunksPerPeer, a.maxChunksPerPeer, a.errorFlags);
 }
-using KernelFn = void (*)(const uint8_t*, uint64_t, const uint64_t*, uint64_t, uint64_t, uint64_t, uint64_t*, int32_t,
-                          int32_t, int32_t, int32_t, uint32_t*);
+using KernelFn = void (*)(GinA2aArgs);
 // The uniform direct kernel of a kind (gin_a2a or a variant); nullptr for the others.
 static KernelFn direct_kernel_of(int k) {
   using gin_a2a_detail::HintedCopy;
@@ -452,46 +444,34 @@ static void launch(int r, const Call& c, cudaStream_t stream) {
   const uint64_t slot = slot_of(c);
   const uint64_t sendBytes = c.sendBytes ? c.sendBytes : L.sendCap + kSendSlack - c.misalign;
   dim3 grid(g_n * c.chunks), block(c.threads);
+  // The kind's struct of abi/a2a.h, every field set.
+  const GinA2aArgs u{send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset, R.seqDirect, r, g_n, c.chunks,
+                     kMaxChunks, R.errorFlags};
+  const GinA2avArgs v{send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases, L.recvOffset, slot,
+                      L.recvCountsOffset, L.signalOffset, R.seqDirect, r, g_n, c.chunks, kMaxChunks, R.errorFlags};
+  const GinA2aStagedArgs ul{send, c.bpp, R.peerBases, L.recvOffset, slot, L.llOffset, kLlCapacity, R.seqLl, r, g_n,
+                            c.chunks, kMaxChunks, R.errorFlags};
+  const GinA2avStagedArgs vl{send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases, L.recvOffset, slot,
+                             L.recvCountsOffset, L.llOffset, kLlCapacity, R.seqLl, r, g_n, c.chunks, kMaxChunks,
+                             R.errorFlags};
+  const GinA2aStagedArgs u128{send, c.bpp, R.peerBases, L.recvOffset, slot, L.ll128Offset, kLl128Capacity, R.seqLl128,
+                              r, g_n, c.chunks, kMaxChunks, R.errorFlags};
+  const GinA2avStagedArgs v128{send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases, L.recvOffset, slot,
+                               L.recvCountsOffset, L.ll128Offset, kLl128Capacity, R.seqLl128, r, g_n, c.chunks,
+                               kMaxChunks, R.errorFlags};
   switch (c.kind) {
-    case A2A:
-      gin_a2a<<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset, R.seqDirect, r,
-                                          g_n, c.chunks, kMaxChunks, R.errorFlags);
-      break;
-    case A2AV:
-      gin_a2av<<<grid, block, 0, stream>>>(send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases, L.recvOffset,
-                                           slot, L.recvCountsOffset, L.signalOffset, R.seqDirect, r, g_n, c.chunks,
-                                           kMaxChunks, R.errorFlags);
-      break;
-    case A2A_LL:
-      gin_a2a_ll<<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.llOffset, kLlCapacity,
-                                             R.seqLl, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
-      break;
-    case A2AV_LL:
-      gin_a2av_ll<<<grid, block, 0, stream>>>(send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases,
-                                              L.recvOffset, slot, L.recvCountsOffset, L.llOffset, kLlCapacity,
-                                              R.seqLl, r, g_n, c.chunks, kMaxChunks, R.errorFlags);
-      break;
-    case A2A_LL128:
-      gin_a2a_ll128<<<grid, block, 0, stream>>>(send, c.bpp, R.peerBases, L.recvOffset, slot, L.ll128Offset,
-                                                kLl128Capacity, R.seqLl128, r, g_n, c.chunks, kMaxChunks,
-                                                R.errorFlags);
-      break;
+    case A2A: gin_a2a<<<grid, block, 0, stream>>>(u); break;
+    case A2AV: gin_a2av<<<grid, block, 0, stream>>>(v); break;
+    case A2A_LL: gin_a2a_ll<<<grid, block, 0, stream>>>(ul); break;
+    case A2AV_LL: gin_a2av_ll<<<grid, block, 0, stream>>>(vl); break;
+    case A2A_LL128: gin_a2a_ll128<<<grid, block, 0, stream>>>(u128); break;
     case A2A_LL128_U4:
     case A2A_LL128_U8:
-      (c.kind == A2A_LL128_U4 ? test_a2a_ll128_variant<4> : test_a2a_ll128_variant<8>)<<<grid, block, 0, stream>>>(
-          send, c.bpp, R.peerBases, L.recvOffset, slot, L.ll128Offset, kLl128Capacity, R.seqLl128, r, g_n, c.chunks,
-          kMaxChunks, R.errorFlags);
+      (c.kind == A2A_LL128_U4 ? test_a2a_ll128_variant<4> : test_a2a_ll128_variant<8>)<<<grid, block, 0, stream>>>(u128);
       break;
-    case A2AV_LL128:
-      gin_a2av_ll128<<<grid, block, 0, stream>>>(send, sendBytes, R.sendCounts, R.sendOffsets, R.peerBases,
-                                                 L.recvOffset, slot, L.recvCountsOffset, L.ll128Offset,
-                                                 kLl128Capacity, R.seqLl128, r, g_n, c.chunks, kMaxChunks,
-                                                 R.errorFlags);
-      break;
+    case A2AV_LL128: gin_a2av_ll128<<<grid, block, 0, stream>>>(v128); break;
     default:  // test-only variants of gin_a2a: same arguments
-      direct_kernel_of(c.kind)<<<grid, block, dyn_smem_of(c.kind), stream>>>(
-          send, c.bpp, R.peerBases, L.recvOffset, slot, L.signalOffset, R.seqDirect, r, g_n, c.chunks, kMaxChunks,
-          R.errorFlags);
+      direct_kernel_of(c.kind)<<<grid, block, dyn_smem_of(c.kind), stream>>>(u);
       break;
   }
   CK(cudaGetLastError());

@@ -38,6 +38,11 @@
 // Every kernel entry point: unmangled, so the Java side looks it up by its plain name.
 #define GIN_KERNEL extern "C" __global__
 #define GIN_EXTERN_C_GLOBAL extern "C" __global__
+// Kernels take their argument struct as const __grid_constant__ (read in place from the parameter
+// space, never copied); HIP passes kernel arguments that way without the qualifier.
+#if GIN_HIP && !defined(__grid_constant__)
+#define __grid_constant__
+#endif
 #define GIN_DEVICE_INLINE __device__ __forceinline__
 
 // Lanes per warp (CUDA) or wavefront (AMD). A compile-time constant so it can size arrays;

@@ -6,12 +6,6 @@
 #include "../include/gin_device.cuh"
 #include "abi/moe.h"  // gin-kernels/abi/moe.h (the build passes -I gin-kernels; NVRTC gets it beside the sources)
 
-// The kernels take their argument struct as const __grid_constant__ (read in place from the
-// parameter space, never copied); HIP passes kernel arguments that way without the qualifier.
-#if GIN_HIP && !defined(__grid_constant__)
-#define __grid_constant__
-#endif
-
 // ------------------------------------------------------------------------------------------------
 // Limits and constants (mirrored in docs/kernels.md).
 // ------------------------------------------------------------------------------------------------

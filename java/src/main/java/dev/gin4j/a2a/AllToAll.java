@@ -1,5 +1,9 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.bindings.a2a.GinA2aArgs;
+import dev.gin4j.bindings.a2a.GinA2aCeSelfArgs;
+import dev.gin4j.bindings.a2a.GinA2aHybridArgs;
+import dev.gin4j.bindings.a2a.GinA2aStagedArgs;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.ErrorCheck;
@@ -11,6 +15,7 @@ import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
+import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -257,34 +262,34 @@ public final class AllToAll extends NativeResource {
         s.noteUse(group);  // the input is noted with each launch's arguments (KernelArgs.setPointer)
         if (gin.hybrid) {
             // peers on other nodes: LSA stores inside the node, GIN puts with signals across (nccl_gin_a2a.cu)
-            r.hybridArgs.setPointer(2, in).setLong(3, bytesPerPeer).setLong(4, gin.offset("recv")).setLong(5, bytesPerPeer)
-                    .setLong(6, gin.offset("staging")).setLong(7, gin.offset("signals")).setInt(8, 0).setPointer(9, r.seq.address())
-                    .setInt(10, r.comm.rank()).setInt(11, n).setInt(12, plan.chunksPerPeer()).setInt(13, Plan.MAX_CHUNKS_PER_PEER).setPointer(14, r.errors.buffer().address());
+            MemorySegment h = r.hybridArgs.struct();
+            r.hybridArgs.setPointerField(GinA2aHybridArgs.send$offset(), in);
+            GinA2aHybridArgs.bytesPerPeer(h, bytesPerPeer);
+            GinA2aHybridArgs.slotBytes(h, bytesPerPeer);
+            GinA2aHybridArgs.chunksPerPeer(h, plan.chunksPerPeer());
             r.hybridKernel.launch(s, LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridArgs);
             return;
         }
-        long peerBases = gin.peers.table(i).address();
         // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
         LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
-        if (plan.protocol() == Protocol.LL) {
-            KernelArgs a = r.llArgs;
-            a.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
-                    .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll")).setLong(6, gin.llCapacity).setPointer(7, r.llSeq.address())
-                    .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
-            r.ll.launch(s, cfg, a);
+        if (plan.protocol() == Protocol.LL || plan.protocol() == Protocol.LL128) {
+            // the rest of the struct (staging, counters, peers) was set when the instance was made (GinState.Rank.setFixedArgs)
+            KernelArgs a = plan.protocol() == Protocol.LL ? r.llArgs : r.ll128Args;
+            MemorySegment st = a.struct();
+            a.setPointerField(GinA2aStagedArgs.send$offset(), in);
+            GinA2aStagedArgs.bytesPerPeer(st, bytesPerPeer);
+            GinA2aStagedArgs.slotBytes(st, bytesPerPeer);
+            GinA2aStagedArgs.chunksPerPeer(st, plan.chunksPerPeer());
+            (plan.protocol() == Protocol.LL ? r.ll : r.ll128).launch(s, cfg, a);
         } else if (plan.protocol() == Protocol.COPY_ENGINE) {
-            launchCopyEngine(r, plan, in, bytesPerPeer, peerBases, s);
-        } else if (plan.protocol() == Protocol.LL128) {
-            KernelArgs a = r.ll128Args;
-            a.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
-                    .setLong(4, bytesPerPeer).setLong(5, gin.offset("ll128")).setLong(6, gin.ll128Capacity).setPointer(7, r.ll128Seq.address())
-                    .setInt(8, r.comm.rank()).setInt(9, n).setInt(10, plan.chunksPerPeer()).setInt(11, Plan.MAX_CHUNKS_PER_PEER).setPointer(12, r.errors.buffer().address());
-            r.ll128.launch(s, cfg, a);
+            launchCopyEngine(r, plan, in, bytesPerPeer, s);
         } else {
             KernelArgs a = r.directArgs;
-            a.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, gin.offset("recv"))
-                    .setLong(4, bytesPerPeer).setLong(5, gin.offset("signals")).setPointer(6, r.seq.address())
-                    .setInt(7, r.comm.rank()).setInt(8, n).setInt(9, plan.chunksPerPeer()).setInt(10, Plan.MAX_CHUNKS_PER_PEER).setPointer(11, r.errors.buffer().address());
+            MemorySegment st = a.struct();
+            a.setPointerField(GinA2aArgs.send$offset(), in);
+            GinA2aArgs.bytesPerPeer(st, bytesPerPeer);
+            GinA2aArgs.slotBytes(st, bytesPerPeer);
+            GinA2aArgs.chunksPerPeer(st, plan.chunksPerPeer());
             r.direct.launch(s, cfg, a);
         }
     }
@@ -294,16 +299,16 @@ public final class AllToAll extends NativeResource {
      * stream, forked from {@code s}; on {@code s} the ready handshake, one copy-engine copy per peer
      * into its receive slot for this rank, then (joined) the done kernel.
      */
-    private void launchCopyEngine(GinState.Rank r, Plan plan, DeviceBuffer in, long bytesPerPeer, long peerBases, Stream s) {
+    private void launchCopyEngine(GinState.Rank r, Plan plan, DeviceBuffer in, long bytesPerPeer, Stream s) {
         int n = gin.nranks, me = r.comm.rank();
-        long recv = gin.offset("recv");
         r.ceFork.record(s);
         r.ceSide.waitFor(r.ceFork);
-        r.ceSelfArgs.setPointer(0, in).setLong(1, bytesPerPeer).setPointer(2, peerBases).setLong(3, recv)
-                .setLong(4, bytesPerPeer).setInt(5, me);
+        // peers, offsets, counters and rank were set when the instance was made (GinState.Rank.setFixedArgs)
+        MemorySegment self = r.ceSelfArgs.struct();
+        r.ceSelfArgs.setPointerField(GinA2aCeSelfArgs.send$offset(), in);
+        GinA2aCeSelfArgs.bytesPerPeer(self, bytesPerPeer);
+        GinA2aCeSelfArgs.slotBytes(self, bytesPerPeer);
         r.ceSelf.launch(r.ceSide, LaunchConfig.of(plan.chunksPerPeer(), plan.threads()), r.ceSelfArgs);
-        r.ceSignalArgs.setPointer(0, peerBases).setLong(1, gin.offset("signals")).setPointer(2, r.seq.address()).setInt(3, me)
-                .setInt(4, n).setInt(5, Plan.MAX_CHUNKS_PER_PEER).setPointer(6, r.errors.buffer().address());
         LaunchConfig onePerPeer = LaunchConfig.of(1, Math.max(32, (n + 31) / 32 * 32));
         r.ceReady.launch(s, onePerPeer, r.ceSignalArgs);
         // peers in rotated order (me+1, me+2, ...): at each step every GPU sends to one peer and receives

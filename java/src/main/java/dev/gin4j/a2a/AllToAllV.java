@@ -1,5 +1,8 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.bindings.a2a.GinA2avArgs;
+import dev.gin4j.bindings.a2a.GinA2avHybridArgs;
+import dev.gin4j.bindings.a2a.GinA2avStagedArgs;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
@@ -175,39 +178,37 @@ public final class AllToAllV extends NativeResource {
                 // peers on other nodes: LSA stores inside the node, GIN puts with signals across (nccl_gin_a2a.cu)
                 streams.get(i).noteUse(this);
                 streams.get(i).noteUse(group);
-                r.hybridVArgs.setPointer(2, in).setLong(3, in.byteSize()).setPointer(4, sendCounts.get(i)).setPointer(5, sendOffsets.get(i))
-                        .setLong(6, gin.offset("recv")).setLong(7, capacityPerPeer).setLong(8, gin.offset("counts"))
-                        .setLong(9, gin.offset("staging")).setLong(10, gin.offset("countStaging")).setLong(11, gin.offset("signals"))
-                        .setInt(12, 0).setPointer(13, r.seq.address()).setInt(14, r.comm.rank()).setInt(15, n)
-                        .setInt(16, plan.chunksPerPeer()).setInt(17, Plan.MAX_CHUNKS_PER_PEER).setPointer(18, r.errors.buffer().address());
+                MemorySegment h = r.hybridVArgs.struct();
+                r.hybridVArgs.setPointerField(GinA2avHybridArgs.send$offset(), in).setPointerField(GinA2avHybridArgs.sendCounts$offset(), sendCounts.get(i))
+                        .setPointerField(GinA2avHybridArgs.sendOffsets$offset(), sendOffsets.get(i));
+                GinA2avHybridArgs.sendBytes(h, in.byteSize());
+                GinA2avHybridArgs.slotBytes(h, capacityPerPeer);
+                GinA2avHybridArgs.chunksPerPeer(h, plan.chunksPerPeer());
                 r.hybridVKernel.launch(streams.get(i), LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridVArgs);
                 continue;
             }
             // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
             LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
-            long peerBases = gin.peers.table(i).address();
             streams.get(i).noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
             streams.get(i).noteUse(group);
-            if (plan.protocol() == Protocol.LL) {
-                KernelArgs a = r.llVArgs;
-                a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))
-                        .setPointer(4, peerBases).setLong(5, gin.offset("recv")).setLong(6, capacityPerPeer).setLong(7, gin.offset("counts"))
-                        .setLong(8, gin.offset("ll")).setLong(9, gin.llCapacity).setPointer(10, r.llSeq.address())
-                        .setInt(11, r.comm.rank()).setInt(12, n).setInt(13, plan.chunksPerPeer()).setInt(14, Plan.MAX_CHUNKS_PER_PEER).setPointer(15, r.errors.buffer().address());
-                r.llV.launch(streams.get(i), cfg, a);
-            } else if (plan.protocol() == Protocol.LL128) {
-                KernelArgs a = r.ll128VArgs;
-                a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))
-                        .setPointer(4, peerBases).setLong(5, gin.offset("recv")).setLong(6, capacityPerPeer).setLong(7, gin.offset("counts"))
-                        .setLong(8, gin.offset("ll128")).setLong(9, gin.ll128Capacity).setPointer(10, r.ll128Seq.address())
-                        .setInt(11, r.comm.rank()).setInt(12, n).setInt(13, plan.chunksPerPeer()).setInt(14, Plan.MAX_CHUNKS_PER_PEER).setPointer(15, r.errors.buffer().address());
-                r.ll128V.launch(streams.get(i), cfg, a);
+            if (plan.protocol() == Protocol.LL || plan.protocol() == Protocol.LL128) {
+                // the rest of the struct (staging, counters, peers) was set when the instance was made (GinState.Rank.setFixedArgs)
+                KernelArgs a = plan.protocol() == Protocol.LL ? r.llVArgs : r.ll128VArgs;
+                MemorySegment st = a.struct();
+                a.setPointerField(GinA2avStagedArgs.send$offset(), in).setPointerField(GinA2avStagedArgs.sendCounts$offset(), sendCounts.get(i))
+                        .setPointerField(GinA2avStagedArgs.sendOffsets$offset(), sendOffsets.get(i));
+                GinA2avStagedArgs.sendBytes(st, in.byteSize());
+                GinA2avStagedArgs.slotBytes(st, capacityPerPeer);
+                GinA2avStagedArgs.chunksPerPeer(st, plan.chunksPerPeer());
+                (plan.protocol() == Protocol.LL ? r.llV : r.ll128V).launch(streams.get(i), cfg, a);
             } else {
                 KernelArgs a = r.directVArgs;
-                a.setPointer(0, in).setLong(1, in.byteSize()).setPointer(2, sendCounts.get(i)).setPointer(3, sendOffsets.get(i))
-                        .setPointer(4, peerBases).setLong(5, gin.offset("recv")).setLong(6, capacityPerPeer).setLong(7, gin.offset("counts"))
-                        .setLong(8, gin.offset("signals")).setPointer(9, r.seq.address())
-                        .setInt(10, r.comm.rank()).setInt(11, n).setInt(12, plan.chunksPerPeer()).setInt(13, Plan.MAX_CHUNKS_PER_PEER).setPointer(14, r.errors.buffer().address());
+                MemorySegment st = a.struct();
+                a.setPointerField(GinA2avArgs.send$offset(), in).setPointerField(GinA2avArgs.sendCounts$offset(), sendCounts.get(i))
+                        .setPointerField(GinA2avArgs.sendOffsets$offset(), sendOffsets.get(i));
+                GinA2avArgs.sendBytes(st, in.byteSize());
+                GinA2avArgs.slotBytes(st, capacityPerPeer);
+                GinA2avArgs.chunksPerPeer(st, plan.chunksPerPeer());
                 r.directV.launch(streams.get(i), cfg, a);
             }
         }

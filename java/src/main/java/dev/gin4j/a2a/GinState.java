@@ -1,5 +1,14 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.bindings.a2a.GinA2aArgs;
+import dev.gin4j.bindings.a2a.GinA2aCeSelfArgs;
+import dev.gin4j.bindings.a2a.GinA2aCeSignalArgs;
+import dev.gin4j.bindings.a2a.GinA2aHybridArgs;
+import dev.gin4j.bindings.a2a.GinA2aHybridResetArgs;
+import dev.gin4j.bindings.a2a.GinA2aStagedArgs;
+import dev.gin4j.bindings.a2a.GinA2avArgs;
+import dev.gin4j.bindings.a2a.GinA2avHybridArgs;
+import dev.gin4j.bindings.a2a.GinA2avStagedArgs;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.DeviceComm;
 import dev.gin4j.comm.NcclDeviceAbi;
@@ -23,14 +32,12 @@ import java.lang.foreign.MemorySegment;
 import java.util.ArrayList;
 import java.util.List;
 
-import static dev.gin4j.gpu.KernelArgs.Type.I32;
-import static dev.gin4j.gpu.KernelArgs.Type.I64;
-import static dev.gin4j.gpu.KernelArgs.Type.POINTER;
-
 /**
  * What the GIN kernels need per local rank, made once: the symmetric window (signals, LL and LL128
  * staging, receive counts, receive slots), the peer table, sequence counters, the error word and
- * the kernels' argument lists. Window layout as in docs/kernels.md (a2a.cu).
+ * the kernels' argument lists (the structs of gin-kernels/abi/a2a.h, generated into
+ * {@code dev.gin4j.bindings.a2a}; what stays the same from call to call is set here once). Window
+ * layout as in docs/kernels.md (a2a.cu).
  */
 final class GinState implements AutoCloseable {
     final CommGroup group;
@@ -71,21 +78,43 @@ final class GinState implements AutoCloseable {
             hybridCode = comm.device().loadKernels("nccl_gin_a2a");
             hybridKernel = hybridCode.kernel("gin_a2a_hybrid");
             KernelArgs.Type devComm = KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1));
-            // gin_a2a_hybrid(devComm, window, send, bytesPerPeer, recvOffset, slotBytes, stagingOffset, lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunks, maxChunks, errorFlags)
-            hybridArgs = KernelArgs.of(st.arena, devComm, POINTER, POINTER, I64, I64, I64, I64, I64, I32, POINTER, I32, I32, I32, I32, POINTER);
-            hybridArgs.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address());
+            MemorySegment devCommBytes = st.ginComm.struct(i).asSlice(0, abi.devCommSize());
+            MemorySegment window = MemorySegment.ofAddress(st.window.handle(i).address());
+            long recv = st.offset("recv"), staging = st.offset("staging"), signals = st.offset("signals");
+            hybridArgs = KernelArgs.ofStruct(st.arena, devComm, GinA2aHybridArgs.layout()).setStruct(0, devCommBytes);
+            MemorySegment h = hybridArgs.struct();
+            GinA2aHybridArgs.window(h, window);
+            GinA2aHybridArgs.recvOffset(h, recv);
+            GinA2aHybridArgs.stagingOffset(h, staging);
+            GinA2aHybridArgs.lsaSignalOffset(h, signals);
+            GinA2aHybridArgs.ginSignalBase(h, 0);
+            GinA2aHybridArgs.rank(h, comm.rank());
+            GinA2aHybridArgs.nranks(h, st.nranks);
+            GinA2aHybridArgs.maxChunksPerPeer(h, Plan.MAX_CHUNKS_PER_PEER);
+            hybridArgs.setPointerField(GinA2aHybridArgs.seqState$offset(), seq).setPointerField(GinA2aHybridArgs.errorFlags$offset(), errors.buffer());
             hybridVKernel = hybridCode.kernel("gin_a2av_hybrid");
-            // gin_a2av_hybrid(devComm, window, send, sendBytes, sendCounts, sendOffsets, recvOffset, slotBytes, recvCountsOffset,
-            //                 stagingOffset, countStagingOffset, lsaSignalOffset, ginSignalBase, seqState, rank, nranks, chunks, maxChunks, errorFlags)
-            hybridVArgs = KernelArgs.of(st.arena, devComm, POINTER, POINTER, I64, POINTER, POINTER, I64, I64, I64, I64, I64, I64, I32, POINTER,
-                    I32, I32, I32, I32, POINTER);
-            hybridVArgs.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address());
+            hybridVArgs = KernelArgs.ofStruct(st.arena, devComm, GinA2avHybridArgs.layout()).setStruct(0, devCommBytes);
+            MemorySegment hv = hybridVArgs.struct();
+            GinA2avHybridArgs.window(hv, window);
+            GinA2avHybridArgs.recvOffset(hv, recv);
+            GinA2avHybridArgs.recvCountsOffset(hv, st.offset("counts"));
+            GinA2avHybridArgs.stagingOffset(hv, staging);
+            GinA2avHybridArgs.countStagingOffset(hv, st.offset("countStaging"));
+            GinA2avHybridArgs.lsaSignalOffset(hv, signals);
+            GinA2avHybridArgs.ginSignalBase(hv, 0);
+            GinA2avHybridArgs.rank(hv, comm.rank());
+            GinA2avHybridArgs.nranks(hv, st.nranks);
+            GinA2avHybridArgs.maxChunksPerPeer(hv, Plan.MAX_CHUNKS_PER_PEER);
+            hybridVArgs.setPointerField(GinA2avHybridArgs.seqState$offset(), seq).setPointerField(GinA2avHybridArgs.errorFlags$offset(), errors.buffer());
             try (Arena a = Arena.ofConfined()) {
-                // gin_a2a_hybrid_reset(devComm, window, lsaSignalOffset, ginSignalBase, seqState, nranks, maxChunks, errorFlags)
-                KernelArgs reset = KernelArgs.of(a, devComm, POINTER, I64, I32, POINTER, I32, I32, POINTER);
-                reset.setStruct(0, st.ginComm.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, st.window.handle(i).address())
-                        .setLong(2, st.offset("signals")).setInt(3, 0).setPointer(4, seq).setInt(5, st.nranks)
-                        .setInt(6, Plan.MAX_CHUNKS_PER_PEER).setPointer(7, errors.buffer());
+                KernelArgs reset = KernelArgs.ofStruct(a, devComm, GinA2aHybridResetArgs.layout()).setStruct(0, devCommBytes);
+                MemorySegment rs = reset.struct();
+                GinA2aHybridResetArgs.window(rs, window);
+                GinA2aHybridResetArgs.lsaSignalOffset(rs, signals);
+                GinA2aHybridResetArgs.ginSignalBase(rs, 0);
+                GinA2aHybridResetArgs.nranks(rs, st.nranks);
+                GinA2aHybridResetArgs.maxChunksPerPeer(rs, Plan.MAX_CHUNKS_PER_PEER);
+                reset.setPointerField(GinA2aHybridResetArgs.seqState$offset(), seq).setPointerField(GinA2aHybridResetArgs.errorFlags$offset(), errors.buffer());
                 hybridCode.kernel("gin_a2a_hybrid_reset").launch(s, LaunchConfig.of(1, 256), reset);
                 errors.check("gin_a2a_hybrid_reset", s);
             }
@@ -103,24 +132,17 @@ final class GinState implements AutoCloseable {
                 llV = code.kernel("gin_a2av_ll");
                 ll128 = code.kernel("gin_a2a_ll128");
                 ll128V = code.kernel("gin_a2av_ll128");
-                // gin_a2a(send, bytesPerPeer, peerBases, recvOffset, slotBytes, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
-                directArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-                // gin_a2a_ll(send, bytesPerPeer, peerBases, recvOffset, slotBytes, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
-                llArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-                // gin_a2av(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, signalOffset, seqState, rank, nranks, chunks, maxChunks, errorFlags)
-                directVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-                // gin_a2av_ll(send, sendBytes, sendCounts, sendOffsets, peerBases, recvOffset, slotBytes, recvCountsOffset, llOffset, llCapacity, llSeqState, rank, nranks, chunks, maxChunks, errorFlags)
-                llVArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-                // gin_a2a_ll128 / gin_a2av_ll128: the LL signatures, with the LL128 staging, capacity and counters
-                ll128Args = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
-                ll128VArgs = KernelArgs.of(arena, POINTER, I64, POINTER, POINTER, POINTER, I64, I64, I64, I64, I64, POINTER, I32, I32, I32, I32, POINTER);
+                directArgs = KernelArgs.ofStruct(arena, GinA2aArgs.layout());
+                directVArgs = KernelArgs.ofStruct(arena, GinA2avArgs.layout());
+                llArgs = KernelArgs.ofStruct(arena, GinA2aStagedArgs.layout());
+                llVArgs = KernelArgs.ofStruct(arena, GinA2avStagedArgs.layout());
+                ll128Args = KernelArgs.ofStruct(arena, GinA2aStagedArgs.layout());
+                ll128VArgs = KernelArgs.ofStruct(arena, GinA2avStagedArgs.layout());
                 ceReady = code.kernel("gin_a2a_ce_ready");
                 ceDone = code.kernel("gin_a2a_ce_done");
                 ceSelf = code.kernel("gin_a2a_ce_self");
-                // gin_a2a_ce_ready / gin_a2a_ce_done(peerBases, signalOffset, seqState, rank, nranks, maxChunks, errorFlags)
-                ceSignalArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I32, I32, I32, POINTER);
-                // gin_a2a_ce_self(send, bytesPerPeer, peerBases, recvOffset, slotBytes, rank)
-                ceSelfArgs = KernelArgs.of(arena, POINTER, I64, POINTER, I64, I64, I32);
+                ceSignalArgs = KernelArgs.ofStruct(arena, GinA2aCeSignalArgs.layout());
+                ceSelfArgs = KernelArgs.ofStruct(arena, GinA2aCeSelfArgs.layout());
                 ceSide = d.createStream();
                 ceFork = d.createEvent(false);
                 ceJoin = d.createEvent(false);
@@ -136,6 +158,74 @@ final class GinState implements AutoCloseable {
                 close();
                 throw e;
             }
+        }
+
+        /**
+         * The fields of the LSA kernels' structs that stay the same from call to call: the peer table,
+         * the window's offsets, counters, error word, rank and sizes. A call sets the rest (send,
+         * sizes, chunks per peer).
+         */
+        void setFixedArgs(GinState st, long peerBases) {
+            MemorySegment table = MemorySegment.ofAddress(peerBases);
+            long recv = st.offset("recv"), counts = st.offset("counts"), signals = st.offset("signals");
+            int me = comm.rank(), n = st.nranks, maxChunks = Plan.MAX_CHUNKS_PER_PEER;
+            MemorySegment a = directArgs.struct();
+            GinA2aArgs.peerBases(a, table);
+            GinA2aArgs.recvOffset(a, recv);
+            GinA2aArgs.signalOffset(a, signals);
+            GinA2aArgs.rank(a, me);
+            GinA2aArgs.nranks(a, n);
+            GinA2aArgs.maxChunksPerPeer(a, maxChunks);
+            directArgs.setPointerField(GinA2aArgs.seqState$offset(), seq).setPointerField(GinA2aArgs.errorFlags$offset(), errors.buffer());
+            a = directVArgs.struct();
+            GinA2avArgs.peerBases(a, table);
+            GinA2avArgs.recvOffset(a, recv);
+            GinA2avArgs.recvCountsOffset(a, counts);
+            GinA2avArgs.signalOffset(a, signals);
+            GinA2avArgs.rank(a, me);
+            GinA2avArgs.nranks(a, n);
+            GinA2avArgs.maxChunksPerPeer(a, maxChunks);
+            directVArgs.setPointerField(GinA2avArgs.seqState$offset(), seq).setPointerField(GinA2avArgs.errorFlags$offset(), errors.buffer());
+            setStaged(llArgs, table, recv, st.offset("ll"), st.llCapacity, llSeq, me, n);
+            setStaged(ll128Args, table, recv, st.offset("ll128"), st.ll128Capacity, ll128Seq, me, n);
+            setStagedV(llVArgs, table, recv, counts, st.offset("ll"), st.llCapacity, llSeq, me, n);
+            setStagedV(ll128VArgs, table, recv, counts, st.offset("ll128"), st.ll128Capacity, ll128Seq, me, n);
+            a = ceSignalArgs.struct();
+            GinA2aCeSignalArgs.peerBases(a, table);
+            GinA2aCeSignalArgs.signalOffset(a, signals);
+            GinA2aCeSignalArgs.rank(a, me);
+            GinA2aCeSignalArgs.nranks(a, n);
+            GinA2aCeSignalArgs.maxChunksPerPeer(a, maxChunks);
+            ceSignalArgs.setPointerField(GinA2aCeSignalArgs.seqState$offset(), seq).setPointerField(GinA2aCeSignalArgs.errorFlags$offset(), errors.buffer());
+            a = ceSelfArgs.struct();
+            GinA2aCeSelfArgs.peerBases(a, table);
+            GinA2aCeSelfArgs.recvOffset(a, recv);
+            GinA2aCeSelfArgs.rank(a, me);
+        }
+
+        private void setStaged(KernelArgs args, MemorySegment table, long recv, long staging, long capacity, DeviceBuffer counters, int me, int n) {
+            MemorySegment a = args.struct();
+            GinA2aStagedArgs.peerBases(a, table);
+            GinA2aStagedArgs.recvOffset(a, recv);
+            GinA2aStagedArgs.stagingOffset(a, staging);
+            GinA2aStagedArgs.stagingCapacity(a, capacity);
+            GinA2aStagedArgs.rank(a, me);
+            GinA2aStagedArgs.nranks(a, n);
+            GinA2aStagedArgs.maxChunksPerPeer(a, Plan.MAX_CHUNKS_PER_PEER);
+            args.setPointerField(GinA2aStagedArgs.seqState$offset(), counters).setPointerField(GinA2aStagedArgs.errorFlags$offset(), errors.buffer());
+        }
+
+        private void setStagedV(KernelArgs args, MemorySegment table, long recv, long counts, long staging, long capacity, DeviceBuffer counters, int me, int n) {
+            MemorySegment a = args.struct();
+            GinA2avStagedArgs.peerBases(a, table);
+            GinA2avStagedArgs.recvOffset(a, recv);
+            GinA2avStagedArgs.recvCountsOffset(a, counts);
+            GinA2avStagedArgs.stagingOffset(a, staging);
+            GinA2avStagedArgs.stagingCapacity(a, capacity);
+            GinA2avStagedArgs.rank(a, me);
+            GinA2avStagedArgs.nranks(a, n);
+            GinA2avStagedArgs.maxChunksPerPeer(a, Plan.MAX_CHUNKS_PER_PEER);
+            args.setPointerField(GinA2avStagedArgs.seqState$offset(), counters).setPointerField(GinA2avStagedArgs.errorFlags$offset(), errors.buffer());
         }
 
         /** The rank's streams, events and code objects; each released even if one before it fails. */
@@ -220,6 +310,7 @@ final class GinState implements AutoCloseable {
         if (peers != null) {
             long recvOffset = offset("recv"), recvBytes = window.layout().region("recv").size();
             for (Rank r : ranks) {
+                r.setFixedArgs(this, peers.table(r.comm.localIndex()).address());
                 long[] bases = peers.bases(r.comm.localIndex());
                 r.peerRecv = new DeviceBuffer[nranks];
                 for (int p = 0; p < nranks; p++) {

@@ -1,5 +1,6 @@
 package dev.gin4j.cli;
 
+import dev.gin4j.bindings.basic.GinHoldSmsArgs;
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommGroup;
@@ -365,7 +366,9 @@ final class MoeBench {
                 grids.add(LaunchConfig.of(free, 1024).withSharedBytes(smem));
                 PinnedBuffer m = d.allocatePinned(8L * free, a);
                 marks.add(m);
-                args.add(KernelArgs.of(a, KernelArgs.Type.POINTER, KernelArgs.Type.I64).setPointer(0, m.deviceAddress()));
+                KernelArgs holdArgs = KernelArgs.ofStruct(a, GinHoldSmsArgs.layout());
+                GinHoldSmsArgs.marks(holdArgs.struct(), MemorySegment.ofAddress(m.deviceAddress()));
+                args.add(holdArgs);
                 side.add(d.createStream());
             }
             double holdUs = 3 * aloneUs * PIPELINED + 2000;
@@ -373,7 +376,7 @@ final class MoeBench {
             for (int batch = 0; batch < BATCHES; ) {
                 for (int i = 0; i < local; i++) {
                     marks.get(i).host().fill((byte) 0);
-                    args.get(i).setLong(1, (long) (holdUs * 1e3));
+                    GinHoldSmsArgs.ns(args.get(i).struct(), (long) (holdUs * 1e3));
                     hold.get(i).launch(side.get(i), grids.get(i), args.get(i));
                 }
                 boolean held = true;
@@ -457,20 +460,18 @@ final class MoeBench {
 
     /**
      * What the driver alone costs this thread, measured like the pipelined calls above: CPU time per
-     * launch of the empty kernel 1 x 1 on an idle GPU and queued behind a busy one (a 256 MiB fill,
-     * as the pipelined GIN calls queue behind each other), per cuCtxSetCurrent / hipSetDevice (what
+     * launch of the empty kernel 1 x 1 on an idle GPU and queued behind a busy one (a 256 MiB fill by
+     * the driver's memset, as the pipelined GIN calls queue behind each other), per cuCtxSetCurrent / hipSetDevice (what
      * a launch would pay if it switched devices every time; it only asks), and per replay of a
      * captured graph holding the empty kernel. The gap between a launch and a GIN call is ours.
      */
     static double[] launchFloor(Device d) {
         ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
         try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("basic")) {
-            Kernel empty = code.kernel("gin_empty"), fill = code.kernel("gin_fill_u32");
-            KernelArgs none = KernelArgs.of(a);
+            Kernel empty = code.kernel("gin_empty");
+            KernelArgs none = KernelArgs.none(a);
             DeviceBuffer busy = d.allocate(BUSY_BYTES, a);
-            KernelArgs fillArgs = KernelArgs.of(a, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32)
-                    .setPointer(0, busy).setLong(1, BUSY_BYTES / 4).setInt(2, 7);
-            LaunchConfig one = LaunchConfig.of(1, 1), fillGrid = LaunchConfig.of(4 * d.multiprocessors(), 256);
+            LaunchConfig one = LaunchConfig.of(1, 1);
             s.beginCapture();
             empty.launch(s, one, none);
             try (Graph graph = s.endCapture()) {
@@ -482,7 +483,7 @@ final class MoeBench {
                     for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
                     long c1 = cpu.getCurrentThreadCpuTime();
                     s.synchronize();
-                    fill.launch(s, fillGrid, fillArgs);
+                    busy.fill32(7, s);
                     long c2 = cpu.getCurrentThreadCpuTime();
                     for (int i = 0; i < PIPELINED; i++) empty.launch(s, one, none);
                     long c3 = cpu.getCurrentThreadCpuTime();

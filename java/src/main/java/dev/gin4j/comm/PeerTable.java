@@ -1,5 +1,6 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.bindings.a2a.GinResolvePeersArgs;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
@@ -117,10 +118,13 @@ public final class PeerTable {
                     DeviceBuffer t = dev.allocate(8L * g.worldSize(), arena);
                     KernelErrors err = new KernelErrors(dev, tmp, s);
                     NcclDeviceAbi abi = dc.abi();
-                    KernelArgs args = KernelArgs.of(tmp, KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1)), KernelArgs.Type.POINTER,
-                            KernelArgs.Type.I64, KernelArgs.Type.POINTER, KernelArgs.Type.I32, KernelArgs.Type.POINTER);
-                    args.setStruct(0, dc.struct(i).asSlice(0, abi.devCommSize())).setPointer(1, window.handle(i).address()).setLong(2, 0)
-                            .setPointer(3, t).setInt(4, g.worldSize()).setPointer(5, err.buffer());
+                    KernelArgs args = KernelArgs.ofStruct(tmp, KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1)), GinResolvePeersArgs.layout())
+                            .setStruct(0, dc.struct(i).asSlice(0, abi.devCommSize()));
+                    MemorySegment a = args.struct();
+                    GinResolvePeersArgs.window(a, MemorySegment.ofAddress(window.handle(i).address()));
+                    GinResolvePeersArgs.windowOffset(a, 0);
+                    GinResolvePeersArgs.nranks(a, g.worldSize());
+                    args.setPointerField(GinResolvePeersArgs.peerBases$offset(), t).setPointerField(GinResolvePeersArgs.errorFlags$offset(), err.buffer());
                     t.fill((byte) 0, s);
                     peers.kernel("gin_resolve_peers").launch(s, LaunchConfig.of(1, 64), args);
                     err.check("gin_resolve_peers", s);

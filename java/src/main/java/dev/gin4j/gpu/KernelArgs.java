@@ -9,10 +9,11 @@ import java.lang.foreign.ValueLayout;
  * A kernel's argument list, built once and reused across launches: one native block holds every
  * argument at its C alignment, and a pointer array points at each (what cuLaunchKernel /
  * hipModuleLaunchKernel take). Setting a value writes into the block; launching allocates nothing.
- * <p>A kernel that takes one struct by value (the MoE kernels, whose structs are declared in
- * gin-kernels/abi/ and generated into {@code dev.gin4j.bindings.moe}) gets {@link #ofStruct}: its
- * fields are written by name, through the generated accessors on {@link #struct()} and, for device
- * buffers, {@link #setPointerField}.
+ * <p>A kernel that takes one struct by value (the library's own kernels, whose structs are declared
+ * in gin-kernels/abi/ and generated into {@code dev.gin4j.bindings.moe}, {@code .a2a} and
+ * {@code .basic}), possibly after the {@code ncclDevComm}, gets {@link #ofStruct}: its fields are
+ * written by name, through the generated accessors on {@link #struct()} and, for device buffers,
+ * {@link #setPointerField}. {@link #of} lists positional arguments, for users' own kernels.
  */
 public final class KernelArgs {
     /**
@@ -51,9 +52,12 @@ public final class KernelArgs {
     private final MemorySegment params;
     private final DeviceBuffer[] buffers;  // the buffer each pointer slot was set from, for graph captures (null: a raw address)
     private final DeviceBuffer[] fieldBuffers;  // ofStruct: the buffer of each pointer field, by offset / 8
+    private final int structIndex;  // ofStruct: the struct's slot (the last); -1 for a positional list
     private long unset;
 
-    private KernelArgs(Arena arena, Type... types) {
+    private KernelArgs(Arena arena, Type... types) { this(arena, -1, types); }
+
+    private KernelArgs(Arena arena, int structIndex, Type... types) {
         if (types.length > 64) throw new IllegalArgumentException("at most 64 kernel arguments, got " + types.length);
         this.types = types.clone();
         for (int i = 0; i < types.length; i++) {
@@ -61,7 +65,8 @@ public final class KernelArgs {
         }
         this.offsets = new long[types.length];
         this.buffers = new DeviceBuffer[types.length];
-        this.fieldBuffers = new DeviceBuffer[types.length == 1 && !types[0].isScalar() ? (int) (types[0].size() / 8) : 0];
+        this.structIndex = structIndex;
+        this.fieldBuffers = new DeviceBuffer[structIndex >= 0 ? (int) (types[structIndex].size() / 8) : 0];
         long off = 0, maxAlign = 8;
         for (int i = 0; i < this.types.length; i++) {
             Type t = this.types[i];
@@ -86,21 +91,40 @@ public final class KernelArgs {
      * compiled parameter's.
      */
     public static KernelArgs ofStruct(Arena arena, MemoryLayout layout) {
+        return new KernelArgs(arena, 0, structType(layout)).markStructSet();
+    }
+
+    /**
+     * The arguments of a kernel that takes {@code leading} (the {@code ncclDevComm} of the kernels
+     * on NCCL's device API, set with {@link #setStruct setStruct(0, bytes)}) and then one struct by
+     * value, laid out as {@code layout}: the struct starts zeroed and counts as set, and
+     * {@link #struct()} and {@link #setPointerField} address it as for {@link #ofStruct(Arena, MemoryLayout)}.
+     */
+    public static KernelArgs ofStruct(Arena arena, Type leading, MemoryLayout layout) {
+        if (leading == null) throw new IllegalArgumentException("the leading argument has no type (null)");
+        return new KernelArgs(arena, 1, leading, structType(layout)).markStructSet();
+    }
+
+    private static Type structType(MemoryLayout layout) {
+        if (layout == null) throw new IllegalArgumentException("no struct layout (null)");
         String name = layout.name().orElse("struct");
-        return new KernelArgs(arena, new Type(name + "(" + layout.byteSize() + ")", layout.byteSize(), layout.byteAlignment())).markStructSet();
+        return new Type(name + "(" + layout.byteSize() + ")", layout.byteSize(), layout.byteAlignment());
     }
 
     private KernelArgs markStructSet() {
-        unset = 0;
+        unset &= ~(1L << structIndex);
         return this;
     }
 
     /** The struct's bytes, to be written through the generated accessors. Only for {@link #ofStruct}. */
     public MemorySegment struct() {
-        if (types.length != 1 || types[0].isScalar())
-            throw new IllegalStateException("struct() is for an argument list made by ofStruct, this one has " + types.length + " argument(s)");
-        return values.asSlice(0, types[0].size());
+        if (structIndex < 0)
+            throw new IllegalStateException("struct() is for an argument list made by ofStruct, this one has " + types.length + " positional argument(s)");
+        return values.asSlice(offsets[structIndex], types[structIndex].size());
     }
+
+    /** An argument list for a kernel without parameters. */
+    public static KernelArgs none(Arena arena) { return new KernelArgs(arena); }
 
     /**
      * Sets the pointer field at {@code fieldOffset} of the {@link #ofStruct} struct (the generated
@@ -110,7 +134,7 @@ public final class KernelArgs {
     public KernelArgs setPointerField(long fieldOffset, DeviceBuffer buffer) {
         MemorySegment st = struct();
         if (fieldOffset < 0 || fieldOffset % 8 != 0 || fieldOffset + 8 > st.byteSize())
-            throw new IllegalArgumentException("no pointer field at offset " + fieldOffset + " of " + types[0].name() + " (8-byte aligned, below " + st.byteSize() + ")");
+            throw new IllegalArgumentException("no pointer field at offset " + fieldOffset + " of " + types[structIndex].name() + " (8-byte aligned, below " + st.byteSize() + ")");
         st.set(ValueLayout.JAVA_LONG, fieldOffset, buffer == null ? 0 : buffer.address());
         fieldBuffers[(int) (fieldOffset / 8)] = buffer;
         return this;

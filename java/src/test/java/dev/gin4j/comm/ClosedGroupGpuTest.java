@@ -1,5 +1,6 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.bindings.basic.GinHoldSmsArgs;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
 import dev.gin4j.a2a.Backend;
@@ -124,7 +125,8 @@ class ClosedGroupGpuTest {
                 assertFalse(g.isClosed(), "the caller's mistake does not abort the group");
                 g.hostWaitTimeout(Duration.ofMillis(500));
                 DeviceBuffer marks = dev.allocate(8, arena);
-                KernelArgs hold = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64).setPointer(0, marks).setLong(1, 2_000_000_000L);
+                KernelArgs hold = KernelArgs.ofStruct(arena, GinHoldSmsArgs.layout()).setPointerField(GinHoldSmsArgs.marks$offset(), marks);
+                GinHoldSmsArgs.ns(hold.struct(), 2_000_000_000L);
                 basic.kernel("gin_hold_sms").launch(s, LaunchConfig.of(1, 32), hold);
                 long t0 = System.nanoTime();
                 CommException e = assertThrows(CommException.class, () -> a.checkErrors(streams));

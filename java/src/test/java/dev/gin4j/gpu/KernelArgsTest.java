@@ -109,6 +109,42 @@ class KernelArgsTest {
         }
     }
 
+    /** A leading by-value argument (the ncclDevComm) and then the struct: the struct sits at its C offset, the leading one must be set. */
+    @Test void leadingArgumentThenStruct() {
+        try (Arena arena = Arena.ofConfined()) {
+            java.util.Random rnd = new java.util.Random();
+            long leadingSize = 8 * (1 + rnd.nextInt(100)) + 4;  // not a multiple of 8: the struct is aligned up after it
+            MemoryLayout layout = MemoryLayout.structLayout(ValueLayout.JAVA_LONG.withName("p"), ValueLayout.JAVA_INT.withName("n"),
+                    MemoryLayout.paddingLayout(4)).withName("Args");
+            KernelArgs args = KernelArgs.ofStruct(arena, KernelArgs.Type.struct(leadingSize, 4), layout);
+            assertEquals(2, args.count());
+            IllegalStateException unset = assertThrows(IllegalStateException.class, () -> args.checkComplete("k"));
+            assertTrue(unset.getMessage().contains("argument 0"), unset.getMessage());
+            MemorySegment leading = arena.allocate(leadingSize);
+            for (long i = 0; i < leadingSize; i++) leading.set(ValueLayout.JAVA_BYTE, i, (byte) rnd.nextInt());
+            args.setStruct(0, leading);
+            args.checkComplete("k");
+            long p = rnd.nextLong() & ~7L;
+            int n = rnd.nextInt();
+            args.struct().set(ValueLayout.JAVA_INT, 8, n);
+            args.setPointerField(0, null);
+            args.struct().set(ValueLayout.JAVA_LONG, 0, p);
+            assertEquals(16, args.struct().byteSize());
+            MemorySegment params = args.params().reinterpret(16);
+            MemorySegment p0 = params.get(ValueLayout.ADDRESS, 0).reinterpret(leadingSize);
+            MemorySegment p1 = params.get(ValueLayout.ADDRESS, 8).reinterpret(16);
+            assertEquals((leadingSize + 7) / 8 * 8, p1.address() - p0.address(), "the struct is 8-byte aligned after the leading argument");
+            assertEquals(-1, MemorySegment.mismatch(p0, 0, leadingSize, leading, 0, leadingSize));
+            assertEquals(p, p1.get(ValueLayout.JAVA_LONG, 0));
+            assertEquals(n, p1.get(ValueLayout.JAVA_INT, 8));
+            assertThrows(IllegalArgumentException.class, () -> args.setPointerField(16, null));
+            assertThrows(IllegalArgumentException.class, () -> KernelArgs.ofStruct(arena, null, layout));
+            KernelArgs none = KernelArgs.none(arena);
+            assertEquals(0, none.count());
+            none.checkComplete("k");
+        }
+    }
+
     @Test void typesAreValidated() {
         assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", 0, 4));
         assertThrows(IllegalArgumentException.class, () -> new KernelArgs.Type("x", -4, 4));

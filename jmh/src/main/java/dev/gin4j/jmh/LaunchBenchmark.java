@@ -35,7 +35,7 @@ public class LaunchBenchmark {
         stream = d.createStream();
         code = d.loadKernels("basic");
         empty = code.kernel("gin_empty");
-        noArgs = KernelArgs.of(arena);
+        noArgs = KernelArgs.none(arena);
     }
 
     @TearDown public void tearDown() {
