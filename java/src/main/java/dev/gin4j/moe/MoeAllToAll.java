@@ -1,5 +1,7 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.internal.gpu.Checks;
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.bindings.moe.MoeDims;
 import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
@@ -20,16 +22,18 @@ import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.ErrorCheck;
-import dev.gin4j.comm.KernelErrors;
-import dev.gin4j.comm.PeerTable;
-import dev.gin4j.comm.SymmetricWindow;
-import dev.gin4j.comm.WindowLayout;
+import dev.gin4j.internal.comm.KernelErrors;
+import dev.gin4j.internal.comm.PeerTable;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
+import dev.gin4j.internal.moe.MoeReports;
+import dev.gin4j.internal.moe.ShapedEntries;
 import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
@@ -76,6 +80,13 @@ import java.util.function.Function;
  * ({@code dev.gin4j.bindings.moe}).
  */
 public final class MoeAllToAll extends NativeResource {
+    static {  // gin4j's reports reach what the instance runs through MoeReports, not through the exported class
+        MoeReports.install(new MoeReports.Reports() {
+            @Override public ShapedEntries.Source entrySource(MoeAllToAll moe) { return moe.entrySource(); }
+            @Override public String dispatchKernelName(MoeAllToAll moe) { return moe.dispatchKernelName(); }
+        });
+    }
+
     private static final int THREADS = 512;
 
     private final CommGroup group;
@@ -146,7 +157,7 @@ public final class MoeAllToAll extends NativeResource {
             this.comm = comm;
             this.device = comm.device();
             this.warpSize = device.warpSize();
-            this.code = device.loadKernels(kernelObject());
+            this.code = KernelLibrary.load(device, kernelObject());
             try {
                 long capRows = MoeLayoutInfo.recvCapacityRows(info), dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
                 workspace = device.allocate(MoeLayoutInfo.workspaceBytes(info), arena);
@@ -256,7 +267,7 @@ public final class MoeAllToAll extends NativeResource {
             this.localExperts = cfg.experts() / nRanks;
             this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
             // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
-            this.info = group.failTogether("loading the MoE kernels", () -> {
+            this.info = Groups.failTogether(group, "loading the MoE kernels", () -> {
                 MemorySegment q = queryLayout(group.rank(0).device());
                 if (MoeLayoutInfo.windowBytes(q) == 0) {
                     throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
@@ -270,7 +281,7 @@ public final class MoeAllToAll extends NativeResource {
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
             // failed must not leave the others waiting here (its close below deregisters collectively)
-            this.peers = group.failTogether("setting up the MoE exchange's kernels and buffers", () -> {
+            this.peers = Groups.failTogether(group, "setting up the MoE exchange's kernels and buffers", () -> {
                 PeerTable peerTable = window == null ? null : PeerTable.resolve(window, arena);
                 if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node; " + peerTable.unreachable() + "); use Backend.HOST");
                 for (Communicator c : group.ranks()) {
@@ -355,7 +366,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /** moe_query_layout's MoeLayoutInfo for this instance's shape, copied to the host (all zero: the kernels refuse the shape). */
     private MemorySegment queryLayout(Device d) {
-        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels(kernelObject())) {
+        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = KernelLibrary.load(d, kernelObject())) {
             DeviceBuffer out = d.allocate(MoeLayoutInfo.sizeof(), a);
             KernelArgs args = KernelArgs.ofStruct(a, MoeQueryArgs.layout());
             MemorySegment dims = MoeQueryArgs.dims(args.struct());
@@ -404,10 +415,10 @@ public final class MoeAllToAll extends NativeResource {
     private static String shapedPrefix(String base) { return base + "_tp_r"; }
 
     /** Where this instance's GIN token-path entries come from (precompiled, compiled at run time, generic); GENERIC off the token path and on HOST. */
-    public ShapedEntries.Source entrySource() { return entrySource; }
+    ShapedEntries.Source entrySource() { return entrySource; }
 
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
-    public String dispatchKernelName() {
+    String dispatchKernelName() {
         if (network != null) return network.dispatchKernelName();
         return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
     }
@@ -457,7 +468,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int j = i + 1; j < outs.length; j++)
                 if (outs[j] != null && outs[i].overlaps(outs[j]))
                     throw new IllegalArgumentException(r.comm + ": " + outNames[i] + " overlaps " + outNames[j] + ": the dispatch writes both; give each its own memory");
-            for (int j = 0; j < ins.length; j++) DeviceBuffer.requireDisjoint(r.comm, inNames[j], ins[j], outs[i], outNames[i]);
+            for (int j = 0; j < ins.length; j++) Checks.requireDisjoint(r.comm, inNames[j], ins[j], outs[i], outNames[i]);
         }
     }
 
@@ -495,9 +506,9 @@ public final class MoeAllToAll extends NativeResource {
 
     /** An input the dispatch would read while writing its results (an earlier dispatch's, fed back): refused, not corrupted. */
     private static void requireDisjointFromDispatchResults(RankState r, DeviceBuffer in, String what) {
-        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvX, "this instance's received rows");
-        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvWeights, "this instance's received weights");
-        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvCounts, "this instance's per-expert counts");
+        Checks.requireDisjoint(r.comm, what, in, r.recvX, "this instance's received rows");
+        Checks.requireDisjoint(r.comm, what, in, r.recvWeights, "this instance's received weights");
+        Checks.requireDisjoint(r.comm, what, in, r.recvCounts, "this instance's per-expert counts");
     }
 
     /**
@@ -574,7 +585,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], results.get(i), streams.get(i)));
             return out;
         }
-        Stream.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
+        Checks.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         noteUse(streams);
         hostDispatch(x, topkIdx, topkWeights, tokens, results, streams);
@@ -626,7 +637,7 @@ public final class MoeAllToAll extends NativeResource {
         long[][] scw = new long[local][], sow = new long[local][], rcw = new long[local][], row = new long[local][];
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            group.await(streams.get(i), "a HOST MoE dispatch (the count exchange)");
+            Groups.await(group, streams.get(i), "a HOST MoE dispatch (the count exchange)");
             int[] matrix = r.countMatrix.readInts(nRanks * L, streams.get(i));
             int[] expertOffset = r.workspace.slice(MoeLayoutInfo.wsExpertOffset(info), 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1, streams.get(i));
             int[] rowsTo = r.workspace.slice(MoeLayoutInfo.wsRowsTo(info), 4L * nRanks).readInts(nRanks, streams.get(i));
@@ -700,7 +711,7 @@ public final class MoeAllToAll extends NativeResource {
         if (network != null && y != null)
             throw new UnsupportedOperationException(r.comm + ": a caller-owned y is not available across nodes yet; pass null for the instance's");
         if (y == null) {
-            DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
+            Checks.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
             return r;
         }
         long needY = (long) handle.numTokens() * rowBytes;
@@ -708,8 +719,8 @@ public final class MoeAllToAll extends NativeResource {
             throw new IllegalArgumentException(r.comm + ": y has " + y.byteSize() + " bytes; [" + handle.numTokens() + "][" + cfg.hidden() + "] bf16 (the dispatch's tokens) needs " + needY);
         requireAligned(r, y, 2, "y (bf16)");
         if (y.device() != r.device) throw new IllegalArgumentException(r.comm + ": y is on " + y.device() + ", expected " + r.device);
-        DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, y, "y");
-        DeviceBuffer.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
+        Checks.requireDisjoint(r.comm, "expertOut", expertOut, y, "y");
+        Checks.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
         return r;
     }
 
@@ -814,7 +825,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted));
             return out;
         }
-        Stream.refuseCapture(streams, "a HOST combine" + FROM_HOST);
+        Checks.refuseCapture(streams, "a HOST combine" + FROM_HOST);
         noteUse(streams);
         hostSendBack(expertOut, cfg.hidden(), r -> r.backBuf, r -> r.returned, streams);
         long rowBytes = cfg.combineRowBytes();
@@ -881,7 +892,7 @@ public final class MoeAllToAll extends NativeResource {
         if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException(r.comm + ": rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
-        DeviceBuffer.requireDisjoint(r.comm, "rowValues", rowValues, r.tokenValues, "this instance's returned values");
+        Checks.requireDisjoint(r.comm, "rowValues", rowValues, r.tokenValues, "this instance's returned values");
         return r;
     }
 
@@ -894,7 +905,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginRowValues(ranks.get(i), handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
-        Stream.refuseCapture(streams, "a HOST returnRowValues" + FROM_HOST);
+        Checks.refuseCapture(streams, "a HOST returnRowValues" + FROM_HOST);
         noteUse(streams);
         hostSendBack(rowValues, 2, r -> r.valuesSend, r -> r.valuesRecv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
@@ -955,14 +966,14 @@ public final class MoeAllToAll extends NativeResource {
     }
 
     private RankState rank(int localIndex) {
-        group.checkLocalIndex(localIndex);
+        Groups.checkLocalIndex(group, localIndex);
         return ranks.get(localIndex);
     }
 
     /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out, which also aborts the group (KernelErrors.checkAll). One stream per local rank. */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams, group);
     }
 
@@ -984,7 +995,7 @@ public final class MoeAllToAll extends NativeResource {
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         return KernelErrors.later("MoE exchange", this, ranks.stream().map(r -> r.errors).toList(), streams, null, group);
     }
 
@@ -1020,7 +1031,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        group.requireOneLocalRank(call);
+        Groups.requireOneLocalRank(group, call);
     }
 
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */

@@ -100,8 +100,8 @@ final class LoopbackGinMoeRank {
                 MoeConfig cfg = c.fp8() ? MoeConfig.fp8FromBf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b)
                         : MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b);
                 try (MoeAllToAll moe = MoeAllToAll.create(g, cfg)) {
-                    if (b == Backend.GIN && !moe.dispatchKernelName().contains("moe_net_dispatch"))
-                        throw new AssertionError("every peer is on another host, but the exchange runs " + moe.dispatchKernelName());
+                    if (b == Backend.GIN && !dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe).contains("moe_net_dispatch"))
+                        throw new AssertionError("every peer is on another host, but the exchange runs " + dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe));
                     int rowBytes = (int) cfg.dispatchRowBytes();
                     DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()),
                             w = RankMain.upload(d, arena, in[rank].w());

@@ -1,5 +1,9 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.internal.comm.PeerTable;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
 import dev.gin4j.a2a.Backend;
@@ -135,7 +139,7 @@ public final class RankMain {
             int n = (1 << 20) / 4;
             byte[] mine = dataOf(seed, rank, 4 * n);
             int peer = (rank + 1) % world;
-            try (CodeObject basic = d.loadKernels("basic")) {
+            try (CodeObject basic = KernelLibrary.load(d, "basic")) {
                 DeviceBuffer src = d.allocate(mine.length, arena);
                 src.copyFromHost(MemorySegment.ofArray(mine));
                 KernelArgs a = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
