@@ -16,6 +16,7 @@
 #include "moe/query_layout.cuh"
 #include "moe/dispatch.cuh"
 #include "moe/combine.cuh"
+#include "moe/expert_offsets.cuh"
 #include "moe/shaped_entries.cuh"
 
 // ================================================================================================

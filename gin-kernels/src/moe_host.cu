@@ -7,6 +7,7 @@
 #include "moe/query_layout.cuh"
 #include "moe/routing_layout.cuh"
 #include "moe/fp8.cuh"
+#include "moe/expert_offsets.cuh"
 
 // ================================================================================================
 // HOST backend: local kernels around the Java side's ncclAlltoAll / ncclSend / ncclRecv.

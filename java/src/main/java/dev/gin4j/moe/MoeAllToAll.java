@@ -29,6 +29,7 @@ import dev.gin4j.internal.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Event;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.internal.gpu.KernelLibrary;
@@ -36,6 +37,7 @@ import dev.gin4j.internal.moe.MoeReports;
 import dev.gin4j.internal.moe.ShapedEntries;
 import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.NativeResource;
+import dev.gin4j.gpu.PinnedBuffer;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -105,6 +107,7 @@ public final class MoeAllToAll extends NativeResource {
     private final MoeNetwork network;           // GIN across nodes only (some peer outside the LSA team)
     private final boolean acrossNodes;          // set before the ranks' state: the LSA entries are then not loaded
     private final List<RankState> ranks = new ArrayList<>();
+    private volatile boolean expertOffsets, hostCounts;  // off by default: each costs a launch or a copy per dispatch
 
     /** Per local rank: kernels, argument structs, buffers. */
     private final class RankState {
@@ -135,6 +138,13 @@ public final class MoeAllToAll extends NativeResource {
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         final List<CodeObject> compiledCode = new ArrayList<>();  // shaped entries compiled for this shape (ShapedEntries)
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
+        // expert offsets (expertOffsets / hostCounts on): moe_expert_offsets of the dispatch's counts into offsets [L + 1]
+        final Kernel offsetsKernel;
+        final KernelArgs offsetsArgs;
+        final DeviceBuffer offsets;
+        // hostCounts on: counts [L] then offsets [L + 1] copied here at the end of each dispatch, hostCopied recorded after
+        final PinnedBuffer hostCopy;
+        Event hostCopied;  // made on the first dispatch that copies; closed with the instance
 
         /** The GIN entry of {@code base} for this instance (see entryPoint): from the code object, or compiled for the shape. */
         Kernel entry(String base) {
@@ -207,6 +217,11 @@ public final class MoeAllToAll extends NativeResource {
                 setDims(MoeHostCombineArgs.dims(hostCombineArgs.struct()), cfg.hidden());
                 hostCombineArgs.setPointerField(MoeHostCombineArgs.workspace$offset(), workspace).setPointerField(MoeHostCombineArgs.errorFlags$offset(), errors.buffer());
                 tokenValues = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
+                offsetsKernel = code.kernel("moe_expert_offsets");
+                offsets = device.allocate(4L * (localExperts + 1), arena);
+                offsetsArgs = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I32, KernelArgs.Type.I32, KernelArgs.Type.POINTER)
+                        .setPointer(1, offsets).setInt(2, localExperts).setInt(3, 1).setPointer(4, errors.buffer());
+                hostCopy = device.allocatePinned(4L * (2L * localExperts + 1), arena);
                 if (cfg.backend() == Backend.GIN) {
                     values = code.kernel("moe_gin_row_values");
                     valuesArgs = KernelArgs.ofStruct(arena, MoeGinRowValuesArgs.layout());
@@ -432,6 +447,43 @@ public final class MoeAllToAll extends NativeResource {
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
     public long capacityRows() { return MoeLayoutInfo.recvCapacityRows(info); }
 
+    /**
+     * From the next dispatch on, whether each dispatch also leaves {@link MoeDispatch#offsets()}:
+     * int32 {@code [L + 1]}, where each local expert's rows start in the received rows (exclusive
+     * prefix of the counts; the last entry is the number of rows received), for a grouped GEMM's
+     * group offsets. One single-block kernel on the dispatch's stream after the dispatch, on every
+     * backend: no host wait, captured with the dispatch. Off by default (a launch per dispatch).
+     * Local to this process: ranks may choose differently.
+     * @param on whether dispatches compute the offsets
+     * @return this instance
+     */
+    public MoeAllToAll expertOffsets(boolean on) {
+        ensureOpen();
+        expertOffsets = on;
+        return this;
+    }
+
+    /**
+     * From the next dispatch on, whether each dispatch also copies its counts and offsets into
+     * pinned host memory, stream-ordered at its end, and records an event after the copy: then
+     * {@link MoeDispatch#hostCounts()} and {@link MoeDispatch#hostOffsets()} read them on the host
+     * once that event has completed (they wait for it; {@link MoeDispatch#hostCountsReady()} asks
+     * without waiting). These are the per-call statistics: rows received per local expert, and
+     * their total ({@code hostOffsets()[L]}). Implies {@link #expertOffsets(boolean)}. Refused on a
+     * stream that captures a graph. Off by default (two small copies and an event per dispatch).
+     * Local to this process: ranks may choose differently.
+     * @param on whether dispatches copy their counts to the host
+     * @return this instance
+     */
+    public MoeAllToAll hostCounts(boolean on) {
+        ensureOpen();
+        hostCounts = on;
+        return this;
+    }
+
+    /** The last dispatch number of local rank {@code localIndex}, for handles that read results later. */
+    long lastSequence(int localIndex) { return ranks.get(localIndex).lastSequence; }
+
     private static void requireAligned(RankState r, DeviceBuffer b, int bytes, String what) {
         if (b.address() % bytes != 0)
             throw new IllegalArgumentException(r.comm + ": " + what + " must be " + bytes + "-byte aligned, its address is 0x" + Long.toHexString(b.address()));
@@ -538,6 +590,10 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the dispatch launch. */
     private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Results out, Stream stream) {
+        boolean offsets = expertOffsets || hostCounts, copy = hostCounts;  // read once: the same for the launch and the handle
+        if (copy && stream.isCapturing())
+            throw new IllegalStateException(r.comm + ": hostCounts(true) copies the counts to the host at each dispatch, which a graph cannot replay for a "
+                    + "handle made at capture time: turn it off (moe.hostCounts(false)) for dispatches you capture");
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
         // fp8 from bf16: the dispatch quantizes x into r.xq (set at creation) itself, one launch on
@@ -553,7 +609,26 @@ public final class MoeAllToAll extends NativeResource {
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
         if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);  // into the instance's buffers (outputs refused across nodes)
         else r.dispatch.launch(stream, ginLaunch, a);
-        return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights());
+        afterDispatch(r, out.counts(), offsets, copy, stream);
+        return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights(), offsets ? r.offsets : null, copy ? r.hostCopy : null,
+                copy ? r.hostCopied : null);
+    }
+
+    /**
+     * After a dispatch on {@code stream}: the expert offsets of {@code counts} (one block of
+     * moe_expert_offsets), and with {@code copy} the counts and offsets into the rank's pinned
+     * words, then the rank's event. All stream-ordered: nothing here waits for the host.
+     */
+    private void afterDispatch(RankState r, DeviceBuffer counts, boolean offsets, boolean copy, Stream stream) {
+        if (!offsets) return;
+        r.offsetsArgs.setPointer(0, counts);
+        r.offsetsKernel.launch(stream, LaunchConfig.of(1, 256), r.offsetsArgs);
+        if (!copy) return;
+        long countBytes = 4L * localExperts;
+        counts.slice(0, countBytes).copyToHostAsync(r.hostCopy.host().asSlice(0, countBytes), stream);
+        r.offsets.copyToHostAsync(r.hostCopy.host().asSlice(countBytes, 4L * (localExperts + 1)), stream);
+        if (r.hostCopied == null) r.hostCopied = r.device.createEvent(false);
+        r.hostCopied.record(stream);
     }
 
     /** Every local rank at once (the only form for HOST with several local ranks). */
@@ -589,10 +664,13 @@ public final class MoeAllToAll extends NativeResource {
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         noteUse(streams);
         hostDispatch(x, topkIdx, topkWeights, tokens, results, streams);
+        boolean offsets = expertOffsets || hostCounts, copy = hostCounts;
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             Results res = results.get(i);
-            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, res.rows(), res.counts(), res.weights()));
+            afterDispatch(r, res.counts(), offsets, copy, streams.get(i));
+            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, res.rows(), res.counts(), res.weights(), offsets ? r.offsets : null,
+                    copy ? r.hostCopy : null, copy ? r.hostCopied : null));
         }
         return out;
     }
@@ -1039,6 +1117,7 @@ public final class MoeAllToAll extends NativeResource {
         List<Runnable> steps = new ArrayList<>();
         if (network != null) steps.add(network::close);
         for (RankState r : ranks) {
+            steps.add(() -> { if (r.hostCopied != null) r.hostCopied.close(); });
             steps.add(r.code::close);
             for (CodeObject c : r.compiledCode) steps.add(c::close);
         }
