@@ -138,6 +138,7 @@ public final class MoeAllToAll extends NativeResource {
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         final List<CodeObject> compiledCode = new ArrayList<>();  // shaped entries compiled for this shape (ShapedEntries)
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
+        long expertRowsEnd;  // HOST: one past the last received row in recvX (the rows received, plus the alignment's padding before the last expert)
         // expert offsets (expertOffsets / hostCounts on): moe_expert_offsets of the dispatch's counts into offsets [L + 1]
         final Kernel offsetsKernel;
         final KernelArgs offsetsArgs;
@@ -220,7 +221,7 @@ public final class MoeAllToAll extends NativeResource {
                 offsetsKernel = code.kernel("moe_expert_offsets");
                 offsets = device.allocate(4L * (localExperts + 1), arena);
                 offsetsArgs = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I32, KernelArgs.Type.I32, KernelArgs.Type.POINTER)
-                        .setPointer(1, offsets).setInt(2, localExperts).setInt(3, 1).setPointer(4, errors.buffer());
+                        .setPointer(1, offsets).setInt(2, localExperts).setInt(3, cfg.expertAlignment()).setPointer(4, errors.buffer());
                 hostCopy = device.allocatePinned(4L * (2L * localExperts + 1), arena);
                 if (cfg.backend() == Backend.GIN) {
                     values = code.kernel("moe_gin_row_values");
@@ -267,6 +268,7 @@ public final class MoeAllToAll extends NativeResource {
             MoeDims.hidden(dims, hidden);
             MoeDims.maxTokens(dims, cfg.maxTokens());
             MoeDims.numChannels(dims, channels);
+            MoeDims.expertAlignment(dims, cfg.expertAlignment());
         }
     }
 
@@ -292,6 +294,12 @@ public final class MoeAllToAll extends NativeResource {
                 return q;
             });
             this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);
+            // ranks may differ in the alignment: agree on the refusal, so that none goes on alone into the collectives below
+            Groups.failTogether(group, "checking the expert alignment", () -> {
+                if (acrossNodes && cfg.expertAlignment() > 1)
+                    throw new UnsupportedOperationException("expertAlignment " + cfg.expertAlignment() + " is not available across nodes yet (the cross-node "
+                            + "receiver places rows packed): use expertAlignment 1 there, or Backend.HOST");
+            });
             this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
@@ -391,6 +399,7 @@ public final class MoeAllToAll extends NativeResource {
             MoeDims.hidden(dims, cfg.hidden());
             MoeDims.maxTokens(dims, cfg.maxTokens());
             MoeDims.numChannels(dims, channels);
+            MoeDims.expertAlignment(dims, cfg.expertAlignment());
             args.setPointerField(MoeQueryArgs.out$offset(), out);
             code.kernel("moe_query_layout").launch(s, LaunchConfig.of(1, 1), args);
             s.synchronize();
@@ -731,6 +740,14 @@ public final class MoeAllToAll extends NativeResource {
                 r.sendRowOffset[s] = expertOffset[s * L];
             }
             if (off > capacityRows()) throw new CommException(r.comm + " would receive " + off + " rows, above the capacity of " + capacityRows());
+            long end = 0;
+            for (int e = 0; e < L; e++) {
+                long tot = 0;
+                for (int s = 0; s < nRanks; s++) tot += matrix[s * L + e];
+                long a = cfg.expertAlignment();
+                end += e == L - 1 ? tot : (tot + a - 1) / a * a;
+            }
+            r.expertRowsEnd = end;
             sc[i] = scale(r.sendRowsTo, rowBytes); so[i] = scale(r.sendRowOffset, rowBytes);
             rc[i] = scale(r.recvRowsFrom, rowBytes); ro[i] = scale(r.recvRowOffset, rowBytes);
             scw[i] = scale(r.sendRowsTo, 4); sow[i] = scale(r.sendRowOffset, 4);
@@ -779,10 +796,11 @@ public final class MoeAllToAll extends NativeResource {
         requireAligned(r, expertOut, 2, "expertOut (bf16)");
         long rowBytes = cfg.combineRowBytes();
         if (cfg.backend() != Backend.GIN) {
-            long received = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            long received = r.expertRowsEnd;
             if (expertOut.byteSize() < received * rowBytes)
                 throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch received " + received + " rows of "
-                        + rowBytes + " bytes (hidden bf16), which need " + received * rowBytes);
+                        + rowBytes + " bytes (hidden bf16" + (cfg.expertAlignment() > 1 ? ", up to the last expert's last row at alignment " + cfg.expertAlignment() : "")
+                        + "), which need " + received * rowBytes);
         }
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device() + ", expected " + r.device);
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device() + ", expected " + r.device);
@@ -813,7 +831,8 @@ public final class MoeAllToAll extends NativeResource {
      * pass your own ({@link #combine(MoeDispatch, DeviceBuffer, DeviceBuffer, Stream)}).
      * <p>{@code expertOut}: bf16 {@code [rows][hidden]} in the dispatch's layout. It may hold fewer
      * rows than {@link #capacityRows()}, as long as it holds the rows the dispatch received (the
-     * sum of the handle's counts). HOST knows that count on the host and refuses a smaller
+     * sum of the handle's counts; with {@link MoeConfig#expertAlignment()} above 1, up to the last
+     * expert's last row: {@code offsets[L - 1] + counts[L - 1]}). HOST knows that count on the host and refuses a smaller
      * expertOut here. GIN knows it only on the device: a combine that finds more received rows than
      * expertOut holds reads none past its end, leaves those rows out of y, and
      * {@link #checkErrors} reports it ("expertOut holds fewer rows than the dispatch received").

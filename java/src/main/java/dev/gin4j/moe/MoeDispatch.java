@@ -59,9 +59,12 @@ public final class MoeDispatch {
 
     /**
      * int32 {@code [L + 1]} on the device: {@code offsets[e]} is the row of {@link #rows()} where
-     * local expert {@code e}'s rows start, {@code offsets[L]} the number of rows received (an
-     * exclusive prefix sum of {@link #counts()}), written on the dispatch's stream after the
-     * dispatch. The instance's buffer, valid until its next dispatch.
+     * local expert {@code e}'s rows start, {@code offsets[L]} the end of the last expert's block
+     * (an exclusive prefix sum of {@link #counts()}, each rounded up to
+     * {@link MoeConfig#expertAlignment()}: with alignment 1, {@code offsets[L]} is the number of
+     * rows received), written on the dispatch's stream after the dispatch. Rows
+     * {@code [offsets[e] + counts[e], offsets[e + 1])} are padding, never written. The instance's
+     * buffer, valid until its next dispatch.
      * @return the offsets
      * @throws IllegalStateException when the dispatch ran with {@link MoeAllToAll#expertOffsets(boolean)} and
      *         {@link MoeAllToAll#hostCounts(boolean)} off
@@ -93,7 +96,7 @@ public final class MoeDispatch {
     public int[] hostCounts() { return readHost(false); }
 
     /**
-     * {@link #offsets()} read on the host ({@code [L + 1]}; the last is the rows received): waits
+     * {@link #offsets()} read on the host ({@code [L + 1]}; the last is the end of the last block): waits
      * as {@link #hostCounts()} does.
      * @return a fresh array of the offsets
      * @throws IllegalStateException as {@link #hostCounts()}
