@@ -19,7 +19,7 @@
 #endif
 
 /* Version of this ABI and of the window / workspace layouts it sizes. */
-#define MOE_ABI_VERSION 3
+#define MOE_ABI_VERSION 4
 
 /* Error bits, OR-ed into *errorFlags (bits 0-7 are the sync layer's: 1 time-out, 16 no LSA path). */
 #define MOE_ERR_EXPERT_ID (1u << 8) /* topkIdx entry < -1, >= E, or repeated in a token: masked */
@@ -38,6 +38,9 @@ typedef struct MoeDims {
   int32_t hidden;
   int32_t maxTokens;
   int32_t numChannels;
+  int32_t expertAlignment; /* rows: each local expert's block of recvX starts at a multiple of it
+                            * (0 or 1: packed; at most MOE_MAX_ALIGNMENT); the rows in between are
+                            * not written. The receive capacity grows by L * (alignment - 1). */
 } MoeDims;
 
 /* moe_query_layout (both code objects; grid 1, block 1): out = the sizes below, all zero when the
@@ -48,7 +51,7 @@ typedef struct MoeLayoutInfo {
   uint64_t windowFlagsBytes;
   uint64_t workspaceBytes;       /* local workspace per rank (zeroed at creation) */
   uint64_t workspaceStateBytes;
-  uint64_t recvCapacityRows;     /* R * M * min(K, L): rows recvX holds */
+  uint64_t recvCapacityRows;     /* R * M * min(K, L) + L * (expertAlignment - 1): rows recvX holds */
   uint64_t sendCapacityRows;     /* M * K */
   uint64_t wsExpertCount;        /* workspace offsets of int32 arrays the HOST exchange reads: [E] */
   uint64_t wsExpertOffset;       /* [E + 1] */

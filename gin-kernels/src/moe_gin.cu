@@ -16,6 +16,7 @@
 #include "moe/query_layout.cuh"
 #include "moe/dispatch.cuh"
 #include "moe/combine.cuh"
+#include "moe/expert_offsets.cuh"
 #include "moe/shaped_entries.cuh"
 
 // ================================================================================================
@@ -101,6 +102,7 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_row_values(const __gri
   const int tid = (int)threadIdx.x, B = (int)blockDim.x, C = a.dims.numChannels, b = (int)blockIdx.x;
   Dims d = make_dims(a.dims.rank, a.dims.nRanks, a.dims.numExperts, a.dims.topK, a.dims.hidden, a.dims.maxTokens,
                      a.dims.numChannels, numTokens);  // H: the window layout
+  d.A = moe_alignment(a.dims.expertAlignment);
   if (!launch_ok(d, 1, true, workspace, peerBases, errorFlags) || !peers_ok(peerBases, d.R, errorFlags)) return;
   if (rowValues == nullptr || (numTokens > 0 && g == nullptr)) {
     if (b == 0 && tid == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -136,7 +138,7 @@ GIN_KERNEL void __launch_bounds__(MOE_THREADS, 1) moe_gin_row_values(const __gri
   // its stores (the LL stores are asm volatile with a memory clobber, which the compiler does not
   // move loads across: one item at a time was two dependent round trips per item).
   const int* slotRows = (const int*)(workspace + ws.slotRows);
-  const uint64_t capacity = moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  const uint64_t capacity = moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A);
   for (int s = 0; s < d.R; ++s) {
     const int S = sharedSlots[s];
     const uint64_t end = (uint64_t)((int64_t)(b + 1) * S / C) * (uint64_t)d.K;

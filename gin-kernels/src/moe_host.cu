@@ -7,6 +7,7 @@
 #include "moe/query_layout.cuh"
 #include "moe/routing_layout.cuh"
 #include "moe/fp8.cuh"
+#include "moe/expert_offsets.cuh"
 
 // ================================================================================================
 // HOST backend: local kernels around the Java side's ncclAlltoAll / ncclSend / ncclRecv.
@@ -129,15 +130,16 @@ GIN_DEVICE_INLINE void host_permute(const uint16_t* in, const float* inWeights, 
   __shared__ int scanTmp[MOE_MAX_HOST_THREADS];
   __shared__ int totalRows;
   Dims d = make_dims(0, dims.nRanks, dims.numExperts, dims.topK, dims.hidden, dims.maxTokens, 1, 0);
+  d.A = moe_alignment(dims.expertAlignment);
   if (kFp8) d.rowBytes = moe_fp8_row_bytes(d.H);
-  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || (kFp8 && !moe_fp8_hidden_ok(d.H)) || blockDim.x % GIN_WARP_SIZE != 0 ||
+  if (!moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) || d.A > MOE_MAX_ALIGNMENT || (kFp8 && !moe_fp8_hidden_ok(d.H)) || blockDim.x % GIN_WARP_SIZE != 0 ||
       blockDim.x > MOE_MAX_HOST_THREADS || in == nullptr || out == nullptr || countMatrix == nullptr ||
       (kToExpertMajor && (inWeights == nullptr || outWeights == nullptr))) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;
   }
   const int tid = (int)threadIdx.x, B = (int)blockDim.x, n = d.R * d.L;
-  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A);
   // Every block derives the same offsets; a bad matrix (negative, or more than fits) moves nothing.
   for (int i = tid; i < n; i += B) {
     const int v = countMatrix[i];
@@ -165,7 +167,7 @@ GIN_DEVICE_INLINE void host_permute(const uint16_t* in, const float* inWeights, 
   for (int e = tid; e < d.L; e += B) {
     int tot = 0;
     for (int s = 0; s < d.R; ++s) tot += cnt[s * d.L + e];
-    dstOff[e] = tot;  // scanned below (only the first L entries)
+    dstOff[e] = moe_expert_block_rows(tot, d.A);  // scanned below (only the first L entries): the aligned expert starts
     if (kToExpertMajor && blockIdx.x == 0 && recvCounts != nullptr) recvCounts[e] = tot;
   }
   __syncthreads();

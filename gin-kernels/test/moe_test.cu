@@ -469,6 +469,7 @@ static MoeDims dims_of(const Setup& s, int r, int H) {
   d.hidden = H;
   d.maxTokens = s.M;
   d.numChannels = s.C;
+  d.expertAlignment = 1;  // packed, as before the field existed
   return d;
 }
 static MoeFp8QuantizeArgs quantize_args(const uint16_t* x, int T, int H, uint8_t* out, uint32_t* err) {

@@ -3,7 +3,7 @@
 #pragma once
 
 #if defined(__CUDACC_RTC__) || defined(__HIPCC_RTC__)
-  // NVRTC / hiprtc (shaped MoE entries compiled at run time, dev.gin4j.moe.ShapedEntries): no
+  // NVRTC / hiprtc (shaped MoE entries compiled at run time, dev.gin4j.internal.moe.ShapedEntries): no
   // system headers there. The fixed-width types as glibc defines them on x86-64 Linux, so the code
   // is the one nvcc makes; the runtime's device builtins come predefined.
   typedef signed char int8_t;

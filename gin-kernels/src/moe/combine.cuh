@@ -139,6 +139,7 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
   gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
   GIN_TRACE(MOE_TRACE_COMBINE_ENTRY);  // entry, before the prologue (write-after-read waits, ranges, load_seq)
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
+  d.A = moe_alignment(a.dims.expertAlignment);
   if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(d, errorFlags)) return;
   if (expertOut == nullptr || recvWeights == nullptr || (y == nullptr && d.T > 0)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
@@ -162,7 +163,7 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
   const MoeWindowLayout wl = moe_window_layout(d.R, d.E, d.K, d.H, d.M);
   const MoeWorkspaceLayout ws = moe_workspace_layout(d.R, d.E, d.K, d.M);
   const int* slotRows = (const int*)(workspace + ws.slotRows);
-  const int recvCapacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  const int recvCapacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A);
   const int capacity = expertOutRows < 0 ? 0 : (expertOutRows < recvCapacity ? expertOutRows : recvCapacity);
   uint8_t* ownWin = (uint8_t*)peerBases[d.rank];
   const bool fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);

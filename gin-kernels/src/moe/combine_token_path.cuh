@@ -254,7 +254,7 @@ MOE_NOINLINE void combine_token_path(const uint16_t* expertOut, const float* rec
       s.PP = (s.nl + kTpPassLines - 1) / kTpPassLines;  // passes per row
       s.combRows = wl.combRows;
       s.combProgress = wl.combProgress;
-      s.recvCapacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+      s.recvCapacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A);
       s.capacity = expertOutRows < 0 ? 0 : (expertOutRows < s.recvCapacity ? expertOutRows : s.recvCapacity);
       s.yRows = numTokens < 0 ? 0 : numTokens;
       s.fast = (d.rowBytes & 15u) == 0 && gin_is_aligned(expertOut, 16) && gin_is_aligned(y, 16);

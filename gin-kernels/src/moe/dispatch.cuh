@@ -71,6 +71,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const MoeGinDispatchArgs& a) {
   else if (tid == MOE_MAX_RANKS && workspace != nullptr && blockIdx.x < 2 * MOE_MAX_CHANNELS)
     sharedSeq = state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] + 1;
   Dims dims = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
+  dims.A = moe_alignment(a.dims.expertAlignment);
   if (!launch_ok(dims, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(dims, errorFlags)) return;
   const Dims d = dims;
   if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||

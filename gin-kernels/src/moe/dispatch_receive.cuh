@@ -55,7 +55,8 @@ GIN_DEVICE_INLINE bool ll_table_get(const uint64_t* p, uint64_t seq, bool block,
 
 // Count tables of every source of call seq (LL words in this rank's window): cnt, slots, channel
 // c's slot range per source, validation (a source whose numbers cannot be right contributes
-// nothing, never out of bounds) and rowBase[s][e] = expertStart[e] + sum_{s'<s} cnt[s'][e].
+// nothing, never out of bounds) and rowBase[s][e] = expertStart[e] + sum_{s'<s} cnt[s'][e], where
+// expertStart is the exclusive prefix of the d.A-aligned expert block sizes.
 // recvCountsOut (optional) receives the per-expert totals. block = false: a probe that returns
 // false (nothing else done) when any word of this call is missing. Whole block; ends with a
 // barrier. The loads of all R*L = E count words are in flight together (<= 4 per thread), the
@@ -146,7 +147,7 @@ GIN_DEVICE_INLINE bool recv_tables(RecvSmem& s, const Dims& d, int c, const uint
   for (int e = tid; e < d.L; e += B) {
     int tot = 0;
     for (int src = 0; src < d.R; ++src) tot += s.cnt[src * d.L + e];
-    s.rowBase[e] = tot;
+    s.rowBase[e] = moe_expert_block_rows(tot, d.A);  // scanned below into the expert starts
     if (recvCountsOut != nullptr) recvCountsOut[e] = tot;
   }
   __syncthreads();

@@ -209,7 +209,7 @@ GIN_DEVICE_INLINE void dispatch_tp_receiver(const DispatchCall& call, TpRecvSmem
     }
   }
   int* slotRows = *(int* volatile*)&s.slotRows;
-  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M);
+  const int capacity = (int)moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A);
   const int totalItems = s.itemEnd[d.R];
   bool firstRemote = true;
   bool quantSeen = !quant;  // the quantizing dispatch: sender c's fp8 rows of our own tokens are in xq

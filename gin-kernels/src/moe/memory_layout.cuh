@@ -19,6 +19,7 @@
 #define MOE_MAX_BLOCKS (2 * MOE_MAX_CHANNELS)
 #define MOE_TILE_WORDS 3072  // layout tile: experts x 32-token chunks bitmasks (E * chunks <= this)
 #define MOE_MAX_HOST_THREADS 1024                   // blockDim.x limit of the other host kernels
+#define MOE_MAX_ALIGNMENT 1024                      // MoeDims.expertAlignment: rows per expert block boundary
 
 // Error bits: MOE_ERR_* in abi/moe.h.
 
@@ -89,11 +90,16 @@ __host__ __device__ inline uint64_t moe_fp8_row_bytes(int H) {
 }
 __host__ __device__ inline bool moe_fp8_hidden_ok(int H) { return H >= 16 && H % 16 == 0; }
 
-// Rows this rank can receive: every source token once per local expert it picked.
-__host__ __device__ inline uint64_t moe_recv_capacity_rows(int R, int E, int K, int M) {
+// Rows this rank can receive: every source token once per local expert it picked, plus the
+// padding of A-row aligned expert blocks (at most A - 1 rows after each of the L experts).
+__host__ __device__ inline uint64_t moe_recv_capacity_rows(int R, int E, int K, int M, int A = 1) {
   int L = E / R;
-  return (uint64_t)R * (uint64_t)M * (uint64_t)moe_min_i(K, L);
+  return (uint64_t)R * (uint64_t)M * (uint64_t)moe_min_i(K, L) + (uint64_t)L * (uint64_t)(A > 1 ? A - 1 : 0);
 }
+// MoeDims.expertAlignment as the kernels use it: 0 and 1 mean packed blocks.
+__host__ __device__ inline int moe_alignment(int32_t expertAlignment) { return expertAlignment > 1 ? expertAlignment : 1; }
+// Where local expert e's block starts moves by the aligned size of the block before it.
+__host__ __device__ inline int moe_expert_block_rows(int rows, int A) { return A > 1 ? (rows + A - 1) / A * A : rows; }
 
 struct MoeWindowLayout {
   uint64_t rowBytes, rowStride, metaStride, countStride;

@@ -16,7 +16,9 @@ GIN_KERNEL void moe_query_layout(const __grid_constant__ MoeQueryArgs a) {
   const int32_t nRanks = a.dims.nRanks, numExperts = a.dims.numExperts, topK = a.dims.topK, hidden = a.dims.hidden,
                 maxTokens = a.dims.maxTokens, numChannels = a.dims.numChannels;
   MoeLayoutInfo q = {};  // all zero = refused
-  if (moe_sizes_ok(nRanks, numExperts, topK, hidden, maxTokens)) {
+  const int A = moe_alignment(a.dims.expertAlignment);
+  if (moe_sizes_ok(nRanks, numExperts, topK, hidden, maxTokens) && a.dims.expertAlignment <= MOE_MAX_ALIGNMENT &&
+      moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens, A) < (1ull << 31)) {
     const MoeWindowLayout w = moe_window_layout(nRanks, numExperts, topK, hidden, maxTokens);
     const MoeWorkspaceLayout s = moe_workspace_layout(nRanks, numExperts, topK, maxTokens);
     q.windowBytes = w.totalBytes;
@@ -24,7 +26,7 @@ GIN_KERNEL void moe_query_layout(const __grid_constant__ MoeQueryArgs a) {
     q.windowFlagsBytes = w.flagsBytes;
     q.workspaceBytes = s.totalBytes;
     q.workspaceStateBytes = 8ull * MOE_STATE_WORDS;
-    q.recvCapacityRows = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens);
+    q.recvCapacityRows = moe_recv_capacity_rows(nRanks, numExperts, topK, maxTokens, A);
     q.sendCapacityRows = (uint64_t)maxTokens * (uint64_t)topK;
     q.wsExpertCount = s.expertCount;
     q.wsExpertOffset = s.expertOffset;

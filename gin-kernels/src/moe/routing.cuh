@@ -12,6 +12,7 @@ namespace moe_detail {
 // ------------------------------------------------------------------------------------------------
 struct Dims {
   int R, rank, E, L, K, H, M, C, T;
+  int A;  // expert block alignment in rows (moe_alignment of MoeDims.expertAlignment; make_dims: 1)
   uint64_t rowBytes;
 };
 
@@ -27,6 +28,7 @@ GIN_DEVICE_INLINE Dims make_dims(int rank, int nRanks, int numExperts, int topK,
   d.M = maxTokens;
   d.C = numChannels;
   d.T = numTokens < 0 ? 0 : (numTokens > maxTokens ? maxTokens : numTokens);
+  d.A = 1;
   d.rowBytes = 2ull * (uint64_t)(hidden > 0 ? hidden : 0);
   return d;
 }
@@ -214,7 +216,8 @@ GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
 // Common launch checks; every block reaches the same verdict, block 0 reports it.
 GIN_DEVICE_INLINE bool launch_ok(const Dims& d, int blocksPerChannel, bool needRank, const void* must1,
                                  const void* must2, uint32_t* errorFlags) {
-  bool ok = moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) && d.C >= 1 && d.C <= MOE_MAX_CHANNELS &&
+  bool ok = moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) && d.A >= 1 && d.A <= MOE_MAX_ALIGNMENT &&
+            moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A) < (1ull << 31) && d.C >= 1 && d.C <= MOE_MAX_CHANNELS &&
             blockDim.x == MOE_THREADS && blockDim.y == 1 && blockDim.z == 1 && gridDim.y == 1 &&
             gridDim.z == 1 && gridDim.x == (unsigned)(blocksPerChannel * d.C) && must1 != nullptr &&
             must2 != nullptr && (!needRank || (d.rank >= 0 && d.rank < d.R));

@@ -1,7 +1,7 @@
 // moe/shaped_entries.cuh - the token-path entries with the model shape as constants, named
 // moe_gin_{dispatch,combine}_tp_r<R>_e<E>_k<K>_h<H> and moe_gin_dispatch_fp8_tp_r<R>_e<E>_k<K>_h<H>.
 // moe_gin.cu instantiates them for the shapes of gin-kernels/moe_shapes.list (MOE_TP_SHAPES,
-// MOE_TP_FP8_SHAPES in the generated moe_shapes.h); dev.gin4j.moe.ShapedEntries compiles the same
+// MOE_TP_FP8_SHAPES in the generated moe_shapes.h); dev.gin4j.internal.moe.ShapedEntries compiles the same
 // macros for any other shape with NVRTC on first use.
 #pragma once
 

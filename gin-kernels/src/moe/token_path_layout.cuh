@@ -218,7 +218,7 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
     int tot = 0;
     for (int q = 0; q < d.R; ++q) tot += s.cnt[q * d.L + e];
     if (c == 0) recvCounts[e] = tot;
-    sum += tot;
+    sum += moe_expert_block_rows(tot, d.A);  // the scan below gives the d.A-aligned expert starts
   }
   int inc = sum;
 #pragma unroll
@@ -251,9 +251,12 @@ GIN_DEVICE_INLINE void tp_recv_layout(TpRecvSmem& s, const Dims& d, int c, const
   int run = inc - sum;
   if (e0 < e1)
     for (int w = 0; w < warp; ++w) run += warpTot[w];
-  for (int e = e0; e < e1; ++e)
+  for (int e = e0; e < e1; ++e) {
+    const int start = run;
     for (int q = 0; q < d.R; ++q) {
       s.rowBase[q * d.L + e] = run + s.run[q * d.L + e];
       run += s.cnt[q * d.L + e];
     }
+    run = start + moe_expert_block_rows(run - start, d.A);
+  }
 }

@@ -4,10 +4,12 @@ import dev.gin4j.bindings.a2a.GinA2aArgs;
 import dev.gin4j.bindings.a2a.GinA2aCeSelfArgs;
 import dev.gin4j.bindings.a2a.GinA2aHybridArgs;
 import dev.gin4j.bindings.a2a.GinA2aStagedArgs;
+import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.internal.gpu.Checks;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.ErrorCheck;
-import dev.gin4j.comm.KernelErrors;
+import dev.gin4j.internal.comm.KernelErrors;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
@@ -50,7 +52,7 @@ public final class AllToAll extends NativeResource {
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, maxBytesPerPeer) : null;
             if (backend == Backend.HOST) {  // failing together: else the others would wait in the first exchange
-                group.failTogether("allocating the all-to-all's output", () -> {
+                Groups.failTogether(group, "allocating the all-to-all's output", () -> {
                     for (Communicator c : group.ranks()) hostOutputs.add(c.device().allocate(outputBytes(maxBytesPerPeer, group.worldSize()), arena));
                 });
             }
@@ -130,7 +132,7 @@ public final class AllToAll extends NativeResource {
 
     /** The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result. */
     public DeviceBuffer output(int localIndex) {
-        group.checkLocalIndex(localIndex);
+        Groups.checkLocalIndex(group, localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
@@ -198,7 +200,7 @@ public final class AllToAll extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        group.requireOneLocalRank(call);
+        Groups.requireOneLocalRank(group, call);
     }
 
     /**
@@ -250,7 +252,7 @@ public final class AllToAll extends NativeResource {
         if (in.byteSize() < bytesPerPeer * n)
             throw new IllegalArgumentException("input of " + c + " has " + in.byteSize() + " bytes; " + n + " ranks x " + bytesPerPeer + " bytes = " + bytesPerPeer * n + " needed");
         // GIN writes the whole window (receive slots, staging, signals); HOST its output buffer
-        DeviceBuffer.requireDisjoint(c, "input", in, backend == Backend.GIN ? gin.window.buffer(i) : hostOutputs.get(i), "this all-to-all's receive area");
+        Checks.requireDisjoint(c, "input", in, backend == Backend.GIN ? gin.window.buffer(i) : hostOutputs.get(i), "this all-to-all's receive area");
     }
 
     private void launch(int i, DeviceBuffer in, long bytesPerPeer, Stream s) {
@@ -331,9 +333,9 @@ public final class AllToAll extends NativeResource {
      */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         if (backend != Backend.GIN) {
-            group.await(streams, "a HOST all-to-all");
+            Groups.await(group, streams, "a HOST all-to-all");
             return;
         }
         KernelErrors.checkAll("GIN all-to-all", gin.errorWords(), streams, group);
@@ -356,10 +358,10 @@ public final class AllToAll extends NativeResource {
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         if (backend == Backend.GIN)
             return KernelErrors.later("GIN all-to-all", this, gin.errorWords(), streams, null, group);
-        Stream.refuseCapture(streams, "a later error check of the HOST all-to-all, which reads the error words on the host,");  // before the words are made
+        Checks.refuseCapture(streams, "a later error check of the HOST all-to-all, which reads the error words on the host,");  // before the words are made
         return KernelErrors.later("HOST all-to-all", this, hostWords(), streams, null, group);
     }
 

@@ -3,11 +3,13 @@ package dev.gin4j.a2a;
 import dev.gin4j.bindings.a2a.GinA2avArgs;
 import dev.gin4j.bindings.a2a.GinA2avHybridArgs;
 import dev.gin4j.bindings.a2a.GinA2avStagedArgs;
+import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.internal.gpu.Checks;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.ErrorCheck;
-import dev.gin4j.comm.KernelErrors;
+import dev.gin4j.internal.comm.KernelErrors;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
 import dev.gin4j.gpu.LaunchConfig;
@@ -52,7 +54,7 @@ public final class AllToAllV extends NativeResource {
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, capacityPerPeer) : null;
             if (backend == Backend.HOST) {  // failing together: else the others would wait in the first exchange
-                group.failTogether("allocating the all-to-all-v's buffers", () -> {
+                Groups.failTogether(group, "allocating the all-to-all-v's buffers", () -> {
                     for (Communicator c : group.ranks()) {
                         hostOutputs.add(c.device().allocate(AllToAll.outputBytes(capacityPerPeer, group.worldSize()), arena));
                         hostCounts.add(c.device().allocate(8L * group.worldSize(), arena));
@@ -89,14 +91,14 @@ public final class AllToAllV extends NativeResource {
 
     /** Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}. */
     public DeviceBuffer output(int localIndex) {
-        group.checkLocalIndex(localIndex);
+        Groups.checkLocalIndex(group, localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
 
     /** uint64 bytes received from each source, on the device. */
     public DeviceBuffer receivedCounts(int localIndex) {
-        group.checkLocalIndex(localIndex);
+        Groups.checkLocalIndex(group, localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "counts") : hostCounts.get(localIndex);
     }
@@ -132,7 +134,7 @@ public final class AllToAllV extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        group.requireOneLocalRank(call);
+        Groups.requireOneLocalRank(group, call);
     }
 
     /**
@@ -150,7 +152,7 @@ public final class AllToAllV extends NativeResource {
         if (inputs.size() != local || sendCounts.size() != local || sendOffsets.size() != local || streams.size() != local)
             throw new IllegalArgumentException("one input, count array, offset array and stream per local rank expected (" + local + "), got "
                     + inputs.size() + ", " + sendCounts.size() + ", " + sendOffsets.size() + ", " + streams.size());
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         for (int i = 0; i < local; i++) {
             Communicator c = group.rank(i);
             for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
@@ -165,7 +167,7 @@ public final class AllToAllV extends NativeResource {
             refuseOverlapWithWritten(i, c, sendOffsets.get(i), "send offsets");
         }
         if (backend == Backend.HOST) {
-            Stream.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");
+            Checks.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");
             runHost(inputs, sendCounts, sendOffsets, streams);
             return;
         }
@@ -218,10 +220,10 @@ public final class AllToAllV extends NativeResource {
     private void refuseOverlapWithWritten(int i, Communicator c, DeviceBuffer b, String what) {
         String written = "this all-to-all-v's receive area or received counts";
         if (backend == Backend.GIN) {
-            DeviceBuffer.requireDisjoint(c, what, b, gin.window.buffer(i), written);
+            Checks.requireDisjoint(c, what, b, gin.window.buffer(i), written);
         } else {
-            DeviceBuffer.requireDisjoint(c, what, b, hostOutputs.get(i), written);
-            DeviceBuffer.requireDisjoint(c, what, b, hostCounts.get(i), written);
+            Checks.requireDisjoint(c, what, b, hostOutputs.get(i), written);
+            Checks.requireDisjoint(c, what, b, hostCounts.get(i), written);
         }
     }
 
@@ -230,10 +232,10 @@ public final class AllToAllV extends NativeResource {
         long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][n];
         List<DeviceBuffer> countSend = new ArrayList<>();
         for (int i = 0; i < local; i++) {
-            group.await(streams.get(i), "a HOST all-to-all-v (reading the send counts)");
+            Groups.await(group, streams.get(i), "a HOST all-to-all-v (reading the send counts)");
             sc[i] = sendCounts.get(i).readLongs(n, streams.get(i));
             so[i] = sendOffsets.get(i).readLongs(n, streams.get(i));
-            Stream.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
+            Checks.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
         List<String> clamped = new ArrayList<>();
             for (int p = 0; p < n; p++) {
                 String wrong = clamp(sc[i], so[i], p, inputs.get(i).byteSize(), capacityPerPeer);
@@ -247,7 +249,7 @@ public final class AllToAllV extends NativeResource {
         }
         group.allToAll(countSend, hostCounts, 8, streams);   // who sends me how much
         for (int i = 0; i < local; i++) {
-            group.await(streams.get(i), "a HOST all-to-all-v (the count exchange)");
+            Groups.await(group, streams.get(i), "a HOST all-to-all-v (the count exchange)");
             rc[i] = hostCounts.get(i).readLongs(n, streams.get(i));
         }
         group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
@@ -287,9 +289,9 @@ public final class AllToAllV extends NativeResource {
      */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         if (backend != Backend.GIN) {
-            group.await(streams, "a HOST all-to-all-v");
+            Groups.await(group, streams, "a HOST all-to-all-v");
             CommException first = null;
             for (int i = 0; i < hostClamped.length; i++) {
                 if (hostClamped[i] == null) continue;
@@ -322,10 +324,10 @@ public final class AllToAllV extends NativeResource {
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         if (backend == Backend.GIN)
             return KernelErrors.later("GIN all-to-all-v", this, gin.errorWords(), streams, null, group);
-        Stream.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
+        Checks.refuseCapture(streams, "a later error check of the HOST all-to-all-v, which reads the error words on the host,");  // before the words are made
         List<String> clamped = new ArrayList<>();
         for (String c : hostClamped) clamped.add(c == null ? null : "HOST all-to-all-v: " + c);
         ErrorCheck check = KernelErrors.later("HOST all-to-all-v", this, hostWords(), streams, clamped, group);

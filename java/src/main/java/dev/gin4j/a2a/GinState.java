@@ -9,14 +9,16 @@ import dev.gin4j.bindings.a2a.GinA2aStagedArgs;
 import dev.gin4j.bindings.a2a.GinA2avArgs;
 import dev.gin4j.bindings.a2a.GinA2avHybridArgs;
 import dev.gin4j.bindings.a2a.GinA2avStagedArgs;
+import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.comm.CommGroup;
-import dev.gin4j.comm.DeviceComm;
-import dev.gin4j.comm.NcclDeviceAbi;
+import dev.gin4j.internal.comm.DeviceComm;
+import dev.gin4j.internal.comm.NcclDeviceAbi;
 import dev.gin4j.comm.Communicator;
-import dev.gin4j.comm.KernelErrors;
-import dev.gin4j.comm.PeerTable;
-import dev.gin4j.comm.SymmetricWindow;
-import dev.gin4j.comm.WindowLayout;
+import dev.gin4j.internal.comm.KernelErrors;
+import dev.gin4j.internal.comm.PeerTable;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -75,7 +77,7 @@ final class GinState implements AutoCloseable {
         void attachHybrid(GinState st, Stream s) {
             int i = comm.localIndex();
             NcclDeviceAbi abi = st.ginComm.abi();
-            hybridCode = comm.device().loadKernels("nccl_gin_a2a");
+            hybridCode = KernelLibrary.load(comm.device(), "nccl_gin_a2a");
             hybridKernel = hybridCode.kernel("gin_a2a_hybrid");
             KernelArgs.Type devComm = KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1));
             MemorySegment devCommBytes = st.ginComm.struct(i).asSlice(0, abi.devCommSize());
@@ -283,7 +285,7 @@ final class GinState implements AutoCloseable {
             this.ginComm = dc;
             // no rank may start signalling before every rank has zeroed its window (and reset its GIN
             // signals), and a rank whose setup failed must not leave the others waiting here
-            this.peers = group.failTogether("setting up the all-to-all's kernels and buffers", () -> {
+            this.peers = Groups.failTogether(group, "setting up the all-to-all's kernels and buffers", () -> {
                 PeerTable peerTable = hybrid ? null : PeerTable.resolve(window, arena);
                 setUpRanks(peerTable);
                 return peerTable;
@@ -299,7 +301,7 @@ final class GinState implements AutoCloseable {
     private void setUpRanks(PeerTable peers) {
         for (Communicator c : group.ranks()) {
             try (Stream s = c.device().createStream()) {
-                Rank r = new Rank(c, c.device().loadKernels("a2a"), arena, s);
+                Rank r = new Rank(c, KernelLibrary.load(c.device(), "a2a"), arena, s);
                 ranks.add(r);
                 // signals and staging start at zero: sequence numbers begin at 1
                 window.buffer(c.localIndex()).fill((byte) 0, s);

@@ -1,5 +1,6 @@
 package dev.gin4j.a2a;
 
+
 /**
  * One launch shape of the GIN kernels: protocol, chunks per peer (grid = ranks x chunks) and
  * threads per block. Chosen by size from measurements on 2 H200 over NVLink (docs/kernels.md).

@@ -4,7 +4,7 @@ import dev.gin4j.comm.Capabilities;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.GpuRuntime;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
 
 import java.io.PrintStream;
 import java.util.List;
@@ -126,8 +126,8 @@ final class Info {
             devices.stream().map(Device::arch).distinct().forEach(a -> here.put(a, !kernels.objects(a).isEmpty(), "  for this machine's " + a + ": "
                     + (kernels.objects(a).isEmpty() ? "NONE shipped (" + KernelLibrary.rebuildHint(a) + ")" : "shipped")));
             // MoE shapes outside gin-kernels/moe_shapes.list: compiled on first use, or the generic entry
-            devices.stream().map(Device::arch).distinct().forEach(a -> here.put(a + "_shaped_moe", dev.gin4j.moe.ShapedEntries.unavailable(a).isEmpty(),
-                    "  " + a + ": " + dev.gin4j.moe.ShapedEntries.describe(a)));
+            devices.stream().map(Device::arch).distinct().forEach(a -> here.put(a + "_shaped_moe", dev.gin4j.internal.moe.ShapedEntries.unavailable(a).isEmpty(),
+                    "  " + a + ": " + dev.gin4j.internal.moe.ShapedEntries.describe(a)));
         }
     }
 

@@ -1,6 +1,8 @@
 package dev.gin4j.cli;
 
 import dev.gin4j.bindings.basic.GinHoldSmsArgs;
+import dev.gin4j.internal.moe.MoeReports;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.a2a.DType;
 import dev.gin4j.comm.CommGroup;
@@ -301,7 +303,7 @@ final class MoeBench {
             return new Row(shape.name(), tokens, backend, median(dUs), median(cUs), median(dp), median(cp), median(dCpu), median(cCpu),
                     median(dc), median(cc), graph[0], graph[1], median(vUs), median(vp), median(vc), crossingTokens * moe.config().combineRowBytes() / local,
                     crossingTokens * moe.config().dispatchRowBytes() / local,
-                    moe.dispatchKernelName() + (backend == Backend.GIN ? " [" + moe.entrySource().name().toLowerCase(Locale.ROOT) + "]" : ""),
+                    MoeReports.dispatchKernelName(moe) + (backend == Backend.GIN ? " [" + MoeReports.entrySource(moe).name().toLowerCase(Locale.ROOT) + "]" : ""),
                     Arrays.stream(perExpert).max().orElse(0) / ((double) tokens * local * k / shape.experts()), moe.channels(), beside[0], beside[1]);
         } finally {
             streams.forEach(Stream::close);
@@ -358,7 +360,7 @@ final class MoeBench {
             for (int i = 0; i < local; i++) {
                 Device d = streams.get(i).device();
                 int free = d.multiprocessors() - 2 * moe.channels(), smem = d.maxSharedBytesPerBlock();
-                CodeObject code = d.loadKernels("basic");
+                CodeObject code = KernelLibrary.load(d, "basic");
                 codes.add(code);
                 Kernel k = code.kernel("gin_hold_sms");
                 k.setMaxDynamicSharedBytes(smem);
@@ -467,7 +469,7 @@ final class MoeBench {
      */
     static double[] launchFloor(Device d) {
         ThreadMXBean cpu = ManagementFactory.getThreadMXBean();
-        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels("basic")) {
+        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = KernelLibrary.load(d, "basic")) {
             Kernel empty = code.kernel("gin_empty");
             KernelArgs none = KernelArgs.none(a);
             DeviceBuffer busy = d.allocate(BUSY_BYTES, a);

@@ -1,5 +1,7 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.internal.comm.DeviceComm;
+import dev.gin4j.internal.comm.NcclDeviceAbi;
 import dev.gin4j.bindings.NativeLibrary;
 import dev.gin4j.bindings.nccl.ncclCommProperties;
 import dev.gin4j.bindings.nccl.nccl_h;

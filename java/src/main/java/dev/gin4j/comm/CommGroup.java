@@ -1,5 +1,6 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.internal.comm.Groups;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.GpuRuntime;
@@ -31,6 +32,18 @@ public final class CommGroup extends NativeResource {
     private volatile boolean aborted;
     private volatile long hostWaitNanos;
     private final Object pollLock = new Object();  // NCCL state polls against release(): no poll of a freed communicator
+
+    static {  // the library's other packages reach the machinery below through Groups, not through the exported class
+        Groups.install(new Groups.Machinery() {
+            @Override public <T> T failTogether(CommGroup g, String step, java.util.function.Supplier<T> localWork) { return g.failTogether(step, localWork); }
+            @Override public void failTogether(CommGroup g, String step, RuntimeException localFailure) { g.failTogether(step, localFailure); }
+            @Override public void await(CommGroup g, Stream stream, String what) { g.await(stream, what); }
+            @Override public void inGroup(CommGroup g, String what, Runnable body) { g.inGroup(what, body); }
+            @Override public void checkLocalIndex(CommGroup g, int localIndex) { g.checkLocalIndex(localIndex); }
+            @Override public void requireOneLocalRank(CommGroup g, String call) { g.requireOneLocalRank(call); }
+            @Override public void checkStreams(CommGroup g, List<Stream> streams) { g.checkStreams(streams); }
+        });
+    }
     private final MemorySegment asyncState = Arena.ofAuto().allocate(ValueLayout.JAVA_INT);  // ncclCommGetAsyncError's result, used under pollLock
 
     /**
@@ -244,7 +257,7 @@ public final class CommGroup extends NativeResource {
     }
 
     /** Refuses an index that is not one of this process's ranks, naming how many it drives. */
-    public void checkLocalIndex(int localIndex) {
+    void checkLocalIndex(int localIndex) {
         if (localIndex < 0 || localIndex >= ranks.size())
             throw new IndexOutOfBoundsException("local rank index " + localIndex + " is outside [0, " + ranks.size() + "): this process drives " + ranks.size() + " rank(s)");
     }
@@ -254,14 +267,14 @@ public final class CommGroup extends NativeResource {
      * process drives several local ranks.
      * @throws IllegalStateException naming the call and how many ranks this process drives
      */
-    public void requireOneLocalRank(String call) {
+    void requireOneLocalRank(String call) {
         if (ranks.size() != 1)
             throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + ranks.size()
                     + " local ranks of " + worldSize + ": pass one per local rank (the List form) or a local rank index");
     }
 
     /** One stream per local rank, in local order, each on its rank's device. */
-    public void checkStreams(List<Stream> streams) {
+    void checkStreams(List<Stream> streams) {
         checkPerRank(streams, "streams");
         for (int i = 0; i < streams.size(); i++)
             if (streams.get(i).device() != ranks.get(i).device())
@@ -278,7 +291,7 @@ public final class CommGroup extends NativeResource {
      * polled, within the host-wait time-out (then the group is aborted). {@code what} names the calls
      * in errors.
      */
-    public void inGroup(String what, Runnable body) {
+    void inGroup(String what, Runnable body) {
         Nccl.check("ncclGroupStart", ncclGroupStart(), MemorySegment.NULL);
         RuntimeException failure = null;
         try {
@@ -437,7 +450,7 @@ public final class CommGroup extends NativeResource {
     private static Boolean alltoAllPresent;
 
     /** Whether the loaded library exports ncclAlltoAll (NCCL 2.28+). */
-    public static boolean hasAlltoAll() {
+    static boolean hasAlltoAll() {
         Boolean b = alltoAllPresent;
         if (b == null) alltoAllPresent = b = dev.gin4j.bindings.NativeLibrary.NCCL.find("ncclAlltoAll").isPresent();
         return b;
@@ -584,7 +597,7 @@ public final class CommGroup extends NativeResource {
      * built on the group refuse calls from then on. Throws as well when the group is closed or
      * aborted (by another thread, say) by the time the work is done: NCCL may have dropped it.
      */
-    public void await(Stream stream, String what) {
+    void await(Stream stream, String what) {
         stream.handle();  // a closed stream, or one that captures, is the caller's mistake: refused without aborting anything
         if (stream.isCapturing()) throw new IllegalStateException(what + " cannot wait for " + stream.describe() + ": it is capturing a graph");
         long start = System.nanoTime();
@@ -620,7 +633,7 @@ public final class CommGroup extends NativeResource {
     }
 
     /** {@link #await(Stream, String)} of every stream in the list. */
-    public void await(List<Stream> streams, String what) {
+    void await(List<Stream> streams, String what) {
         for (Stream s : streams) await(s, what);
     }
 
@@ -642,7 +655,7 @@ public final class CommGroup extends NativeResource {
      * the group, so that its clean-up enters no collective; the others' all-gather then ends at
      * their host-wait time-out ({@link #await}).
      */
-    public <T> T failTogether(String step, java.util.function.Supplier<T> localWork) {
+    <T> T failTogether(String step, java.util.function.Supplier<T> localWork) {
         T result = null;
         RuntimeException failed = null;
         try {
@@ -655,7 +668,7 @@ public final class CommGroup extends NativeResource {
     }
 
     /** {@link #failTogether(String, java.util.function.Supplier)} of work with no result. */
-    public void failTogether(String step, Runnable localWork) {
+    void failTogether(String step, Runnable localWork) {
         failTogether(step, () -> {
             localWork.run();
             return null;
@@ -666,7 +679,7 @@ public final class CommGroup extends NativeResource {
      * The agreement itself: {@code localFailure} is this rank's failure of {@code step}, or null.
      * The overloads above run the step and pass what it threw.
      */
-    public void failTogether(String step, RuntimeException localFailure) {
+    void failTogether(String step, RuntimeException localFailure) {
         long[] mine = new long[ranks.size()];
         java.util.Arrays.fill(mine, localFailure == null ? 0 : 1);
         long[] all;

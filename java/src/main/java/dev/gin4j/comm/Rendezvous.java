@@ -175,7 +175,7 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
      * Rank 0: sends {@code id} to every other rank and returns it. Other ranks: receive it.
      * @throws CommException on time-out, naming the address and how many ranks had connected
      */
-    public byte[] exchange(byte[] idOnRankZero) {
+    byte[] exchange(byte[] idOnRankZero) {
         long deadline = System.nanoTime() + timeout.toNanos();
         try {
             return rank == 0 ? serve(idOnRankZero, deadline) : fetch(deadline);

@@ -1,6 +1,7 @@
 /**
  * Communicators over NCCL or RCCL: groups of ranks (one process driving every GPU, or one
- * process per GPU through a rendezvous), symmetric windows, device communicators, and the
- * kernels' error reporting ({@link dev.gin4j.comm.ErrorCheck} for checks that do not wait).
+ * process per GPU through a rendezvous), the host-initiated collectives, what the loaded library
+ * can do ({@link dev.gin4j.comm.Capabilities}), and checks of the kernels' error words that do not
+ * wait ({@link dev.gin4j.comm.ErrorCheck}).
  */
 package dev.gin4j.comm;

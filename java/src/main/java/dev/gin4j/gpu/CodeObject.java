@@ -1,5 +1,6 @@
 package dev.gin4j.gpu;
 
+import dev.gin4j.internal.gpu.KernelLibrary;
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;

@@ -103,9 +103,6 @@ public final class Device {
     /** Loads a code object (cubin/fatbin on NVIDIA, hsaco on AMD) from its bytes. */
     public CodeObject loadCodeObject(String name, byte[] image) { return new CodeObject(this, name, image); }
 
-    /** Loads a code object shipped with gin4j for this device's architecture (see {@link KernelLibrary}). */
-    public CodeObject loadKernels(String objectName) { return KernelLibrary.load(this, objectName); }
-
     /** A capture was begun on {@code stream} ({@link Stream#beginCapture}) or ended there (ended true). */
     void noteCapture(Stream stream, boolean ended) {
         if (ended) capturing.remove(stream);

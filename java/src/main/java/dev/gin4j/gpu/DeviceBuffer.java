@@ -104,17 +104,6 @@ public final class DeviceBuffer {
         return a < b + other.byteSize() && b < a + byteSize();
     }
 
-    /**
-     * Refuses {@code input} when it shares a byte with {@code written}, which a call writes while it
-     * reads its inputs (an earlier call's result fed straight back, say): one rule for every
-     * exchange and both backends. The message is built only when it throws.
-     */
-    public static void requireDisjoint(Object owner, String inputName, DeviceBuffer input, DeviceBuffer written, String writtenName) {
-        if (input.overlaps(written))
-            throw new IllegalArgumentException(owner + ": " + inputName + " overlaps " + writtenName + ", which the call writes while it reads " + inputName
-                    + " (both backends refuse it alike); copy it elsewhere first");
-    }
-
     /** A view of {@code [offset, offset + length)} of this buffer. */
     public DeviceBuffer slice(long offset, long length) {
         if (offset < 0 || length < 0 || offset > byteSize() - length) {

@@ -1,5 +1,6 @@
 package dev.gin4j.gpu;
 
+import dev.gin4j.internal.gpu.NativeAccess;
 import dev.gin4j.bindings.NativeLibrary;
 import dev.gin4j.gpu.cuda.CudaDriver;
 import dev.gin4j.gpu.driver.Driver;

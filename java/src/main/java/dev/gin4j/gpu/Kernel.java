@@ -51,7 +51,7 @@ public final class Kernel {
     public Device device() { return codeObject.device(); }
 
     /** One of the runtime's attributes of the compiled kernel. */
-    public int attribute(FunctionAttribute attribute) {
+    int attribute(FunctionAttribute attribute) {
         codeObject.ensureOpen();
         return device().driver().functionAttribute(device().ordinal(), function, attribute);
     }

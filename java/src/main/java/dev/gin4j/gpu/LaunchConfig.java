@@ -1,5 +1,6 @@
 package dev.gin4j.gpu;
 
+
 /**
  * Grid and block shape, dynamic shared memory, whether the launch is cooperative, and whether it is a
  * programmatic dependent launch: the kernel may start while the kernel before it on the stream still

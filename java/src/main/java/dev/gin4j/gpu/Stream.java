@@ -133,15 +133,6 @@ public final class Stream extends NativeResource {
     public boolean isCapturing() { return activeCapture() != null || !owned && device.driver().isCapturing(device.ordinal(), handle()); }
 
     /**
-     * For calls that wait for the host and so cannot go into a graph: refuses, before anything is
-     * queued, when one of {@code streams} captures. {@code operation} says what and why.
-     */
-    public static void refuseCapture(java.util.List<Stream> streams, String operation) {
-        for (Stream s : streams)
-            if (s.isCapturing()) throw new IllegalStateException(operation + " cannot be captured in a graph (" + s.describe() + " is capturing)");
-    }
-
-    /**
      * Notes that the work being queued here uses {@code resource}: while this stream captures, the
      * graph will refuse to replay once {@code resource} is closed. gin4j's own operations call it;
      * call it for what your own kernels use through raw addresses. Nothing happens outside a capture.

@@ -1,8 +1,9 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
 import dev.gin4j.comm.ErrorCheck;
-import dev.gin4j.comm.KernelErrors;
+import dev.gin4j.internal.comm.KernelErrors;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -36,7 +37,7 @@ public final class Fp8Rows extends NativeResource {
     public Fp8Rows(Device device) {
         this.device = device;
         try (Stream s = device.createStream()) {
-            this.code = device.loadKernels("moe_host");
+            this.code = KernelLibrary.load(device, "moe_host");
             this.kernel = code.kernel("moe_fp8_quantize");
             this.args = KernelArgs.ofStruct(arena, MoeFp8QuantizeArgs.layout());
             this.errors = new KernelErrors(device, arena, s);

@@ -1,5 +1,7 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.internal.gpu.Checks;
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.bindings.moe.MoeDims;
 import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
@@ -20,18 +22,22 @@ import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.ErrorCheck;
-import dev.gin4j.comm.KernelErrors;
-import dev.gin4j.comm.PeerTable;
-import dev.gin4j.comm.SymmetricWindow;
-import dev.gin4j.comm.WindowLayout;
+import dev.gin4j.internal.comm.KernelErrors;
+import dev.gin4j.internal.comm.PeerTable;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
+import dev.gin4j.gpu.Event;
 import dev.gin4j.gpu.Kernel;
 import dev.gin4j.gpu.KernelArgs;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
+import dev.gin4j.internal.moe.MoeReports;
+import dev.gin4j.internal.moe.ShapedEntries;
 import dev.gin4j.gpu.LaunchConfig;
 import dev.gin4j.gpu.NativeResource;
+import dev.gin4j.gpu.PinnedBuffer;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
@@ -76,6 +82,13 @@ import java.util.function.Function;
  * ({@code dev.gin4j.bindings.moe}).
  */
 public final class MoeAllToAll extends NativeResource {
+    static {  // gin4j's reports reach what the instance runs through MoeReports, not through the exported class
+        MoeReports.install(new MoeReports.Reports() {
+            @Override public ShapedEntries.Source entrySource(MoeAllToAll moe) { return moe.entrySource(); }
+            @Override public String dispatchKernelName(MoeAllToAll moe) { return moe.dispatchKernelName(); }
+        });
+    }
+
     private static final int THREADS = 512;
 
     private final CommGroup group;
@@ -94,6 +107,7 @@ public final class MoeAllToAll extends NativeResource {
     private final MoeNetwork network;           // GIN across nodes only (some peer outside the LSA team)
     private final boolean acrossNodes;          // set before the ranks' state: the LSA entries are then not loaded
     private final List<RankState> ranks = new ArrayList<>();
+    private volatile boolean expertOffsets, hostCounts;  // off by default: each costs a launch or a copy per dispatch
 
     /** Per local rank: kernels, argument structs, buffers. */
     private final class RankState {
@@ -124,6 +138,14 @@ public final class MoeAllToAll extends NativeResource {
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
         final List<CodeObject> compiledCode = new ArrayList<>();  // shaped entries compiled for this shape (ShapedEntries)
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
+        long expertRowsEnd;  // HOST: one past the last received row in recvX (the rows received, plus the alignment's padding before the last expert)
+        // expert offsets (expertOffsets / hostCounts on): moe_expert_offsets of the dispatch's counts into offsets [L + 1]
+        final Kernel offsetsKernel;
+        final KernelArgs offsetsArgs;
+        final DeviceBuffer offsets;
+        // hostCounts on: counts [L] then offsets [L + 1] copied here at the end of each dispatch, hostCopied recorded after
+        final PinnedBuffer hostCopy;
+        Event hostCopied;  // made on the first dispatch that copies; closed with the instance
 
         /** The GIN entry of {@code base} for this instance (see entryPoint): from the code object, or compiled for the shape. */
         Kernel entry(String base) {
@@ -146,7 +168,7 @@ public final class MoeAllToAll extends NativeResource {
             this.comm = comm;
             this.device = comm.device();
             this.warpSize = device.warpSize();
-            this.code = device.loadKernels(kernelObject());
+            this.code = KernelLibrary.load(device, kernelObject());
             try {
                 long capRows = MoeLayoutInfo.recvCapacityRows(info), dispatchRow = cfg.dispatchRowBytes(), combineRow = cfg.combineRowBytes();
                 workspace = device.allocate(MoeLayoutInfo.workspaceBytes(info), arena);
@@ -196,6 +218,11 @@ public final class MoeAllToAll extends NativeResource {
                 setDims(MoeHostCombineArgs.dims(hostCombineArgs.struct()), cfg.hidden());
                 hostCombineArgs.setPointerField(MoeHostCombineArgs.workspace$offset(), workspace).setPointerField(MoeHostCombineArgs.errorFlags$offset(), errors.buffer());
                 tokenValues = device.allocate(4L * cfg.maxTokens() * cfg.topK(), arena);
+                offsetsKernel = code.kernel("moe_expert_offsets");
+                offsets = device.allocate(4L * (localExperts + 1), arena);
+                offsetsArgs = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I32, KernelArgs.Type.I32, KernelArgs.Type.POINTER)
+                        .setPointer(1, offsets).setInt(2, localExperts).setInt(3, cfg.expertAlignment()).setPointer(4, errors.buffer());
+                hostCopy = device.allocatePinned(4L * (2L * localExperts + 1), arena);
                 if (cfg.backend() == Backend.GIN) {
                     values = code.kernel("moe_gin_row_values");
                     valuesArgs = KernelArgs.ofStruct(arena, MoeGinRowValuesArgs.layout());
@@ -241,6 +268,7 @@ public final class MoeAllToAll extends NativeResource {
             MoeDims.hidden(dims, hidden);
             MoeDims.maxTokens(dims, cfg.maxTokens());
             MoeDims.numChannels(dims, channels);
+            MoeDims.expertAlignment(dims, cfg.expertAlignment());
         }
     }
 
@@ -256,7 +284,7 @@ public final class MoeAllToAll extends NativeResource {
             this.localExperts = cfg.experts() / nRanks;
             this.ginLaunch = LaunchConfig.of(2 * channels, THREADS).asProgrammaticDependent();
             // the window below is collective: a rank that cannot load the kernels must not leave the others waiting in it
-            this.info = group.failTogether("loading the MoE kernels", () -> {
+            this.info = Groups.failTogether(group, "loading the MoE kernels", () -> {
                 MemorySegment q = queryLayout(group.rank(0).device());
                 if (MoeLayoutInfo.windowBytes(q) == 0) {
                     throw new IllegalArgumentException("the MoE kernels refuse this shape (ranks " + nRanks + ", experts " + cfg.experts() + ", topK " + cfg.topK()
@@ -266,11 +294,17 @@ public final class MoeAllToAll extends NativeResource {
                 return q;
             });
             this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);
+            // ranks may differ in the alignment: agree on the refusal, so that none goes on alone into the collectives below
+            Groups.failTogether(group, "checking the expert alignment", () -> {
+                if (acrossNodes && cfg.expertAlignment() > 1)
+                    throw new UnsupportedOperationException("expertAlignment " + cfg.expertAlignment() + " is not available across nodes yet (the cross-node "
+                            + "receiver places rows packed): use expertAlignment 1 there, or Backend.HOST");
+            });
             this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
             // failed must not leave the others waiting here (its close below deregisters collectively)
-            this.peers = group.failTogether("setting up the MoE exchange's kernels and buffers", () -> {
+            this.peers = Groups.failTogether(group, "setting up the MoE exchange's kernels and buffers", () -> {
                 PeerTable peerTable = window == null ? null : PeerTable.resolve(window, arena);
                 if (peerTable != null && !peerTable.allReachable()) throw new CommException("the GIN MoE exchange needs every rank load/store reachable (one node; " + peerTable.unreachable() + "); use Backend.HOST");
                 for (Communicator c : group.ranks()) {
@@ -355,7 +389,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /** moe_query_layout's MoeLayoutInfo for this instance's shape, copied to the host (all zero: the kernels refuse the shape). */
     private MemorySegment queryLayout(Device d) {
-        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = d.loadKernels(kernelObject())) {
+        try (Arena a = Arena.ofConfined(); Stream s = d.createStream(); CodeObject code = KernelLibrary.load(d, kernelObject())) {
             DeviceBuffer out = d.allocate(MoeLayoutInfo.sizeof(), a);
             KernelArgs args = KernelArgs.ofStruct(a, MoeQueryArgs.layout());
             MemorySegment dims = MoeQueryArgs.dims(args.struct());
@@ -365,6 +399,7 @@ public final class MoeAllToAll extends NativeResource {
             MoeDims.hidden(dims, cfg.hidden());
             MoeDims.maxTokens(dims, cfg.maxTokens());
             MoeDims.numChannels(dims, channels);
+            MoeDims.expertAlignment(dims, cfg.expertAlignment());
             args.setPointerField(MoeQueryArgs.out$offset(), out);
             code.kernel("moe_query_layout").launch(s, LaunchConfig.of(1, 1), args);
             s.synchronize();
@@ -404,10 +439,10 @@ public final class MoeAllToAll extends NativeResource {
     private static String shapedPrefix(String base) { return base + "_tp_r"; }
 
     /** Where this instance's GIN token-path entries come from (precompiled, compiled at run time, generic); GENERIC off the token path and on HOST. */
-    public ShapedEntries.Source entrySource() { return entrySource; }
+    ShapedEntries.Source entrySource() { return entrySource; }
 
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
-    public String dispatchKernelName() {
+    String dispatchKernelName() {
         if (network != null) return network.dispatchKernelName();
         return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
     }
@@ -420,6 +455,43 @@ public final class MoeAllToAll extends NativeResource {
     public int localExperts() { return localExperts; }
     /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
     public long capacityRows() { return MoeLayoutInfo.recvCapacityRows(info); }
+
+    /**
+     * From the next dispatch on, whether each dispatch also leaves {@link MoeDispatch#offsets()}:
+     * int32 {@code [L + 1]}, where each local expert's rows start in the received rows (exclusive
+     * prefix of the counts; the last entry is the number of rows received), for a grouped GEMM's
+     * group offsets. One single-block kernel on the dispatch's stream after the dispatch, on every
+     * backend: no host wait, captured with the dispatch. Off by default (a launch per dispatch).
+     * Local to this process: ranks may choose differently.
+     * @param on whether dispatches compute the offsets
+     * @return this instance
+     */
+    public MoeAllToAll expertOffsets(boolean on) {
+        ensureOpen();
+        expertOffsets = on;
+        return this;
+    }
+
+    /**
+     * From the next dispatch on, whether each dispatch also copies its counts and offsets into
+     * pinned host memory, stream-ordered at its end, and records an event after the copy: then
+     * {@link MoeDispatch#hostCounts()} and {@link MoeDispatch#hostOffsets()} read them on the host
+     * once that event has completed (they wait for it; {@link MoeDispatch#hostCountsReady()} asks
+     * without waiting). These are the per-call statistics: rows received per local expert, and
+     * their total ({@code hostOffsets()[L]}). Implies {@link #expertOffsets(boolean)}. Refused on a
+     * stream that captures a graph. Off by default (two small copies and an event per dispatch).
+     * Local to this process: ranks may choose differently.
+     * @param on whether dispatches copy their counts to the host
+     * @return this instance
+     */
+    public MoeAllToAll hostCounts(boolean on) {
+        ensureOpen();
+        hostCounts = on;
+        return this;
+    }
+
+    /** The last dispatch number of local rank {@code localIndex}, for handles that read results later. */
+    long lastSequence(int localIndex) { return ranks.get(localIndex).lastSequence; }
 
     private static void requireAligned(RankState r, DeviceBuffer b, int bytes, String what) {
         if (b.address() % bytes != 0)
@@ -457,7 +529,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int j = i + 1; j < outs.length; j++)
                 if (outs[j] != null && outs[i].overlaps(outs[j]))
                     throw new IllegalArgumentException(r.comm + ": " + outNames[i] + " overlaps " + outNames[j] + ": the dispatch writes both; give each its own memory");
-            for (int j = 0; j < ins.length; j++) DeviceBuffer.requireDisjoint(r.comm, inNames[j], ins[j], outs[i], outNames[i]);
+            for (int j = 0; j < ins.length; j++) Checks.requireDisjoint(r.comm, inNames[j], ins[j], outs[i], outNames[i]);
         }
     }
 
@@ -495,9 +567,9 @@ public final class MoeAllToAll extends NativeResource {
 
     /** An input the dispatch would read while writing its results (an earlier dispatch's, fed back): refused, not corrupted. */
     private static void requireDisjointFromDispatchResults(RankState r, DeviceBuffer in, String what) {
-        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvX, "this instance's received rows");
-        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvWeights, "this instance's received weights");
-        DeviceBuffer.requireDisjoint(r.comm, what, in, r.recvCounts, "this instance's per-expert counts");
+        Checks.requireDisjoint(r.comm, what, in, r.recvX, "this instance's received rows");
+        Checks.requireDisjoint(r.comm, what, in, r.recvWeights, "this instance's received weights");
+        Checks.requireDisjoint(r.comm, what, in, r.recvCounts, "this instance's per-expert counts");
     }
 
     /**
@@ -527,6 +599,10 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the dispatch launch. */
     private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Results out, Stream stream) {
+        boolean offsets = expertOffsets || hostCounts, copy = hostCounts;  // read once: the same for the launch and the handle
+        if (copy && stream.isCapturing())
+            throw new IllegalStateException(r.comm + ": hostCounts(true) copies the counts to the host at each dispatch, which a graph cannot replay for a "
+                    + "handle made at capture time: turn it off (moe.hostCounts(false)) for dispatches you capture");
         long seq = r.lastSequence + 1;  // per rank: ranks may be driven from different threads
         KernelArgs a = r.dispatchArgs;
         // fp8 from bf16: the dispatch quantizes x into r.xq (set at creation) itself, one launch on
@@ -542,7 +618,26 @@ public final class MoeAllToAll extends NativeResource {
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
         if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);  // into the instance's buffers (outputs refused across nodes)
         else r.dispatch.launch(stream, ginLaunch, a);
-        return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights());
+        afterDispatch(r, out.counts(), offsets, copy, stream);
+        return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights(), offsets ? r.offsets : null, copy ? r.hostCopy : null,
+                copy ? r.hostCopied : null);
+    }
+
+    /**
+     * After a dispatch on {@code stream}: the expert offsets of {@code counts} (one block of
+     * moe_expert_offsets), and with {@code copy} the counts and offsets into the rank's pinned
+     * words, then the rank's event. All stream-ordered: nothing here waits for the host.
+     */
+    private void afterDispatch(RankState r, DeviceBuffer counts, boolean offsets, boolean copy, Stream stream) {
+        if (!offsets) return;
+        r.offsetsArgs.setPointer(0, counts);
+        r.offsetsKernel.launch(stream, LaunchConfig.of(1, 256), r.offsetsArgs);
+        if (!copy) return;
+        long countBytes = 4L * localExperts;
+        counts.slice(0, countBytes).copyToHostAsync(r.hostCopy.host().asSlice(0, countBytes), stream);
+        r.offsets.copyToHostAsync(r.hostCopy.host().asSlice(countBytes, 4L * (localExperts + 1)), stream);
+        if (r.hostCopied == null) r.hostCopied = r.device.createEvent(false);
+        r.hostCopied.record(stream);
     }
 
     /** Every local rank at once (the only form for HOST with several local ranks). */
@@ -574,14 +669,17 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], results.get(i), streams.get(i)));
             return out;
         }
-        Stream.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
+        Checks.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
         for (RankState r : ranks) r.lastSequence++;  // first: a dispatch that fails half-way leaves no handle valid
         noteUse(streams);
         hostDispatch(x, topkIdx, topkWeights, tokens, results, streams);
+        boolean offsets = expertOffsets || hostCounts, copy = hostCounts;
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
             Results res = results.get(i);
-            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, res.rows(), res.counts(), res.weights()));
+            afterDispatch(r, res.counts(), offsets, copy, streams.get(i));
+            out.add(new MoeDispatch(this, i, tokens[i], r.lastSequence, res.rows(), res.counts(), res.weights(), offsets ? r.offsets : null,
+                    copy ? r.hostCopy : null, copy ? r.hostCopied : null));
         }
         return out;
     }
@@ -626,7 +724,7 @@ public final class MoeAllToAll extends NativeResource {
         long[][] scw = new long[local][], sow = new long[local][], rcw = new long[local][], row = new long[local][];
         for (int i = 0; i < local; i++) {
             RankState r = ranks.get(i);
-            group.await(streams.get(i), "a HOST MoE dispatch (the count exchange)");
+            Groups.await(group, streams.get(i), "a HOST MoE dispatch (the count exchange)");
             int[] matrix = r.countMatrix.readInts(nRanks * L, streams.get(i));
             int[] expertOffset = r.workspace.slice(MoeLayoutInfo.wsExpertOffset(info), 4L * (cfg.experts() + 1)).readInts(cfg.experts() + 1, streams.get(i));
             int[] rowsTo = r.workspace.slice(MoeLayoutInfo.wsRowsTo(info), 4L * nRanks).readInts(nRanks, streams.get(i));
@@ -642,6 +740,14 @@ public final class MoeAllToAll extends NativeResource {
                 r.sendRowOffset[s] = expertOffset[s * L];
             }
             if (off > capacityRows()) throw new CommException(r.comm + " would receive " + off + " rows, above the capacity of " + capacityRows());
+            long end = 0;
+            for (int e = 0; e < L; e++) {
+                long tot = 0;
+                for (int s = 0; s < nRanks; s++) tot += matrix[s * L + e];
+                long a = cfg.expertAlignment();
+                end += e == L - 1 ? tot : (tot + a - 1) / a * a;
+            }
+            r.expertRowsEnd = end;
             sc[i] = scale(r.sendRowsTo, rowBytes); so[i] = scale(r.sendRowOffset, rowBytes);
             rc[i] = scale(r.recvRowsFrom, rowBytes); ro[i] = scale(r.recvRowOffset, rowBytes);
             scw[i] = scale(r.sendRowsTo, 4); sow[i] = scale(r.sendRowOffset, 4);
@@ -690,17 +796,18 @@ public final class MoeAllToAll extends NativeResource {
         requireAligned(r, expertOut, 2, "expertOut (bf16)");
         long rowBytes = cfg.combineRowBytes();
         if (cfg.backend() != Backend.GIN) {
-            long received = r.recvRowOffset[nRanks - 1] + r.recvRowsFrom[nRanks - 1];
+            long received = r.expertRowsEnd;
             if (expertOut.byteSize() < received * rowBytes)
                 throw new IllegalArgumentException(r.comm + ": expertOut has " + expertOut.byteSize() + " bytes; the dispatch received " + received + " rows of "
-                        + rowBytes + " bytes (hidden bf16), which need " + received * rowBytes);
+                        + rowBytes + " bytes (hidden bf16" + (cfg.expertAlignment() > 1 ? ", up to the last expert's last row at alignment " + cfg.expertAlignment() : "")
+                        + "), which need " + received * rowBytes);
         }
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device() + ", expected " + r.device);
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device() + ", expected " + r.device);
         if (network != null && y != null)
             throw new UnsupportedOperationException(r.comm + ": a caller-owned y is not available across nodes yet; pass null for the instance's");
         if (y == null) {
-            DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
+            Checks.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
             return r;
         }
         long needY = (long) handle.numTokens() * rowBytes;
@@ -708,8 +815,8 @@ public final class MoeAllToAll extends NativeResource {
             throw new IllegalArgumentException(r.comm + ": y has " + y.byteSize() + " bytes; [" + handle.numTokens() + "][" + cfg.hidden() + "] bf16 (the dispatch's tokens) needs " + needY);
         requireAligned(r, y, 2, "y (bf16)");
         if (y.device() != r.device) throw new IllegalArgumentException(r.comm + ": y is on " + y.device() + ", expected " + r.device);
-        DeviceBuffer.requireDisjoint(r.comm, "expertOut", expertOut, y, "y");
-        DeviceBuffer.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
+        Checks.requireDisjoint(r.comm, "expertOut", expertOut, y, "y");
+        Checks.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
         return r;
     }
 
@@ -724,7 +831,8 @@ public final class MoeAllToAll extends NativeResource {
      * pass your own ({@link #combine(MoeDispatch, DeviceBuffer, DeviceBuffer, Stream)}).
      * <p>{@code expertOut}: bf16 {@code [rows][hidden]} in the dispatch's layout. It may hold fewer
      * rows than {@link #capacityRows()}, as long as it holds the rows the dispatch received (the
-     * sum of the handle's counts). HOST knows that count on the host and refuses a smaller
+     * sum of the handle's counts; with {@link MoeConfig#expertAlignment()} above 1, up to the last
+     * expert's last row: {@code offsets[L - 1] + counts[L - 1]}). HOST knows that count on the host and refuses a smaller
      * expertOut here. GIN knows it only on the device: a combine that finds more received rows than
      * expertOut holds reads none past its end, leaves those rows out of y, and
      * {@link #checkErrors} reports it ("expertOut holds fewer rows than the dispatch received").
@@ -814,7 +922,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted));
             return out;
         }
-        Stream.refuseCapture(streams, "a HOST combine" + FROM_HOST);
+        Checks.refuseCapture(streams, "a HOST combine" + FROM_HOST);
         noteUse(streams);
         hostSendBack(expertOut, cfg.hidden(), r -> r.backBuf, r -> r.returned, streams);
         long rowBytes = cfg.combineRowBytes();
@@ -881,7 +989,7 @@ public final class MoeAllToAll extends NativeResource {
         if (rowValues.byteSize() < 4 * capacityRows()) throw new IllegalArgumentException(r.comm + ": rowValues has " + rowValues.byteSize() + " bytes; the dispatch's layout needs up to " + 4 * capacityRows() + " (capacity rows x f32)");
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
-        DeviceBuffer.requireDisjoint(r.comm, "rowValues", rowValues, r.tokenValues, "this instance's returned values");
+        Checks.requireDisjoint(r.comm, "rowValues", rowValues, r.tokenValues, "this instance's returned values");
         return r;
     }
 
@@ -894,7 +1002,7 @@ public final class MoeAllToAll extends NativeResource {
             for (int i = 0; i < local; i++) out.add(ginRowValues(ranks.get(i), handles.get(i), rowValues.get(i), streams.get(i)));
             return out;
         }
-        Stream.refuseCapture(streams, "a HOST returnRowValues" + FROM_HOST);
+        Checks.refuseCapture(streams, "a HOST returnRowValues" + FROM_HOST);
         noteUse(streams);
         hostSendBack(rowValues, 2, r -> r.valuesSend, r -> r.valuesRecv, streams);  // an f32 per row: "hidden = 2" bf16 elements, bits unchanged
         for (int i = 0; i < local; i++) {
@@ -955,14 +1063,14 @@ public final class MoeAllToAll extends NativeResource {
     }
 
     private RankState rank(int localIndex) {
-        group.checkLocalIndex(localIndex);
+        Groups.checkLocalIndex(group, localIndex);
         return ranks.get(localIndex);
     }
 
     /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out, which also aborts the group (KernelErrors.checkAll). One stream per local rank. */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams, group);
     }
 
@@ -984,7 +1092,7 @@ public final class MoeAllToAll extends NativeResource {
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
         ensureOpen();
-        group.checkStreams(streams);
+        Groups.checkStreams(group, streams);
         return KernelErrors.later("MoE exchange", this, ranks.stream().map(r -> r.errors).toList(), streams, null, group);
     }
 
@@ -1020,7 +1128,7 @@ public final class MoeAllToAll extends NativeResource {
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
-        group.requireOneLocalRank(call);
+        Groups.requireOneLocalRank(group, call);
     }
 
     /** Releases every rank's kernels, the window and the buffers; each step runs even if one before it failed. */
@@ -1028,6 +1136,7 @@ public final class MoeAllToAll extends NativeResource {
         List<Runnable> steps = new ArrayList<>();
         if (network != null) steps.add(network::close);
         for (RankState r : ranks) {
+            steps.add(() -> { if (r.hostCopied != null) r.hostCopied.close(); });
             steps.add(r.code::close);
             for (CodeObject c : r.compiledCode) steps.add(c::close);
         }

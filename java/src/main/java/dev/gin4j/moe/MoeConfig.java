@@ -17,8 +17,29 @@ import dev.gin4j.a2a.DType;
  * at most 128 (on an H200 every SM): fastest alone. Fewer leave SMs to compute kernels that run beside
  * the exchange on other streams, at the exchange's cost ({@link #withChannels}; the README has the
  * measured trade). Every rank must use the same configuration, this included.
+ * <p>{@code expertAlignment} (DeepEP's {@code expert_alignment}; 1, the default, packs the rows):
+ * each local expert's block of received rows starts at a multiple of it, for a grouped GEMM whose
+ * tiles must not straddle two experts. The rows between one expert's last row and the next
+ * expert's start are padding: no call writes or reads them (they keep whatever the buffer held),
+ * the combine never reads their expert outputs. {@link MoeDispatch#offsets()} gives the starts.
+ * The receive capacity grows by {@code localExperts x (expertAlignment - 1)} rows. 1 to
+ * {@value #MAX_EXPERT_ALIGNMENT}; it only places the rows a rank receives, so ranks may differ in
+ * it; across nodes only 1 for now ({@code create} refuses more).
+ *
+ * @param hidden          elements per token row
+ * @param experts         experts in all, split evenly over the ranks
+ * @param topK            experts each token is routed to
+ * @param maxTokens       the most tokens one rank dispatches in one call
+ * @param dtype           the dispatched rows' type: BF16 or FP8_E4M3 (scaled fp8 rows)
+ * @param backend         GIN or HOST
+ * @param input           the type of the dispatch's x: dtype, or BF16 for an fp8 dispatch that quantizes
+ * @param channels        0 (half the SMs of the smallest GPU) or 1 to 128
+ * @param expertAlignment each local expert's first received row is a multiple of it (1 to {@value #MAX_EXPERT_ALIGNMENT})
  */
-public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input, int channels) {
+public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input, int channels, int expertAlignment) {
+    /** The largest {@code expertAlignment} the kernels take (MOE_MAX_ALIGNMENT). */
+    public static final int MAX_EXPERT_ALIGNMENT = 1024;
+
     /** Checks every field against the kernels' limits, naming the one that is wrong and its valid range. */
     public MoeConfig {
         if (hidden < 1) throw new IllegalArgumentException("hidden must be >= 1, got " + hidden);
@@ -35,21 +56,38 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
             throw new IllegalArgumentException("dispatch input must be the row type (" + dtype + ") or BF16 (quantized by the dispatch), got " + input);
         if (channels < 0 || channels > 128)
             throw new IllegalArgumentException("channels must be 0 (half the SMs, the whole GPU) or in [1, 128] (2 x channels SMs), got " + channels);
+        if (expertAlignment < 1 || expertAlignment > MAX_EXPERT_ALIGNMENT)
+            throw new IllegalArgumentException("expertAlignment must be in [1, " + MAX_EXPERT_ALIGNMENT + "] rows (1: packed), got " + expertAlignment);
+    }
+
+    /** Packed expert blocks (expertAlignment 1). */
+    public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input, int channels) {
+        this(hidden, experts, topK, maxTokens, dtype, backend, input, channels, 1);
     }
 
     /** The channel count chosen from the GPUs (0). */
     public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input) {
-        this(hidden, experts, topK, maxTokens, dtype, backend, input, 0);
+        this(hidden, experts, topK, maxTokens, dtype, backend, input, 0, 1);
     }
 
     /** The dispatch takes x of the row type itself. */
     public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend) {
-        this(hidden, experts, topK, maxTokens, dtype, backend, dtype, 0);
+        this(hidden, experts, topK, maxTokens, dtype, backend, dtype, 0, 1);
     }
 
     /** The same with the GIN kernels on 2 x {@code channels} SMs (1 to 128; 0 = half the SMs of the smallest GPU). */
     public MoeConfig withChannels(int channels) {
-        return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels);
+        return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels, expertAlignment);
+    }
+
+    /**
+     * The same with each local expert's received rows starting at a multiple of {@code rows}
+     * (1 to {@value #MAX_EXPERT_ALIGNMENT}; 1: packed), as the class comment describes.
+     * @param rows the alignment in rows
+     * @return the configuration with that alignment
+     */
+    public MoeConfig withExpertAlignment(int rows) {
+        return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels, rows);
     }
 
     /**
@@ -91,7 +129,7 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
         private Integer hidden, experts, topK, maxTokens;
         private Backend backend;
         private DType dtype = DType.BF16, input = DType.BF16;
-        private int channels;
+        private int channels, expertAlignment = 1;
 
         private Builder() {}
 
@@ -123,6 +161,13 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
         public Builder channels(int channels) { this.channels = channels; return this; }
 
         /**
+         * Each local expert's received rows start at a multiple of {@code rows} (1, the default: packed), as {@link MoeConfig#withExpertAlignment}.
+         * @param rows the alignment in rows, 1 to {@value MoeConfig#MAX_EXPERT_ALIGNMENT}
+         * @return this builder
+         */
+        public Builder expertAlignment(int rows) { this.expertAlignment = rows; return this; }
+
+        /**
          * The configuration.
          * @throws IllegalArgumentException naming the required values not set, or the value out of range
          */
@@ -134,7 +179,7 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
             if (maxTokens == null) missing.add("maxTokensPerRank(int)");
             if (backend == null) missing.add("backend(Backend)");
             if (!missing.isEmpty()) throw new IllegalArgumentException("MoeConfig.builder(): set " + String.join(", ", missing) + " before build()");
-            return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels);
+            return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels, expertAlignment);
         }
     }
 

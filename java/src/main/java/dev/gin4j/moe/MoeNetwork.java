@@ -1,15 +1,17 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.bindings.moe.MoeDims;
 import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
 import dev.gin4j.bindings.moe.MoeHostLayoutArgs;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
-import dev.gin4j.comm.DeviceComm;
-import dev.gin4j.comm.KernelErrors;
-import dev.gin4j.comm.NcclDeviceAbi;
-import dev.gin4j.comm.SymmetricWindow;
-import dev.gin4j.comm.WindowLayout;
+import dev.gin4j.internal.comm.DeviceComm;
+import dev.gin4j.internal.comm.KernelErrors;
+import dev.gin4j.internal.comm.NcclDeviceAbi;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Kernel;
@@ -111,10 +113,10 @@ final class MoeNetwork implements AutoCloseable {
             this.comm = comm;
             this.b = b;
             int i = comm.localIndex();
-            hostCode = comm.device().loadKernels("moe_host");
+            hostCode = KernelLibrary.load(comm.device(), "moe_host");
             CodeObject net = null;
             try {
-                net = comm.device().loadKernels("nccl_gin_moe");
+                net = KernelLibrary.load(comm.device(), "nccl_gin_moe");
                 netCode = net;
                 layout = hostCode.kernel("moe_host_layout");
                 quantize = cfg.quantizes() ? hostCode.kernel("moe_fp8_quantize") : null;
@@ -216,7 +218,7 @@ final class MoeNetwork implements AutoCloseable {
         try {
             this.ginComm = DeviceComm.create(group, new DeviceComm.Requirements(0, 4 * nRanks, 0, true));
             // no rank may put into a peer before that peer zeroed its window and reset its signals
-            group.failTogether("setting up the cross-node MoE exchange", () -> {
+            Groups.failTogether(group, "setting up the cross-node MoE exchange", () -> {
                 for (Communicator c : group.ranks()) {
                     Rank r = new Rank(c, buffers.get(c.localIndex()));
                     ranks.add(r);

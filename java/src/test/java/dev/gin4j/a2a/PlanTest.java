@@ -1,6 +1,6 @@
 package dev.gin4j.a2a;
 
-import dev.gin4j.comm.WindowLayout;
+import dev.gin4j.internal.comm.WindowLayout;
 import org.junit.jupiter.api.Test;
 
 import static org.junit.jupiter.api.Assertions.*;

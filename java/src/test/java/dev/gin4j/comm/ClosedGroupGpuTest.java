@@ -1,6 +1,8 @@
 package dev.gin4j.comm;
 
 import dev.gin4j.bindings.basic.GinHoldSmsArgs;
+import dev.gin4j.internal.comm.KernelErrors;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
 import dev.gin4j.a2a.Backend;
@@ -112,7 +114,7 @@ class ClosedGroupGpuTest {
         Gpus.requireKernels(rt, "basic");
         Gpus.requireKernels(rt, "a2a");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic")) {
             List<Stream> streams = new ArrayList<>();
             for (int i = 0; i < rt.devices().size(); i++) streams.add(i == 0 ? s : rt.device(i).createStream());
             try (CommGroup g = CommGroup.initAll(rt.devices()); AllToAll a = AllToAll.create(g, 64, Backend.HOST)) {

@@ -1,5 +1,10 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.internal.comm.DeviceComm;
+import dev.gin4j.internal.comm.PeerTable;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
@@ -59,7 +64,7 @@ class CommGpuTest {
                     sent.add(data);
                     int peer = (i + 1) % g.worldSize();
                     long peerPayload = peers.bases(i)[peer] + layout.region("payload").offset();
-                    try (Stream s = d.createStream(); CodeObject basic = d.loadKernels("basic")) {
+                    try (Stream s = d.createStream(); CodeObject basic = KernelLibrary.load(d, "basic")) {
                         DeviceBuffer src = d.allocate(data.length, arena);
                         src.copyFromHost(MemorySegment.ofArray(data));
                         KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
@@ -90,7 +95,7 @@ class CommGpuTest {
                     Device d = g.rank(i).device();
                     int peer = (i + 1) % g.worldSize();
                     DeviceBuffer copy = d.allocate(4L * n, arena);
-                    try (Stream s = d.createStream(); CodeObject basic = d.loadKernels("basic")) {
+                    try (Stream s = d.createStream(); CodeObject basic = KernelLibrary.load(d, "basic")) {
                         KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
                         args.setPointer(0, viaNccl.bases(i)[peer] + layout.region("payload").offset()).setPointer(1, copy).setLong(2, 4L * n);
                         basic.kernel("gin_copy_bytes").launch(s, LaunchConfig.of(64, 256), args);

@@ -1,5 +1,7 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.internal.comm.NcclDeviceAbi;
+import dev.gin4j.internal.comm.WindowLayout;
 import org.junit.jupiter.api.Test;
 
 import java.io.IOException;

@@ -54,6 +54,7 @@ class LoopbackGinGpuTest {
         for (String o : out) {
             assertTrue(o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3, o);
             assertTrue(o.contains("replayed 1000 times") && o.contains("dispatch: ") && o.contains("combine: "), o);
+            assertTrue(o.contains("MoE across nodes, grouped GEMM: offsets") && o.contains("alignment refused together"), o);
             System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
         }
     }

@@ -74,7 +74,53 @@ final class LoopbackGinMoeRank {
         }
         say(rank, "repeated calls: start");
         repeated(g, rank, seed, arena, d);
+        say(rank, "grouped GEMM: start");
+        groupedGemm(g, rank, seed, arena, d);
         say(rank, "all cases done");
+    }
+
+    /**
+     * Across nodes: expert offsets and host counts on request, checked against the reference on
+     * every rank (the layout itself is runCase's); an expert alignment above 1 is refused by every
+     * rank at create, naming why, and the group still works after.
+     */
+    private static void groupedGemm(CommGroup g, int rank, long seed, Arena arena, Device d) {
+        int world = g.worldSize();
+        Case c = new Case("grouped GEMM", 256, 4 * world, 3, 64, fill(world, 41), MoeReference.Routing.SOME_MASKED, false);
+        try (Stream s = d.createStream()) {
+            MoeReference.Input[] in = inputs(c, world, seed + 77, d, arena, s);
+            for (int alignment : new int[] {2, 1 + rank}) {  // 1 + rank: rank 0 asks for none, the others do; all refuse together
+                if (world == 1 && alignment == 1) continue;
+                MoeConfig bad = MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN).withExpertAlignment(alignment);
+                try {
+                    MoeAllToAll.create(g, bad).close();
+                    throw new AssertionError("expertAlignment " + alignment + " across nodes was accepted on rank " + rank);
+                } catch (UnsupportedOperationException | CommException e) {
+                    String m = e.getMessage();
+                    boolean mine = alignment > 1;
+                    if (mine ? !m.contains("not available across nodes") : !m.contains("checking the expert alignment failed on rank"))
+                        throw new AssertionError("rank " + rank + ", alignment " + alignment + ": " + m, e);
+                }
+            }
+            try (MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN))) {
+                moe.hostCounts(true);
+                DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()), w = RankMain.upload(d, arena, in[rank].w());
+                MoeDispatch first = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+                moe.checkErrors(List.of(s));
+                first.offsets().fill((byte) 0x5a, s);
+                MoeDispatch h = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+                int[] counts = MoeReference.expected(in, rank, 2 * c.hidden(), c.experts(), c.k()).counts();
+                int[] want = new int[counts.length + 1];
+                for (int e = 0; e < counts.length; e++) want[e + 1] = want[e] + counts[e];
+                int[] hostCounts = h.hostCounts(), hostOffsets = h.hostOffsets();
+                moe.checkErrors(List.of(s));
+                int[] offsets = h.offsets().readInts(counts.length + 1, s);
+                if (!Arrays.equals(counts, hostCounts) || !Arrays.equals(want, hostOffsets) || !Arrays.equals(want, offsets))
+                    throw new AssertionError("across nodes, rank " + rank + ": counts " + Arrays.toString(counts) + " offsets " + Arrays.toString(want) + ", got host "
+                            + Arrays.toString(hostCounts) + " / " + Arrays.toString(hostOffsets) + ", device " + Arrays.toString(offsets));
+                System.out.println("rank " + rank + " MoE across nodes, grouped GEMM: offsets " + Arrays.toString(offsets) + " and host counts checked; alignment refused together");
+            }
+        }
     }
 
     static int[] fill(int n, int v) { int[] a = new int[n]; Arrays.fill(a, v); return a; }
@@ -113,8 +159,8 @@ final class LoopbackGinMoeRank {
                 say(rank, c.name() + " " + b + ": create");
                 try (MoeAllToAll moe = MoeAllToAll.create(g, cfg)) {
                     say(rank, c.name() + " " + b + ": created, dispatching");
-                    if (b == Backend.GIN && !moe.dispatchKernelName().contains("moe_net_dispatch"))
-                        throw new AssertionError("every peer is on another host, but the exchange runs " + moe.dispatchKernelName());
+                    if (b == Backend.GIN && !dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe).contains("moe_net_dispatch"))
+                        throw new AssertionError("every peer is on another host, but the exchange runs " + dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe));
                     int rowBytes = (int) cfg.dispatchRowBytes();
                     DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()),
                             w = RankMain.upload(d, arena, in[rank].w());

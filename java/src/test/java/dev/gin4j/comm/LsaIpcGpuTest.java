@@ -1,7 +1,7 @@
 package dev.gin4j.comm;
 
 import dev.gin4j.gpu.GpuRuntime;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.testing.Gpus;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;

@@ -1,8 +1,13 @@
 package dev.gin4j.comm;
 
+import dev.gin4j.internal.comm.PeerTable;
+import dev.gin4j.internal.comm.SymmetricWindow;
+import dev.gin4j.internal.comm.WindowLayout;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
 import dev.gin4j.a2a.Backend;
+import dev.gin4j.a2a.Bf16;
 import dev.gin4j.a2a.Protocol;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
@@ -52,6 +57,7 @@ public final class RankMain {
                 case "alltoall" -> allToAll(g, rank, seed, arena);
                 case "oneRankFails" -> oneRankFails(g, rank, seed, arena);
                 case "moe" -> moe(g, rank, seed, arena);
+                case "moeGroupedGemm" -> moeGroupedGemm(g, rank, seed, arena);
                 case "peerDies" -> peerDies(g, rank, seed, arena, true);
                 case "peerDiesBeforeConnecting" -> peerDies(g, rank, seed, arena, false);
                 case "peerDiesThenClose" -> peerDiesThenClose(g, rank, seed, arena);
@@ -135,7 +141,7 @@ public final class RankMain {
             int n = (1 << 20) / 4;
             byte[] mine = dataOf(seed, rank, 4 * n);
             int peer = (rank + 1) % world;
-            try (CodeObject basic = d.loadKernels("basic")) {
+            try (CodeObject basic = KernelLibrary.load(d, "basic")) {
                 DeviceBuffer src = d.allocate(mine.length, arena);
                 src.copyFromHost(MemorySegment.ofArray(mine));
                 KernelArgs a = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.POINTER, KernelArgs.Type.I64);
@@ -339,6 +345,77 @@ public final class RankMain {
                 String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.toByteArray()), hidden, k, true);
                 if (off != null) throw new AssertionError(b + ": y on rank " + rank + " " + off);
                 System.out.println("rank " + rank + " MoE " + b + ": " + rows + " rows received, y checked");
+            }
+        }
+    }
+
+    /**
+     * For a grouped GEMM across processes: expert offsets and host counts on request, and an expert
+     * alignment that differs per rank (rank r aligns to 1 + 7r rows: 1, 8, ...; it only places what
+     * a rank receives), on HOST and, with a GPU each, GIN. The received rows and weights are
+     * poisoned before the checked dispatch; every row and weight is checked at its aligned place,
+     * every padding row and weight still poison, every offset and count on the device and the host;
+     * then the combine of expert outputs laid out aligned, the padding outputs huge.
+     */
+    private static void moeGroupedGemm(CommGroup g, int rank, long seed, Arena arena) {
+        int world = g.worldSize(), hidden = 128, experts = 4 * world, k = 3, maxTokens = 64, alignment = 1 + 7 * rank;
+        byte poison = (byte) 0x6c;
+        MoeReference.Input[] in = new MoeReference.Input[world];
+        for (int r = 0; r < world; r++)
+            in[r] = MoeReference.input(new SplittableRandom(seed * 131 + r), r, world, r == 0 ? maxTokens : 23, hidden, experts, k, MoeReference.Routing.SOME_MASKED);
+        List<Backend> backends = ONE_GPU_AS_HOSTS ? List.of(Backend.HOST) : List.of(Backend.GIN, Backend.HOST);
+        Device d = g.rank(0).device();
+        for (Backend b : backends) {
+            MoeConfig cfg = MoeConfig.builder().hidden(hidden).experts(experts).topK(k).maxTokensPerRank(maxTokens).backend(b).expertAlignment(alignment).build();
+            try (MoeAllToAll moe = MoeAllToAll.create(g, cfg); Stream s = d.createStream()) {
+                int rowBytes = (int) cfg.dispatchRowBytes(), L = moe.localExperts();
+                long cap = moe.capacityRows();
+                if (cap != (long) world * maxTokens * Math.min(k, L) + (long) L * (alignment - 1))
+                    throw new AssertionError(b + ": capacity " + cap + " on rank " + rank + " does not hold the padding of alignment " + alignment);
+                moe.hostCounts(true);
+                DeviceBuffer x = upload(d, arena, in[rank].x()), idx = upload(d, arena, in[rank].idx()), w = upload(d, arena, in[rank].w());
+                MoeDispatch first = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+                moe.checkErrors(List.of(s));
+                first.rows().fill(poison, s);
+                first.weights().fill(poison, s);
+                first.offsets().fill(poison, s);
+                MoeDispatch h = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+                MoeReference.Layout exp = MoeReference.expected(in, rank, rowBytes, experts, k);
+                int[] starts = new int[L + 1];
+                for (int e = 0; e < L; e++) starts[e + 1] = starts[e] + (exp.counts()[e] + alignment - 1) / alignment * alignment;
+                int[] hostCounts = h.hostCounts(), hostOffsets = h.hostOffsets();  // before any synchronize: they wait for their own copy
+                moe.checkErrors(List.of(s));
+                if (!Arrays.equals(exp.counts(), hostCounts)) throw new AssertionError(b + ": host counts on rank " + rank + ": expected " + Arrays.toString(exp.counts()) + " got " + Arrays.toString(hostCounts));
+                if (!Arrays.equals(starts, hostOffsets)) throw new AssertionError(b + ": host offsets on rank " + rank + ": expected " + Arrays.toString(starts) + " got " + Arrays.toString(hostOffsets));
+                int[] offsets = h.offsets().readInts(L + 1, s), counts = h.counts().readInts(L, s);
+                if (!Arrays.equals(starts, offsets) || !Arrays.equals(exp.counts(), counts))
+                    throw new AssertionError(b + ": device offsets/counts on rank " + rank + ": " + Arrays.toString(offsets) + " / " + Arrays.toString(counts));
+                byte[] rows = h.rows().slice(0, cap * rowBytes).toByteArray(s);
+                int[] wts = h.weights().slice(0, 4 * cap).readInts((int) cap, s);
+                short[] eo = new short[Math.toIntExact(cap * hidden)];
+                int packed = 0;
+                for (int e = 0; e < L; e++) {
+                    for (int j = 0; j < exp.counts()[e]; j++, packed++) {
+                        int row = offsets[e] + j;
+                        int[] o = exp.origin().get(packed);
+                        if (!Arrays.equals(exp.rows().get(packed), 0, rowBytes, rows, row * rowBytes, (row + 1) * rowBytes)
+                                || Float.floatToRawIntBits(exp.weights().get(packed)) != wts[row])
+                            throw new AssertionError(b + ": rank " + rank + " row " + row + " (expert " + e + ", source " + o[0] + " token " + o[1] + ") or its weight differs");
+                        for (int c = 0; c < hidden; c++) eo[row * hidden + c] = Bf16.fromFloat(in[o[0]].values()[o[1] * hidden + c] * (1 + o[2]));
+                    }
+                    for (int row = offsets[e] + exp.counts()[e]; row < offsets[e + 1]; row++) {
+                        for (int c = 0; c < rowBytes; c++)
+                            if (rows[row * rowBytes + c] != poison) throw new AssertionError(b + ": rank " + rank + " padding row " + row + " was written");
+                        if (wts[row] != (poison & 0xff) * 0x01010101) throw new AssertionError(b + ": rank " + rank + " padding weight " + row + " was written");
+                        Arrays.fill(eo, row * hidden, (row + 1) * hidden, Bf16.fromFloat(1e30f));
+                    }
+                }
+                DeviceBuffer y = moe.combine(h, upload(d, arena, eo), s);
+                moe.checkErrors(List.of(s));
+                String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.slice(0, (long) in[rank].tokens() * 2 * hidden).toByteArray(s)), hidden, k, true);
+                if (off != null) throw new AssertionError(b + ": y on rank " + rank + " after the aligned dispatch " + off);
+                System.out.println("rank " + rank + " MoE grouped GEMM " + b + ": alignment " + alignment + ", " + exp.rows().size() + " rows, offsets "
+                        + Arrays.toString(offsets) + ", host counts, padding and y checked");
             }
         }
     }

@@ -12,6 +12,7 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Map;
 import java.util.Random;
+import java.util.List;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
@@ -150,6 +151,18 @@ class RendezvousGuardsTest {
             }
             ExecutionException e = assertThrows(ExecutionException.class, r0::get);
             assertTrue(e.getCause().getMessage().contains("RANK 7, outside [1, WORLD_SIZE=2)"), e.getCause().getMessage());
+        }
+    }
+
+    @Test void aWrongWorldSizeFailsEveryRankNamingBoth() throws Exception {
+        int port = freePort();
+        try (ExecutorService pool = Executors.newFixedThreadPool(2)) {
+            Future<byte[]> r0 = pool.submit(() -> rank(0, 2, port, Rendezvous.JobToken.NONE, 30).exchange(randomId()));
+            Future<byte[]> r1 = pool.submit(() -> rank(1, 3, port, Rendezvous.JobToken.NONE, 30).exchange(null));
+            for (Future<byte[]> f : List.of(r0, r1)) {
+                ExecutionException e = assertThrows(ExecutionException.class, f::get);
+                assertTrue(e.getCause().getMessage().contains("rank 1 has WORLD_SIZE=3 but rank 0 has 2"), e.getCause().getMessage());
+            }
         }
     }
 

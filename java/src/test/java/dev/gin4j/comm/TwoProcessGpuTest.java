@@ -171,6 +171,15 @@ class TwoProcessGpuTest {
         }
     }
 
+    /** Expert offsets, host counts and per-rank expert alignment across processes: HOST, and GIN where each rank has a GPU. */
+    @Test void moeGroupedGemmLayoutAcrossProcesses() throws Exception {
+        Placement p = twoRanks();
+        for (String o : runRanks(p, "moeGroupedGemm")) {
+            assertTrue(o.contains("MoE grouped GEMM HOST: alignment "), o);
+            assertEquals(p == Placement.GPU_EACH, o.contains("MoE grouped GEMM GIN: alignment "), o);
+        }
+    }
+
     /**
      * Rank 0 halts, closing nothing, after a HOST all-to-all with rank 1: rank 1's next one fails
      * within the host-wait time-out, blocking or not, and its group is aborted. Over sockets (one

@@ -1,5 +1,7 @@
 package dev.gin4j.gpu;
 
+import dev.gin4j.internal.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.NativeAccess;
 import dev.gin4j.gpu.hip.HipDriver;
 import dev.gin4j.bindings.NativeLibrary;
 import org.junit.jupiter.api.Test;

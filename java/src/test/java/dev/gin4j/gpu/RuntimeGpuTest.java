@@ -1,5 +1,6 @@
 package dev.gin4j.gpu;
 
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.testing.Gpus;
 import org.junit.jupiter.api.AfterEach;
 import org.junit.jupiter.api.BeforeEach;
@@ -61,7 +62,7 @@ class RuntimeGpuTest {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic")) {
             int n = 1_000_003;
             // fill
             DeviceBuffer buf = dev.allocate(4L * n, arena);
@@ -110,7 +111,7 @@ class RuntimeGpuTest {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic")) {
             int n = 4_000_037;
             DeviceBuffer buf = dev.allocate(4L * n, arena);
             int base = random.nextInt();
@@ -139,7 +140,7 @@ class RuntimeGpuTest {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic")) {
             MemorySegment st = arena.allocate(80, 16);
             byte a = (byte) random.nextInt(); long b = random.nextLong(); float[] c = new float[5];
             short d = (short) random.nextInt(); byte[] e = new byte[13]; int g = random.nextInt(); double h = random.nextDouble(); byte[] tail = new byte[7];
@@ -195,7 +196,7 @@ class RuntimeGpuTest {
             int n = 4096;
             int v = random.nextInt();
             Arena scratch = Arena.ofConfined(), scratch2 = Arena.ofConfined();
-            CodeObject basic = dev.loadKernels("basic");
+            CodeObject basic = KernelLibrary.load(dev, "basic");
             try {
                 DeviceBuffer buf = dev.allocate(4L * n, scratch), copy = dev.allocate(4L * n, arena), buf2 = dev.allocate(4L * n, scratch2);
                 KernelArgs fill = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32).setPointer(0, buf).setLong(1, n).setInt(2, v);
@@ -294,7 +295,7 @@ class RuntimeGpuTest {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic");
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic");
              Event start = dev.createEvent(); Event end = dev.createEvent()) {
             int n = 1 << 20;
             DeviceBuffer buf = dev.allocate(4L * n, arena);
@@ -335,7 +336,7 @@ class RuntimeGpuTest {
         Device d0 = rt.device(0), d1 = rt.device(1);
         Gpus.skipUnless(d0.canAccessPeer(d1), "devices 0 and 1 have no peer access");
         d0.enablePeerAccess(d1);
-        try (Arena arena = Arena.ofConfined(); Stream s0 = d0.createStream(); CodeObject basic = d0.loadKernels("basic")) {
+        try (Arena arena = Arena.ofConfined(); Stream s0 = d0.createStream(); CodeObject basic = KernelLibrary.load(d0, "basic")) {
             int n = 300_001;
             byte[] data = new byte[4 * n];
             random.nextBytes(data);
@@ -365,7 +366,7 @@ class RuntimeGpuTest {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic");
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic");
              Event start = dev.createEvent(); Event end = dev.createEvent()) {
             DeviceBuffer buf = dev.allocate(4096, arena), other = dev.allocate(4096, arena);
             IllegalArgumentException heapWrap = assertThrows(IllegalArgumentException.class, () -> DeviceBuffer.wrap(dev, MemorySegment.ofArray(new byte[64])));
@@ -441,7 +442,7 @@ class RuntimeGpuTest {
 
             // a kernel of a closed code object
             Kernel stale;
-            try (CodeObject again = dev.loadKernels("basic")) {
+            try (CodeObject again = KernelLibrary.load(dev, "basic")) {
                 stale = again.kernel("gin_fill_u32");
             }
             assertThrows(IllegalStateException.class, () -> stale.setMaxDynamicSharedBytes(1024));
@@ -485,7 +486,7 @@ class RuntimeGpuTest {
         GpuRuntime rt = Gpus.runtime();
         Gpus.requireKernels(rt, "basic");
         Device dev = rt.device(0);
-        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = dev.loadKernels("basic")) {
+        try (Arena arena = Arena.ofConfined(); Stream s = dev.createStream(); CodeObject basic = KernelLibrary.load(dev, "basic")) {
             Kernel k = basic.kernel("gin_fill_u32");
             DeviceBuffer buf = dev.allocate(1024, arena);
             KernelArgs args = KernelArgs.of(arena, KernelArgs.Type.POINTER, KernelArgs.Type.I64, KernelArgs.Type.I32);

@@ -1,5 +1,6 @@
 package dev.gin4j.gpu;
 
+import dev.gin4j.internal.gpu.KernelLibrary;
 import org.junit.jupiter.api.Test;
 
 import java.util.ArrayList;

@@ -44,6 +44,25 @@ class MoeConfigTest {
         assertTrue(m != null && m.contains("rank 1 has (") && m.contains("topK 8, rows BF16, backend GIN, input BF16, channels 128)"), m);
     }
 
+    @Test void expertAlignmentIsOneByDefaultAndOneTo1024() {
+        MoeConfig a = MoeConfig.bf16(7168, 256, 8, 128, Backend.GIN);
+        assertEquals(1, a.expertAlignment());
+        assertEquals(1, MoeConfig.builder().hidden(64).experts(8).topK(2).maxTokensPerRank(16).backend(Backend.HOST).build().expertAlignment());
+        assertEquals(128, MoeConfig.builder().hidden(64).experts(8).topK(2).maxTokensPerRank(16).backend(Backend.HOST).expertAlignment(128).build().expertAlignment());
+        MoeConfig aligned = a.withExpertAlignment(3);
+        assertEquals(3, aligned.expertAlignment());
+        assertEquals(3, aligned.withChannels(12).expertAlignment(), "withChannels keeps the alignment");
+        assertEquals(12, aligned.withChannels(12).withExpertAlignment(64).channels(), "withExpertAlignment keeps the channels");
+        assertEquals(MoeConfig.MAX_EXPERT_ALIGNMENT, a.withExpertAlignment(1024).expertAlignment());
+        for (int bad : new int[] {0, -1, 1025, Integer.MIN_VALUE}) {
+            refused("expertAlignment must be in [1, 1024] rows (1: packed), got " + bad, () -> a.withExpertAlignment(bad));
+            refused("expertAlignment must be in [1, 1024]", () -> MoeConfig.builder().hidden(64).experts(8).topK(2).maxTokensPerRank(16).backend(Backend.GIN).expertAlignment(bad).build());
+        }
+        // it places only what a rank receives: ranks may differ, create does not compare it
+        assertEquals(MoeAllToAll.packTypes(a), MoeAllToAll.packTypes(aligned));
+        assertEquals(MoeAllToAll.packShape(a), MoeAllToAll.packShape(aligned));
+    }
+
     @Test void channelsAreZeroForAutoOrOneTo128() {
         MoeConfig a = MoeConfig.bf16(7168, 256, 8, 128, Backend.GIN);
         assertEquals(0, a.channels());

@@ -1,5 +1,6 @@
 package dev.gin4j.moe;
 
+import dev.gin4j.internal.moe.ShapedEntries;
 import dev.gin4j.a2a.Backend;
 import dev.gin4j.a2a.Bf16;
 import dev.gin4j.a2a.DType;

@@ -1,7 +1,7 @@
 package dev.gin4j.testing;
 
 import dev.gin4j.gpu.GpuRuntime;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import org.junit.jupiter.api.Assumptions;
 
 import java.util.Set;

@@ -1,5 +1,6 @@
 package dev.gin4j.jmh;
 
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.GpuRuntime;
@@ -33,7 +34,7 @@ public class LaunchBenchmark {
         Device d = GpuRuntime.get().device(0);
         arena = Arena.ofShared();
         stream = d.createStream();
-        code = d.loadKernels("basic");
+        code = KernelLibrary.load(d, "basic");
         empty = code.kernel("gin_empty");
         noArgs = KernelArgs.none(arena);
     }

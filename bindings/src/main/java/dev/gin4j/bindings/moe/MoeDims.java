@@ -22,6 +22,7 @@ import static java.lang.foreign.MemoryLayout.PathElement.*;
  *     int32_t hidden;
  *     int32_t maxTokens;
  *     int32_t numChannels;
+ *     int32_t expertAlignment;
  * }
  * }
  */
@@ -38,7 +39,8 @@ public class MoeDims {
         moe_h.C_INT.withName("topK"),
         moe_h.C_INT.withName("hidden"),
         moe_h.C_INT.withName("maxTokens"),
-        moe_h.C_INT.withName("numChannels")
+        moe_h.C_INT.withName("numChannels"),
+        moe_h.C_INT.withName("expertAlignment")
     ).withName("MoeDims");
 
     /**
@@ -354,6 +356,50 @@ public class MoeDims {
      */
     public static void numChannels(MemorySegment struct, int fieldValue) {
         struct.set(numChannels$LAYOUT, numChannels$OFFSET, fieldValue);
+    }
+
+    private static final OfInt expertAlignment$LAYOUT = (OfInt)$LAYOUT.select(groupElement("expertAlignment"));
+
+    /**
+     * Layout for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static final OfInt expertAlignment$layout() {
+        return expertAlignment$LAYOUT;
+    }
+
+    private static final long expertAlignment$OFFSET = 28;
+
+    /**
+     * Offset for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static final long expertAlignment$offset() {
+        return expertAlignment$OFFSET;
+    }
+
+    /**
+     * Getter for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static int expertAlignment(MemorySegment struct) {
+        return struct.get(expertAlignment$LAYOUT, expertAlignment$OFFSET);
+    }
+
+    /**
+     * Setter for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static void expertAlignment(MemorySegment struct, int fieldValue) {
+        struct.set(expertAlignment$LAYOUT, expertAlignment$OFFSET, fieldValue);
     }
 
     /**

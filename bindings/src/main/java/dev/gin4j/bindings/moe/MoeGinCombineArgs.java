@@ -42,8 +42,7 @@ public class MoeGinCombineArgs {
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
         moe_h.C_INT.withName("numTokens"),
-        moe_h.C_INT.withName("expertOutRows"),
-        MemoryLayout.paddingLayout(4)
+        moe_h.C_INT.withName("expertOutRows")
     ).withName("MoeGinCombineArgs");
 
     /**
@@ -373,7 +372,7 @@ public class MoeGinCombineArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 76;
+    private static final long numTokens$OFFSET = 80;
 
     /**
      * Offset for field:
@@ -417,7 +416,7 @@ public class MoeGinCombineArgs {
         return expertOutRows$LAYOUT;
     }
 
-    private static final long expertOutRows$OFFSET = 80;
+    private static final long expertOutRows$OFFSET = 84;
 
     /**
      * Offset for field:

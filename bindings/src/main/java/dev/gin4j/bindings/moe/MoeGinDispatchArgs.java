@@ -48,7 +48,8 @@ public class MoeGinDispatchArgs {
         moe_h.C_POINTER.withName("errorFlags"),
         moe_h.C_POINTER.withName("xq"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeGinDispatchArgs");
 
     /**
@@ -554,7 +555,7 @@ public class MoeGinDispatchArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 108;
+    private static final long numTokens$OFFSET = 112;
 
     /**
      * Offset for field:

@@ -38,7 +38,8 @@ public class MoeGinRowValuesArgs {
         moe_h.C_POINTER.withName("workspace"),
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeGinRowValuesArgs");
 
     /**
@@ -324,7 +325,7 @@ public class MoeGinRowValuesArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 68;
+    private static final long numTokens$OFFSET = 72;
 
     /**
      * Offset for field:

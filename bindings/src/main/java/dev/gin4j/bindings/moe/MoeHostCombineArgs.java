@@ -40,7 +40,8 @@ public class MoeHostCombineArgs {
         moe_h.C_POINTER.withName("y"),
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeHostCombineArgs");
 
     /**
@@ -370,7 +371,7 @@ public class MoeHostCombineArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 76;
+    private static final long numTokens$OFFSET = 80;
 
     /**
      * Offset for field:

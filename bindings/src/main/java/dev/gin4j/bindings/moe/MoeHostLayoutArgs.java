@@ -34,7 +34,8 @@ public class MoeHostLayoutArgs {
         moe_h.C_POINTER.withName("workspace"),
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeHostLayoutArgs");
 
     /**
@@ -232,7 +233,7 @@ public class MoeHostLayoutArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 52;
+    private static final long numTokens$OFFSET = 56;
 
     /**
      * Offset for field:

@@ -42,7 +42,8 @@ public class MoeHostPackArgs {
         moe_h.C_POINTER.withName("sendWeights"),
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeHostPackArgs");
 
     /**
@@ -416,7 +417,7 @@ public class MoeHostPackArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 84;
+    private static final long numTokens$OFFSET = 88;
 
     /**
      * Offset for field:

@@ -40,8 +40,7 @@ public class MoeHostPermuteArgs {
         moe_h.C_POINTER.withName("recvWeights"),
         moe_h.C_POINTER.withName("recvCounts"),
         moe_h.C_POINTER.withName("errorFlags"),
-        MoeDims.layout().withName("dims"),
-        MemoryLayout.paddingLayout(4)
+        MoeDims.layout().withName("dims")
     ).withName("MoeHostPermuteArgs");
 
     /**

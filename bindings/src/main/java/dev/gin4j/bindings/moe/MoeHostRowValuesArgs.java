@@ -38,7 +38,8 @@ public class MoeHostRowValuesArgs {
         moe_h.C_POINTER.withName("g"),
         moe_h.C_POINTER.withName("errorFlags"),
         MoeDims.layout().withName("dims"),
-        moe_h.C_INT.withName("numTokens")
+        moe_h.C_INT.withName("numTokens"),
+        MemoryLayout.paddingLayout(4)
     ).withName("MoeHostRowValuesArgs");
 
     /**
@@ -324,7 +325,7 @@ public class MoeHostRowValuesArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 68;
+    private static final long numTokens$OFFSET = 72;
 
     /**
      * Offset for field:

@@ -34,8 +34,7 @@ public class MoeHostUnpermuteArgs {
         moe_h.C_POINTER.withName("countMatrix"),
         moe_h.C_POINTER.withName("backBuf"),
         moe_h.C_POINTER.withName("errorFlags"),
-        MoeDims.layout().withName("dims"),
-        MemoryLayout.paddingLayout(4)
+        MoeDims.layout().withName("dims")
     ).withName("MoeHostUnpermuteArgs");
 
     /**

@@ -28,8 +28,7 @@ public class MoeQueryArgs {
 
     private static final GroupLayout $LAYOUT = MemoryLayout.structLayout(
         moe_h.C_POINTER.withName("out"),
-        MoeDims.layout().withName("dims"),
-        MemoryLayout.paddingLayout(4)
+        MoeDims.layout().withName("dims")
     ).withName("MoeQueryArgs");
 
     /**

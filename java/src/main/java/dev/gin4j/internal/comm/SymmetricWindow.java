@@ -1,5 +1,9 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.GpuException;
 import dev.gin4j.gpu.IpcMemory;
@@ -56,7 +60,7 @@ public final class SymmetricWindow extends NativeResource {
         try {
             boolean one = group.isSingleProcess();
             // the mapping below is collective: a rank whose memory failed must not leave the others waiting in it
-            byte[] handle = group.failTogether("allocating a symmetric window of " + size + " bytes", () -> {
+            byte[] handle = Groups.failTogether(group, "allocating a symmetric window of " + size + " bytes", () -> {
                 Communicator at = group.rank(0);
                 try {
                     if (!one) {
@@ -118,21 +122,21 @@ public final class SymmetricWindow extends NativeResource {
         try {
             try (Arena tmp = Arena.ofConfined()) {
                 // the registration below is collective: a rank whose memory failed must not leave the others waiting in it
-                group.failTogether("allocating a symmetric window of " + size + " bytes", () -> {
+                Groups.failTogether(group, "allocating a symmetric window of " + size + " bytes", () -> {
                     for (Communicator c : group.ranks()) {
                         c.device().makeCurrent();
                         MemorySegment out = tmp.allocate(ValueLayout.ADDRESS);
-                        Nccl.check("ncclMemAlloc(" + size + " bytes)", ncclMemAlloc(out, size), c.handle());
+                        NcclStatus.check("ncclMemAlloc(" + size + " bytes)", ncclMemAlloc(out, size), c.handle());
                         long ptr = out.get(ValueLayout.ADDRESS, 0).address();
                         w.buffers.add(DeviceBuffer.wrap(c.device(), MemorySegment.ofAddress(ptr).reinterpret(size, w.arena, null)));
                     }
                 });
                 MemorySegment wins = tmp.allocate(ValueLayout.ADDRESS, group.localCount());  // zeroed: NULL where nothing was registered
                 try {
-                    group.inGroup("ncclCommWindowRegister", () -> {
+                    Groups.inGroup(group, "ncclCommWindowRegister", () -> {
                         for (Communicator c : group.ranks()) {
                             c.device().makeCurrent();
-                            Nccl.check("ncclCommWindowRegister", ncclCommWindowRegister(c.handle(), MemorySegment.ofAddress(w.buffers.get(c.localIndex()).address()),
+                            NcclStatus.check("ncclCommWindowRegister", ncclCommWindowRegister(c.handle(), MemorySegment.ofAddress(w.buffers.get(c.localIndex()).address()),
                                     size, wins.asSlice(8L * c.localIndex(), 8), NCCL_WIN_COLL_SYMMETRIC()), c.handle());
                         }
                     });
@@ -203,12 +207,12 @@ public final class SymmetricWindow extends NativeResource {
         }
         List<Runnable> steps = new ArrayList<>();
         if (!group.isClosed() && handles.stream().anyMatch(h -> h.address() != 0)) {
-            steps.add(() -> group.inGroup("ncclCommWindowDeregister", () -> {
+            steps.add(() -> Groups.inGroup(group, "ncclCommWindowDeregister", () -> {
                 for (Communicator c : group.ranks()) {
                     MemorySegment h = handles.get(c.localIndex());
                     if (h.address() == 0) continue;
                     c.device().makeCurrent();
-                    Nccl.check("ncclCommWindowDeregister", ncclCommWindowDeregister(c.handle(), h), c.handle());
+                    NcclStatus.check("ncclCommWindowDeregister", ncclCommWindowDeregister(c.handle(), h), c.handle());
                 }
             }));
         }
@@ -219,7 +223,7 @@ public final class SymmetricWindow extends NativeResource {
             steps.add(() -> {
                 c.device().makeCurrent();
                 int rc = ncclMemFree(MemorySegment.ofAddress(address));
-                if (rc != 0) throw Nccl.error("ncclMemFree (" + c + ")", rc, MemorySegment.NULL);
+                if (rc != 0) throw NcclStatus.error("ncclMemFree (" + c + ")", rc, MemorySegment.NULL);
             });
         }
         steps.add(arena::close);

@@ -1,4 +1,4 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
 import java.util.LinkedHashMap;
 import java.util.Map;

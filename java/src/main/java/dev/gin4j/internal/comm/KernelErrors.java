@@ -1,5 +1,9 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.ErrorCheck;
+import dev.gin4j.internal.gpu.Checks;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Event;
@@ -96,7 +100,7 @@ public final class KernelErrors {
         boolean timedOut = false;
         for (int i = 0; i < words.size(); i++) {
             try {
-                group.await(streams.get(i), operation);  // not forever: a HOST exchange whose peer never joins
+                Groups.await(group, streams.get(i), operation);  // not forever: a HOST exchange whose peer never joins
                 int bits = words.get(i).readAndClear(streams.get(i));
                 if (bits != 0) {
                     timedOut |= (bits & TIMED_OUT) != 0;
@@ -141,23 +145,23 @@ public final class KernelErrors {
      */
     public static ErrorCheck later(String operation, NativeResource owner, List<KernelErrors> words, List<Stream> streams, List<String> hostFailures, CommGroup group) {
         if (words.size() != streams.size()) throw new IllegalArgumentException("one stream per error word expected (" + words.size() + "), got " + streams.size());
-        Stream.refuseCapture(streams, "a later error check of the " + operation + ", which reads the error words on the host,");
+        Checks.refuseCapture(streams, "a later error check of the " + operation + ", which reads the error words on the host,");
         for (int i = 0; i < words.size(); i++) {
             streams.get(i).handle();  // a closed stream throws here, before anything is queued
             if (streams.get(i).device() != words.get(i).word.device())
                 throw new IllegalArgumentException("stream " + i + " is on " + streams.get(i).device() + ", its rank's error word on " + words.get(i).word.device());
         }
-        List<ErrorCheck.Entry> entries = new ArrayList<>();
+        List<PendingErrorCheck.Entry> entries = new ArrayList<>();
         try {
             for (int i = 0; i < words.size(); i++) {
                 KernelErrors w = words.get(i);
-                entries.add(new ErrorCheck.Entry(w, w.queueRead(streams.get(i)), streams.get(i), hostFailures == null ? null : hostFailures.get(i)));
+                entries.add(new PendingErrorCheck.Entry(w, w.queueRead(streams.get(i)), streams.get(i), hostFailures == null ? null : hostFailures.get(i)));
             }
         } catch (RuntimeException e) {
-            for (ErrorCheck.Entry en : entries) en.words().dropSlot();  // queued: their copies may still land, so the slots are not reused
+            for (PendingErrorCheck.Entry en : entries) en.words().dropSlot();  // queued: their copies may still land, so the slots are not reused
             throw e;
         }
-        return new ErrorCheck(operation, owner, group, entries);
+        return new PendingErrorCheck(operation, owner, group, entries);
     }
 
     /** Queues copy, clear and event on {@code stream}; the slot is this check's until {@link #release}. */

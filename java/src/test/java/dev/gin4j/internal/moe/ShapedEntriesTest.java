@@ -1,7 +1,7 @@
-package dev.gin4j.moe;
+package dev.gin4j.internal.moe;
 
 import dev.gin4j.bindings.NativeLibrary;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.BeforeAll;
 import org.junit.jupiter.api.Test;

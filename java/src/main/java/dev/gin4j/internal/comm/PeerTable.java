@@ -1,6 +1,9 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
 import dev.gin4j.bindings.a2a.GinResolvePeersArgs;
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.KernelArgs;
@@ -52,7 +55,7 @@ public final class PeerTable {
         try (SymmetricWindow probe = SymmetricWindow.allocate(group, WindowLayout.builder().region("probe", 4096, 4096).build());
              Arena a = Arena.ofConfined()) {
             // together, before the probe's collective release
-            return group.failTogether("finding where the peers are", () -> !resolve(probe, a).allReachable());
+            return Groups.failTogether(group, "finding where the peers are", () -> !resolve(probe, a).allReachable());
         }
     }
 
@@ -114,7 +117,7 @@ public final class PeerTable {
         try (DeviceComm dc = DeviceComm.create(g, new DeviceComm.Requirements(0, 0, 0))) {
             for (int i = 0; i < g.localCount(); i++) {
                 var dev = g.rank(i).device();
-                try (Stream s = dev.createStream(); CodeObject peers = dev.loadKernels("nccl_peers"); Arena tmp = Arena.ofConfined()) {
+                try (Stream s = dev.createStream(); CodeObject peers = KernelLibrary.load(dev, "nccl_peers"); Arena tmp = Arena.ofConfined()) {
                     DeviceBuffer t = dev.allocate(8L * g.worldSize(), arena);
                     KernelErrors err = new KernelErrors(dev, tmp, s);
                     NcclDeviceAbi abi = dc.abi();

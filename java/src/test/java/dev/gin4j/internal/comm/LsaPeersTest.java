@@ -1,5 +1,7 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.IpcMemory;
 import org.junit.jupiter.api.Test;
 

@@ -1,4 +1,8 @@
-package dev.gin4j.gpu;
+package dev.gin4j.internal.gpu;
+
+import dev.gin4j.gpu.GpuException;
+import dev.gin4j.gpu.CodeObject;
+import dev.gin4j.gpu.Device;
 
 import java.io.IOException;
 import java.io.InputStream;
@@ -50,7 +54,7 @@ public final class KernelLibrary {
     private static KernelLibrary locate() { return locate(System.getProperty("gin4j.kernels.dir", System.getenv("GIN4J_KERNELS_DIR"))); }
 
     /** The library of {@code dir} (GIN4J_KERNELS_DIR; null or empty: the jar's), logged at DEBUG. */
-    static KernelLibrary locate(String dir) {
+    public static KernelLibrary locate(String dir) {
         KernelLibrary k = find(dir);
         LOG.log(System.Logger.Level.DEBUG, () -> "kernels: " + k.source());
         return k;
@@ -170,7 +174,8 @@ public final class KernelLibrary {
         }
     }
 
-    static CodeObject load(Device device, String object) {
+    /** Loads the code object {@code object} shipped with gin4j for {@code device}'s architecture. */
+    public static CodeObject load(Device device, String object) {
         return device.loadCodeObject(object, get().read(device.arch(), object));
     }
 }

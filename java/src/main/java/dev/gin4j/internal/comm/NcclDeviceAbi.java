@@ -1,6 +1,8 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.Nccl;
+import dev.gin4j.internal.gpu.KernelLibrary;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -27,7 +29,7 @@ public record NcclDeviceAbi(int builtFor, String include, long devCommSize, long
         return abi;
     }
 
-    static NcclDeviceAbi fromManifest(Properties m, String source) {
+    public static NcclDeviceAbi fromManifest(Properties m, String source) {
         String v = m.getProperty("nccl.version");
         if (v == null) {
             throw new CommException("the kernels in " + source + " were built without NCCL device headers, so the NCCL device API cannot be used; "

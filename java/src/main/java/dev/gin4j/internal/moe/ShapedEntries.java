@@ -1,11 +1,11 @@
-package dev.gin4j.moe;
+package dev.gin4j.internal.moe;
 
 import dev.gin4j.bindings.NativeLibrary;
 import dev.gin4j.bindings.nvrtc.nvrtc_h;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.GpuException;
-import dev.gin4j.gpu.KernelLibrary;
+import dev.gin4j.internal.gpu.KernelLibrary;
 
 import java.io.IOException;
 import java.io.UncheckedIOException;
@@ -96,7 +96,7 @@ public final class ShapedEntries {
     }
 
     /** The entry names a shaped program holds: dispatch + combine (bf16) or the fp8 dispatch. */
-    static List<String> entryNames(boolean fp8, int ranks, int experts, int topK, int hidden) {
+    public static List<String> entryNames(boolean fp8, int ranks, int experts, int topK, int hidden) {
         String shape = "_tp_r" + ranks + "_e" + experts + "_k" + topK + "_h" + hidden;
         return fp8 ? List.of("moe_gin_dispatch_fp8" + shape) : List.of("moe_gin_dispatch" + shape, "moe_gin_combine" + shape);
     }
@@ -105,7 +105,7 @@ public final class ShapedEntries {
      * The shaped program loaded on {@code device}, compiled (or read from the cache) on first use; the
      * caller owns the code object and closes it (the cubin stays in memory for the next instance).
      */
-    static CodeObject load(Device device, boolean fp8, int ranks, int experts, int topK, int hidden) {
+    public static CodeObject load(Device device, boolean fp8, int ranks, int experts, int topK, int hidden) {
         String key = device.arch() + "/" + (fp8 ? "fp8" : "bf16") + "_r" + ranks + "_e" + experts + "_k" + topK + "_h" + hidden;
         byte[] bytes = CUBINS.computeIfAbsent(key, k -> cubin(device.arch(), fp8, ranks, experts, topK, hidden));
         return device.loadCodeObject("moe_gin_jit_" + key.substring(key.indexOf('/') + 1), bytes);
@@ -116,7 +116,7 @@ public final class ShapedEntries {
      * compiled with NVRTC and written to the cache atomically. A cache file holds the SHA-256 of the cubin,
      * then the cubin; one that does not match (truncated, corrupt) is logged and rebuilt.
      */
-    static byte[] cubin(String arch, boolean fp8, int ranks, int experts, int topK, int hidden) {
+    public static byte[] cubin(String arch, boolean fp8, int ranks, int experts, int topK, int hidden) {
         unavailable(arch).ifPresent(w -> { throw new IllegalStateException(w); });
         Map<String, byte[]> sources = sources();
         List<String> flags = flags(arch);
@@ -142,7 +142,7 @@ public final class ShapedEntries {
     }
 
     /** The cached cubin if the file is there and its checksum holds; null otherwise (logged when corrupt). */
-    static byte[] readValid(Path file) {
+    public static byte[] readValid(Path file) {
         if (!Files.isRegularFile(file)) return null;
         try {
             byte[] all = Files.readAllBytes(file);
@@ -177,19 +177,19 @@ public final class ShapedEntries {
     }
 
     /** The moe_shapes.h of one shaped program: the one shape, bf16 (dispatch + combine) or fp8 (dispatch). */
-    static String shapesHeader(boolean fp8, int ranks, int experts, int topK, int hidden) {
+    public static String shapesHeader(boolean fp8, int ranks, int experts, int topK, int hidden) {
         String x = "X(" + ranks + ", " + experts + ", " + topK + ", " + hidden + ")";
         return "#pragma once\n#define MOE_TP_SHAPES(X) " + (fp8 ? "" : x) + "\n#define MOE_TP_FP8_SHAPES(X) " + (fp8 ? x : "") + "\n";
     }
 
     /** NVRTC's options: the build's device flags (manifest jit.flags) and the architecture, as nvcc -arch=sm_XX gets. */
-    static List<String> flags(String arch) {
+    public static List<String> flags(String arch) {
         String f = KernelLibrary.get().property("jit.flags").orElse("-std=c++17");
         return Stream.concat(Stream.of("-arch=" + arch), Arrays.stream(f.trim().split("\\s+")).filter(s -> !s.isEmpty())).toList();
     }
 
     /** The kernel sources of the jar (or GIN4J_KERNELS_DIR), by path relative to src/. */
-    static Map<String, byte[]> sources() {
+    public static Map<String, byte[]> sources() {
         KernelLibrary lib = KernelLibrary.get();
         Map<String, byte[]> m = new java.util.TreeMap<>();
         for (String rel : lib.property("jit.sources").orElse("").split(",")) {

@@ -1,4 +1,4 @@
-package dev.gin4j.gpu;
+package dev.gin4j.internal.gpu;
 
 /** Fails early, with the exact JVM flag to add, when gin4j was not granted native access. */
 public final class NativeAccess {

@@ -1,5 +1,10 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
+import dev.gin4j.comm.Capabilities;
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
+import dev.gin4j.comm.Communicator;
+import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.NativeResource;
 
 import java.lang.foreign.Arena;
@@ -80,10 +85,10 @@ public final class DeviceComm extends NativeResource {
             MemorySegment reqs = abi.requirements(dc.arena, fields);
             for (int i = 0; i < group.localCount(); i++) dc.structs.add(dc.arena.allocate(Math.max(abi.devCommSize(), 8), Math.max(abi.devCommAlign(), 8)));
             try {
-                group.inGroup("ncclDevCommCreate", () -> {
+                Groups.inGroup(group, "ncclDevCommCreate", () -> {
                     for (Communicator c : group.ranks()) {
                         c.device().makeCurrent();
-                        Nccl.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());
+                        NcclStatus.check("ncclDevCommCreate", ncclDevCommCreate(c.handle(), reqs, dc.structs.get(c.localIndex())), c.handle());
                         dc.created[c.localIndex()] = true;  // this rank's is destroyed on close, even if another rank's create fails
                     }
                 });
@@ -121,7 +126,7 @@ public final class DeviceComm extends NativeResource {
             if (!created[c.localIndex()] || group.isClosed()) continue;
             steps.add(() -> {
                 c.device().makeCurrent();
-                Nccl.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
+                NcclStatus.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
             });
         }
         steps.add(arena::close);

@@ -1,5 +1,7 @@
-package dev.gin4j.comm;
+package dev.gin4j.internal.comm;
 
+import dev.gin4j.comm.CommException;
+import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.IpcMemory;
@@ -71,7 +73,7 @@ record LsaPeers(long[][] bases, boolean allReachable, String unreachable) {
         long[] bases = new long[n];
         String[] why = new String[n];
         // local work that can fail (another gin4j version's frame): every rank fails together, none waits below
-        g.failTogether("mapping the peers' windows (CUDA / HIP IPC)", () -> {
+        Groups.failTogether(g, "mapping the peers' windows (CUDA / HIP IPC)", () -> {
             bases[me] = window.address();
             for (int p = 0; p < n; p++) {
                 if (p == me) continue;
