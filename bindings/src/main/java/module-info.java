@@ -6,4 +6,5 @@ module dev.gin4j.bindings {
     exports dev.gin4j.bindings.nccl;
     exports dev.gin4j.bindings.nvrtc;
     exports dev.gin4j.bindings.moe;
+    exports dev.gin4j.bindings.moenet;
 }

@@ -32,7 +32,7 @@ class LayoutTest {
     Path work;
 
     @ParameterizedTest(name = "{0}")
-    @ValueSource(strings = {"cuda", "hip", "nccl", "moe"})
+    @ValueSource(strings = {"cuda", "hip", "nccl", "moe", "moe_net"})
     void generatedLayoutsAndConstantsMatchGcc(String library) throws Exception {
         ArgFile args = ArgFile.read(library);
         assumeHeaders(args);
