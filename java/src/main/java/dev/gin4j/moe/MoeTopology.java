@@ -73,17 +73,22 @@ final class MoeTopology {
      * hosts of {@link PeerTable#hostOfRank}.
      */
     static MoeTopology of(CommGroup group, Map<String, String> env) {
+        int g = emulatedNodeSize(env);
+        return g > 0 ? emulated(group.worldSize(), g) : of(PeerTable.hostOfRank(group));
+    }
+
+    /** {@code GIN4J_EMULATED_NODE_SIZE} from {@code env}: 0 where unset or blank (production), else the size (>= 1). */
+    static int emulatedNodeSize(Map<String, String> env) {
         String v = env.get(EMULATED_NODE_SIZE);
-        if (v != null && !v.isBlank()) {
-            int g;
-            try {
-                g = Integer.parseInt(v.trim());
-            } catch (NumberFormatException e) {
-                throw new IllegalArgumentException(EMULATED_NODE_SIZE + " must be a whole number of ranks per emulated node (tests on one GPU only), got \"" + v + "\"");
-            }
-            return emulated(group.worldSize(), g);
+        if (v == null || v.isBlank()) return 0;
+        int g;
+        try {
+            g = Integer.parseInt(v.trim());
+        } catch (NumberFormatException e) {
+            throw new IllegalArgumentException(EMULATED_NODE_SIZE + " must be a whole number of ranks per emulated node (tests on one GPU only), got \"" + v + "\"");
         }
-        return of(PeerTable.hostOfRank(group));
+        if (g < 1) throw new IllegalArgumentException(EMULATED_NODE_SIZE + " must be a rank count >= 1 (tests on one GPU only), got " + g);
+        return g;
     }
 
     int ranks() { return nodeOf.length; }
