@@ -420,9 +420,11 @@ public final class MoeAllToAll extends NativeResource {
      * shows as a kernel time-out). May change between any two dispatches, without a reset; a combine
      * always runs in the mode of the dispatch it reverses.
      * @return this instance
+     * @throws IllegalStateException for HIGH_THROUGHPUT on a node table whose HT grids would exceed 256 blocks (very unequal nodes)
      */
     public MoeAllToAll networkMode(NetworkMode mode) {
         if (mode == null) throw new IllegalArgumentException("networkMode must be AUTO, LOW_LATENCY or HIGH_THROUGHPUT, got null");
+        if (network != null) network.resolve(mode);  // a node table the HT kernels cannot serve is refused here, with the reason
         this.networkMode = mode;
         return this;
     }

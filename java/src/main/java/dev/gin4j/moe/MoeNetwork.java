@@ -325,12 +325,28 @@ final class MoeNetwork implements AutoCloseable {
                 + ", window " + geometry.windowBytes() + " bytes per GPU");
     }
 
-    /** AUTO: HT where some node has two or more ranks (forwarding saves network bytes) and the batches are large. */
+    /**
+     * AUTO: HT where some node has two or more ranks (forwarding saves network bytes), the batches
+     * are large, and the HT grids fit (see {@link #highThroughputUnavailable}).
+     */
     static NetworkMode autoMode(MoeConfig cfg, MoeTopology topo) {
-        return topo.maxNodeSize > 1 && cfg.maxTokens() >= MoeAllToAll.AUTO_HIGH_THROUGHPUT_TOKENS ? NetworkMode.HIGH_THROUGHPUT : NetworkMode.LOW_LATENCY;
+        return topo.maxNodeSize > 1 && cfg.maxTokens() >= MoeAllToAll.AUTO_HIGH_THROUGHPUT_TOKENS && highThroughputUnavailable(topo) == null
+                ? NetworkMode.HIGH_THROUGHPUT : NetworkMode.LOW_LATENCY;
     }
 
-    NetworkMode resolve(NetworkMode mode) { return mode == NetworkMode.AUTO ? autoMode : mode; }
+    /** Why the HT kernels cannot run on this node table (a grid of more than 256 blocks at one chunk), or null. */
+    static String highThroughputUnavailable(MoeTopology topo) {
+        int most = topo.maxBlocksPerChunk();
+        return most <= MAX_BLOCKS ? null : "the high-throughput exchange needs " + most + " blocks per launch on " + topo.describe()
+                + " (at most " + MAX_BLOCKS + "; nodes of very different sizes need many entry slots); use NetworkMode.LOW_LATENCY";
+    }
+
+    NetworkMode resolve(NetworkMode mode) {
+        if (mode != NetworkMode.HIGH_THROUGHPUT) return mode == NetworkMode.AUTO ? autoMode : mode;
+        String why = highThroughputUnavailable(topo);
+        if (why != null) throw new IllegalStateException(why);
+        return mode;
+    }
 
     MoeTopology topology() { return topo; }
 

@@ -103,6 +103,16 @@ class MoeTopologyTest {
         assertEquals(NetworkMode.LOW_LATENCY, MoeNetwork.autoMode(large, MoeTopology.emulated(4, 1)), "one rank per node: nothing to forward");
     }
 
+    @Test void highThroughputIsRefusedWhereItsGridWouldNotFit() {
+        int[] lopsided = new int[16];
+        lopsided[15] = 1;  // 15 ranks and 1: 15 slots per entry
+        MoeTopology t = MoeTopology.of(lopsided);
+        String why = MoeNetwork.highThroughputUnavailable(t);
+        assertTrue(why != null && why.contains("257 blocks") && why.contains("LOW_LATENCY"), why);
+        assertEquals(NetworkMode.LOW_LATENCY, MoeNetwork.autoMode(MoeConfig.bf16(7168, 256, 8, 4096, Backend.GIN), t));
+        assertEquals(null, MoeNetwork.highThroughputUnavailable(MoeTopology.emulated(16, 8)));
+    }
+
     @Test void chunksKeepEveryGridWithin256Blocks() {
         for (int r : new int[] {2, 4, 8, 16})
             for (int g : new int[] {1, 2, 4, 8}) {
