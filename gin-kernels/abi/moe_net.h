@@ -1,6 +1,12 @@
 /* moe_net.h - the argument structs of the cross-node MoE kernels (src/nccl_gin_moe.cu), shared by
- * the kernels and the Java side (dev.gin4j.moe.MoeNetwork): the one definition of that boundary.
+ * the kernels and the Java side (dev.gin4j.moe.MoeNetwork, through the classes bindings/moe_net.args
+ * generates into dev.gin4j.bindings.moenet): the one definition of that boundary.
  * Plain C11, <stdint.h> only. Every kernel takes its struct by value (after the ncclDevComm).
+ * Two modes: low-latency (moe_net_dispatch / moe_net_combine: one row per (token, destination
+ * rank), straight to that rank) and high-throughput (moe_net_dispatch_ht / moe_net_combine_ht: one
+ * row per (token, destination node) to the node's entry rank, which forwards it inside its node;
+ * the combine reduces inside the node first). Both share the sections below; the HT mode adds the
+ * MoeNetForward regions and its own flags and signals.
  *
  * Window layout (one symmetric window per rank, offsets the same on every rank, chosen by Java):
  *   dispatch receive sections [2][R] and staging sections [2][R] of dispatchSection bytes,
@@ -16,10 +22,13 @@
 #define GIN4J_ABI_MOE_NET_H
 #include <stdint.h>
 
-#define MOE_NET_ABI_VERSION 1
+#define MOE_NET_ABI_VERSION 2
 #define MOE_NET_THREADS 512        /* blockDim.x of every moe_net kernel */
 #define MOE_NET_MAX_LOCAL_EXPERTS 1024
-#define MOE_NET_MAX_BLOCKS 256     /* grid limit: one call counter per block in the MoE workspace */
+#define MOE_NET_MAX_BLOCKS 256     /* grid limit: the call counters have 256 slots */
+#define MOE_NET_MAX_RANKS 16       /* the MoE kernels' rank limit (MOE_MAX_RANKS) */
+#define MOE_NET_MODE_LL 0          /* low-latency: a row per (token, destination rank) */
+#define MOE_NET_MODE_HT 1          /* high-throughput: a row per (token, destination node), forwarded inside it */
 
 /* Sizes of the instance, the same on every rank and call. */
 typedef struct MoeNetDims {
@@ -45,11 +54,65 @@ typedef struct MoeNetSections {
   int32_t reserved;
 } MoeNetSections;
 
+/* Which ranks form a node, the same on every rank (computed on the host). Node D's ranks are
+ * nodeRank[nodeStart[D] .. nodeStart[D] + nodeSize[D]), in rank order; rank r is the
+ * localOf[r]-th of node nodeOf[r]. The entry rank of node D for a sender s of another node is the
+ * rank of D with local index localOf[s] % nodeSize[D]; it serves s in its slot
+ * nodeOf[s] * slotsPerNode + localOf[s] / nodeSize[D]. */
+typedef struct MoeNetTopology {
+  int32_t nodes;         /* N */
+  int32_t slotsPerNode;  /* F = max over node pairs (S, D) of ceil(nodeSize[S] / nodeSize[D]): 1 for equal nodes */
+  int32_t maxNodeSize;   /* G = the largest nodeSize */
+  int32_t reserved;
+  int32_t nodeOf[MOE_NET_MAX_RANKS];
+  int32_t localOf[MOE_NET_MAX_RANKS];
+  int32_t nodeStart[MOE_NET_MAX_RANKS];
+  int32_t nodeSize[MOE_NET_MAX_RANKS];
+  int32_t nodeRank[MOE_NET_MAX_RANKS];
+} MoeNetTopology;
+
+/* The high-throughput mode's regions (all zero and unused by the low-latency kernels). S = N * F
+ * slots per entry rank, G = maxNodeSize.
+ *  node      dispatch, sender -> entry: receive sections [2][S] at the entry, staging [2][N] at the
+ *            sender (by destination node); flags and signals [2][S] by slot. A node section:
+ *            header (uint64 tokens, int32 count[G][L]: per rank of the node, rows per local expert)
+ *            at 0, token u's metadata (int32 expert[K]: global id if on this node else -1, int32
+ *            slotInExpert[K], float weight[K]) at metaOffset + 12K u, its row at rowsOffset +
+ *            rowBytes u. Tokens in token order.
+ *  fwdStage  dispatch, entry -> node peer outside the LSA team: forwarded sections staged [2][S][G]
+ *            of the dispatch's sectionBytes (fwdStageSlots = 0: every node peer is in the LSA
+ *            team, nothing is staged). Forwarded sections land in the low-latency receive
+ *            sections [parity][source] of the node peer; they have their format, byte for byte.
+ *  part      combine, expert rank -> entry: receive sections [2][S][G] (row i of peer q's partials
+ *            for slot sigma: bf16 [H] at i * 2H), staged at the expert rank in its combine staging
+ *            section [parity][source]; flags and signals [2][S][G].
+ *  scratch   local words (never read by a peer): fwdCount int32 [S] (tokens of each slot's node
+ *            section), fwdPos int32 [S][M][G] (entry row u's position in node peer q's forwarded
+ *            section, -1: not there), nodePos int32 [M][N] (token t's row in the node section to
+ *            node D, -1: none), and the call counters uint64 [2 exchanges][256 slots][4].
+ * The node partials (entry -> source) use the combine's sections [parity][entry] (an entry is on
+ * another node, so its low-latency section is otherwise unused in this mode). */
+typedef struct MoeNetForward {
+  MoeNetSections node;
+  MoeNetSections part;
+  uint64_t fwdStageOffset;
+  uint64_t fwdStageSlots;   /* S * G * 2 sections, or 0 */
+  uint64_t fwdCountOffset;
+  uint64_t fwdPosOffset;
+  uint64_t nodePosOffset;
+  uint64_t countersOffset;  /* both modes: uint64 [2][256][4] */
+  uint64_t htFlagOffset;    /* the HT final flags: dispatch [2][R], then combine [2][R] */
+  int32_t htSignalBase;     /* the HT final signals: dispatch [2][R], then combine [2][R] */
+  int32_t reserved;
+} MoeNetForward;
+
 /* moe_net_dispatch: after moe_host_layout on the same workspace and stream. */
 typedef struct MoeNetDispatchArgs {
   uint64_t window;            /* ncclWindow_t of the instance's window */
   MoeNetDims dims;
   MoeNetSections net;
+  MoeNetTopology topo;
+  MoeNetForward fwd;
   const void* x;              /* [T][rowBytes] rows */
   const int32_t* topkIdx;     /* [T][K] expert ids, -1 = masked */
   const float* topkWeights;   /* [T][K] */
@@ -68,6 +131,8 @@ typedef struct MoeNetCombineArgs {
   uint64_t window;
   MoeNetDims dims;
   MoeNetSections net;
+  MoeNetTopology topo;
+  MoeNetForward fwd;
   const uint16_t* expertOut;  /* [expertOutRows][H] bf16, rows aligned with recvX */
   const float* weights;       /* [expertOutRows] per-row weights (the dispatch's recvWeights), null = unweighted */
   uint16_t* y;                /* [T][H] bf16 (out) */
@@ -78,10 +143,10 @@ typedef struct MoeNetCombineArgs {
   int32_t reserved;
 } MoeNetCombineArgs;
 
-/* moe_net_reset: zeroes the instance's 4R GIN signals (NCCL's signal pool is not zeroed). */
+/* moe_net_reset: zeroes the instance's GIN signals (NCCL's signal pool is not zeroed). */
 typedef struct MoeNetResetArgs {
-  int32_t signalBase;   /* first signal (the dispatch's base; the combine's follow) */
-  int32_t signalCount;  /* 4R */
+  int32_t signalBase;   /* first signal (the dispatch's base; the combine's and the HT mode's follow) */
+  int32_t signalCount;  /* every signal of the instance */
   uint32_t* errorFlags;
 } MoeNetResetArgs;
 

@@ -8,4 +8,5 @@ module dev.gin4j.bindings {
     exports dev.gin4j.bindings.moe;
     exports dev.gin4j.bindings.a2a;
     exports dev.gin4j.bindings.basic;
+    exports dev.gin4j.bindings.moenet;
 }

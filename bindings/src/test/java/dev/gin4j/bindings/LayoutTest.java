@@ -32,7 +32,7 @@ class LayoutTest {
     Path work;
 
     @ParameterizedTest(name = "{0}")
-    @ValueSource(strings = {"cuda", "hip", "nccl", "moe", "a2a", "basic"})
+    @ValueSource(strings = {"cuda", "hip", "nccl", "moe", "moe_net", "a2a", "basic"})
     void generatedLayoutsAndConstantsMatchGcc(String library) throws Exception {
         ArgFile args = ArgFile.read(library);
         assumeHeaders(args);

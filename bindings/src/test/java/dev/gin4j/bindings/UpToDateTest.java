@@ -26,7 +26,7 @@ class UpToDateTest {
     @Test
     void regeneratingReproducesCommittedSources() throws Exception {
         List<ArgFile> libraries = new ArrayList<>();
-        for (String lib : List.of("cuda", "hip", "nccl", "moe", "a2a", "basic")) {
+        for (String lib : List.of("cuda", "hip", "nccl", "moe", "moe_net", "a2a", "basic")) {
             ArgFile args = ArgFile.read(lib);
             assumeHeaders(args);
             libraries.add(args);

@@ -23,7 +23,8 @@ final class Bench {
                     usage: gin4j bench a2a [--min 4K] [--max 1G] [--factor 4] [--iters 20] [--warmup 5]
                                            [--backends GIN,HOST] [--protocol auto|ll|ll128|direct|copy_engine] [--out a2a.json]
                            gin4j bench moe [--tokens 128,4096] [--shapes deepseek-v3,qwen3-30b-a3b,mixtral,deepseek-v3-fp8,deepseek-v3-fp8q]
-                                           [--routing uniform|zipf[:S]] [--channels 0] [--iters 20] [--warmup 10] [--out moe.json]
+                                           [--routing uniform|zipf[:S]] [--channels 0] [--network auto|low-latency|high-throughput]
+                                           [--iters 20] [--warmup 10] [--out moe.json]
                     One process drives every local GPU, or one process per GPU when started the torchrun way
                     (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT; the bundle's bin/launch N does that).
                     a2a sizes are bytes each rank sends in total. moe shapes: deepseek-v3 (hidden 7168, 256 experts,
@@ -31,7 +32,8 @@ final class Bench {
                     scaled fp8 rows, deepseek-v3-fp8q bf16 x quantized by the dispatch. --routing zipf[:S]: skewed
                     routing, expert e picked in proportion to 1 / (1 + its place)^S (S = 1), the same hot experts
                     on every rank; uniform otherwise. --channels C: the GIN kernels on 2C SMs (0: half the SMs, at most
-                    128), as MoeConfig.withChannels, also timed beside blocks that hold every other SM.""");
+                    128), as MoeConfig.withChannels, also timed beside blocks that hold every other SM. --network: the
+                    mode of GIN across nodes (MoeAllToAll.networkMode; auto: by maxTokens and node sizes).""");
             return 0;
         }
         return switch (args[0]) {

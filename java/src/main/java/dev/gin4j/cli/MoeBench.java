@@ -96,7 +96,14 @@ final class MoeBench {
     private MoeBench() {}
 
     static int run(String[] args, PrintStream out) throws IOException {
-        Bench.checkOptions(args, List.of("--tokens", "--shapes", "--entries", "--routing", "--channels", "--iters", "--warmup", "--out"));
+        Bench.checkOptions(args, List.of("--tokens", "--shapes", "--entries", "--routing", "--channels", "--network", "--iters", "--warmup", "--out"));
+        // --network: the mode of GIN across nodes (MoeAllToAll.networkMode); nothing changes inside one node
+        String network = Bench.option(args, "--network", "auto");
+        try {
+            System.setProperty("gin4j.moe.network", dev.gin4j.moe.NetworkMode.valueOf(network.toUpperCase(Locale.ROOT).replace('-', '_')).name());
+        } catch (IllegalArgumentException e) {
+            throw new IllegalArgumentException("--network: expected auto, low-latency or high-throughput, got '" + network + "'");
+        }
         int iters = Bench.intOption(args, "--iters", "20", 1);
         int warmup = Bench.intOption(args, "--warmup", "10", 0);  // GIN runs at least 1500
         String tokenList = Bench.option(args, "--tokens", "128,4096");
@@ -200,7 +207,8 @@ final class MoeBench {
         SplittableRandom random = new SplittableRandom(42);
         List<Stream> streams = new ArrayList<>();
         List<Event> e0 = new ArrayList<>(), e1 = new ArrayList<>(), e2 = new ArrayList<>(), e3 = new ArrayList<>();
-        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input(), channels))) {
+        try (Arena a = Arena.ofShared(); MoeAllToAll moe = MoeAllToAll.create(g, new MoeConfig(h, shape.experts(), k, tokens, shape.dtype(), backend, shape.input(), channels))
+                .networkMode(dev.gin4j.moe.NetworkMode.valueOf(System.getProperty("gin4j.moe.network", "AUTO")))) {
             List<DeviceBuffer> xs = new ArrayList<>(), ids = new ArrayList<>(), ws = new ArrayList<>(), outs = new ArrayList<>();
             long crossingTokens = 0;
             double[] popularity = routing.popularity(shape.experts());

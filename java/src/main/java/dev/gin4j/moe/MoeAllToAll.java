@@ -106,6 +106,7 @@ public final class MoeAllToAll extends NativeResource {
     private final PeerTable peers;              // GIN inside one node only
     private final MoeNetwork network;           // GIN across nodes only (some peer outside the LSA team)
     private final boolean acrossNodes;          // set before the ranks' state: the LSA entries are then not loaded
+    private volatile NetworkMode networkMode = NetworkMode.AUTO;  // across nodes: the next dispatches' mode
     private final List<RankState> ranks = new ArrayList<>();
     private volatile boolean expertOffsets, hostCounts;  // off by default: each costs a launch or a copy per dispatch
 
@@ -441,9 +442,40 @@ public final class MoeAllToAll extends NativeResource {
     /** Where this instance's GIN token-path entries come from (precompiled, compiled at run time, generic); GENERIC off the token path and on HOST. */
     ShapedEntries.Source entrySource() { return entrySource; }
 
+    /**
+     * {@link NetworkMode#AUTO} picks {@link NetworkMode#HIGH_THROUGHPUT} from this {@code maxTokens}
+     * on, where some node has two or more ranks.
+     */
+    public static final int AUTO_HIGH_THROUGHPUT_TOKENS = 256;
+
+    /**
+     * How the following dispatches (and each one's combine) move rows between nodes, for a GIN
+     * instance whose ranks span nodes; inside one node, and for HOST, there is one path and the
+     * setting changes nothing. Every rank must make the same choice for the same call (a mismatch
+     * shows as a kernel time-out). May change between any two dispatches, without a reset; a combine
+     * always runs in the mode of the dispatch it reverses.
+     * @return this instance
+     * @throws IllegalStateException for HIGH_THROUGHPUT on a node table whose HT grids would exceed 256 blocks (very unequal nodes)
+     */
+    public MoeAllToAll networkMode(NetworkMode mode) {
+        if (mode == null) throw new IllegalArgumentException("networkMode must be AUTO, LOW_LATENCY or HIGH_THROUGHPUT, got null");
+        if (network != null) network.resolve(mode);  // a node table the HT kernels cannot serve is refused here, with the reason
+        this.networkMode = mode;
+        return this;
+    }
+
+    /** The mode the next dispatch uses as set ({@link NetworkMode#AUTO} by default). */
+    public NetworkMode networkMode() { return networkMode; }
+
+    /**
+     * The mode the next dispatch runs in: {@link #networkMode()} with AUTO resolved, across nodes;
+     * {@code null} where there is no exchange across nodes (one node, or HOST).
+     */
+    public NetworkMode effectiveNetworkMode() { return network == null ? null : network.resolve(networkMode); }
+
     /** The dispatch kernel this instance launches, or for HOST "host kernels + NCCL" (for reports). */
     String dispatchKernelName() {
-        if (network != null) return network.dispatchKernelName();
+        if (network != null) return network.dispatchKernelName(networkMode);
         return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
     }
 
@@ -616,7 +648,7 @@ public final class MoeAllToAll extends NativeResource {
         MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
-        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);  // into the instance's buffers (outputs refused across nodes)
+        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream, networkMode);  // into the instance's buffers (outputs refused across nodes)
         else r.dispatch.launch(stream, ginLaunch, a);
         afterDispatch(r, out.counts(), offsets, copy, stream);
         return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights(), offsets ? r.offsets : null, copy ? r.hostCopy : null,

@@ -5,6 +5,14 @@ import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.bindings.moe.MoeDims;
 import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
 import dev.gin4j.bindings.moe.MoeHostLayoutArgs;
+import dev.gin4j.bindings.moenet.MoeNetCombineArgs;
+import dev.gin4j.bindings.moenet.MoeNetDims;
+import dev.gin4j.bindings.moenet.MoeNetDispatchArgs;
+import dev.gin4j.bindings.moenet.MoeNetForward;
+import dev.gin4j.bindings.moenet.MoeNetResetArgs;
+import dev.gin4j.bindings.moenet.MoeNetSections;
+import dev.gin4j.bindings.moenet.MoeNetTopology;
+import dev.gin4j.bindings.moenet.moe_net_h;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.internal.comm.DeviceComm;
@@ -21,93 +29,108 @@ import dev.gin4j.gpu.NativeResource;
 import dev.gin4j.gpu.Stream;
 
 import java.lang.foreign.Arena;
-import java.lang.foreign.MemoryLayout;
-import java.lang.foreign.MemoryLayout.PathElement;
 import java.lang.foreign.MemorySegment;
-import java.lang.foreign.StructLayout;
-import java.lang.invoke.VarHandle;
+import java.lang.foreign.ValueLayout;
 import java.util.ArrayList;
 import java.util.List;
 
-import static java.lang.foreign.ValueLayout.JAVA_INT;
-import static java.lang.foreign.ValueLayout.JAVA_LONG;
-
 /**
  * The MoE exchange of a GIN instance whose ranks span more than one node (some peer outside this
- * rank's LSA team): gin-kernels/src/nccl_gin_moe.cu. Per call, the routing layout
- * ({@code moe_host_layout}, on the instance's workspace), then one exchange kernel: stores into the
- * windows of peers inside the node, {@code ncclGin} puts with signals to the others. A token's row
- * crosses to a destination rank once, whatever number of that rank's experts it picked; the
+ * rank's LSA team): gin-kernels/src/nccl_gin_moe.cu, argument structs from gin-kernels/abi/moe_net.h
+ * (the generated {@code dev.gin4j.bindings.moenet}). Per call, the routing layout
+ * ({@code moe_host_layout}, on the instance's workspace), then one exchange kernel of the call's
+ * {@link NetworkMode}: stores into the windows of peers inside the LSA team, {@code ncclGin} puts
+ * with signals to the others. Low-latency: a token's row crosses to a destination rank once,
+ * whatever number of that rank's experts it picked. High-throughput: once per destination node, to
+ * the node's entry rank ({@link MoeTopology}), which forwards it inside the node. Either way the
  * results land expert-major, the same layout as the LSA and HOST paths.
  *
- * <p>Memory per GPU (the symmetric window): {@code 4 R (dispatchSection + combineSection)} bytes,
- * with {@code dispatchSection = align256(align256(align16(8 + 4L) + 12 M K) + M rowBytes)} and
- * {@code combineSection = align256(2 M H)}: receive and staging sections for each of R peers,
- * for two calls in flight. Needs NCCL >= 2.29.7 (the GIN device API) and its code object.
+ * <p>Memory per GPU (the symmetric window), with L = E / R, S = N F slots (N nodes, F =
+ * {@link MoeTopology#slotsPerNode}, 1 for equal nodes), G = ranks of the largest node:
+ * <ul>
+ * <li>both modes: {@code 4 R (dispatchSection + combineSection)}, {@code dispatchSection =
+ *     align256(align256(align16(8 + 4L) + 12 M K) + M rowBytes)}, {@code combineSection =
+ *     align256(2 M H)}: receive and staging sections for each of R peers, two calls in flight;</li>
+ * <li>high-throughput in addition: {@code (2 S + 2 N) nodeSection} (node sections received as an
+ *     entry, and staged per destination node), {@code nodeSection = align256(align256(align16(8 +
+ *     4 G L) + 12 M K) + M rowBytes)}; {@code 2 S G combineSection} (the node's partials at the
+ *     entry); {@code 4 S M G + 4 M N + 4 S} bytes of positions; with an emulated node
+ *     ({@link MoeTopology#EMULATED_NODE_SIZE}, node peers outside the LSA team) {@code 2 S G
+ *     dispatchSection} of forwarding staging;</li>
+ * <li>flags and counters: {@code 8 (4 R + 4 R + 2 S + 2 S G) + 16384} bytes.</li>
+ * </ul>
+ * Creation refuses a window over half the GPU's memory, naming the parts. Needs NCCL >= 2.29.7
+ * (the GIN device API) and its code object.
  */
 final class MoeNetwork implements AutoCloseable {
-    static final int THREADS = 512;      // MOE_NET_THREADS
-    static final int MAX_BLOCKS = 256;   // MOE_NET_MAX_BLOCKS
-    static final int MAX_LOCAL_EXPERTS = 1024;
+    static final int THREADS = moe_net_h.MOE_NET_THREADS();
+    static final int MAX_BLOCKS = moe_net_h.MOE_NET_MAX_BLOCKS();
+    static final int MAX_LOCAL_EXPERTS = moe_net_h.MOE_NET_MAX_LOCAL_EXPERTS();
+    static final int ABI_VERSION = moe_net_h.MOE_NET_ABI_VERSION();
 
-    // ---- gin-kernels/abi/moe_net.h, field for field (MoeNetAbiTest checks the offsets against gcc) ----
-    static final StructLayout DIMS = MemoryLayout.structLayout(JAVA_INT.withName("rank"), JAVA_INT.withName("nRanks"),
-            JAVA_INT.withName("numExperts"), JAVA_INT.withName("topK"), JAVA_INT.withName("hidden"), JAVA_INT.withName("maxTokens"),
-            JAVA_INT.withName("rowBytes"), JAVA_INT.withName("chunks")).withName("MoeNetDims");
-    static final StructLayout SECTIONS = MemoryLayout.structLayout(JAVA_LONG.withName("recvOffset"), JAVA_LONG.withName("stageOffset"),
-            JAVA_LONG.withName("sectionBytes"), JAVA_LONG.withName("metaOffset"), JAVA_LONG.withName("rowsOffset"),
-            JAVA_LONG.withName("flagOffset"), JAVA_INT.withName("signalBase"), JAVA_INT.withName("reserved")).withName("MoeNetSections");
-    static final StructLayout DISPATCH_ARGS = MemoryLayout.structLayout(JAVA_LONG.withName("window"), DIMS.withName("dims"),
-            SECTIONS.withName("net"), JAVA_LONG.withName("x"), JAVA_LONG.withName("topkIdx"), JAVA_LONG.withName("topkWeights"),
-            JAVA_LONG.withName("recvX"), JAVA_LONG.withName("recvWeights"), JAVA_LONG.withName("recvCounts"), JAVA_LONG.withName("workspace"),
-            JAVA_LONG.withName("errorFlags"), JAVA_LONG.withName("capacityRows"), JAVA_INT.withName("numTokens"),
-            JAVA_INT.withName("reserved")).withName("MoeNetDispatchArgs");
-    static final StructLayout COMBINE_ARGS = MemoryLayout.structLayout(JAVA_LONG.withName("window"), DIMS.withName("dims"),
-            SECTIONS.withName("net"), JAVA_LONG.withName("expertOut"), JAVA_LONG.withName("weights"), JAVA_LONG.withName("y"),
-            JAVA_LONG.withName("workspace"), JAVA_LONG.withName("errorFlags"), JAVA_LONG.withName("expertOutRows"),
-            JAVA_INT.withName("numTokens"), JAVA_INT.withName("reserved")).withName("MoeNetCombineArgs");
-    static final StructLayout RESET_ARGS = MemoryLayout.structLayout(JAVA_INT.withName("signalBase"), JAVA_INT.withName("signalCount"),
-            JAVA_LONG.withName("errorFlags")).withName("MoeNetResetArgs");
-
-    private record Field(VarHandle handle, boolean int32) {}
-    // looked up once per (struct, path): the dispatch and combine set fields on every call
-    private static final java.util.Map<String, Field> FIELDS = new java.util.concurrent.ConcurrentHashMap<>();
-
-    /** Sets field {@code path} (e.g. "dims.rank") of a struct of {@code layout} in {@code s}. */
-    static void set(StructLayout layout, MemorySegment s, String path, long value) {
-        Field f = FIELDS.computeIfAbsent(layout.name().orElseThrow() + "." + path, k -> {
-            PathElement[] elements = java.util.Arrays.stream(path.split("\\.")).map(PathElement::groupElement).toArray(PathElement[]::new);
-            return new Field(layout.varHandle(elements), layout.select(elements).byteSize() == 4);
-        });
-        if (f.int32()) f.handle().set(s, 0L, Math.toIntExact(value));
-        else f.handle().set(s, 0L, value);
-    }
-
-    /** Where the two exchanges live in the window (the same on every rank). */
-    record Geometry(long metaOffset, long rowsOffset, long dispatchSection, long combineSection) {
-        static Geometry of(MoeConfig cfg, int nRanks) {
-            long m = cfg.maxTokens(), k = cfg.topK(), l = cfg.experts() / nRanks;
+    /** Where the exchanges live in the window (the same on every rank). */
+    record Geometry(int ranks, int nodes, int slots, int maxNodeSize, long maxTokens, boolean fwdStaged,
+                    long metaOffset, long rowsOffset, long dispatchSection, long combineSection,
+                    long nodeMetaOffset, long nodeRowsOffset, long nodeSection) {
+        static Geometry of(MoeConfig cfg, MoeTopology topo) {
+            int r = topo.ranks();
+            long m = cfg.maxTokens(), k = cfg.topK(), l = cfg.experts() / r, g = topo.maxNodeSize;
             long meta = align(8 + 4 * l, 16);
             long rows = align(meta + 12 * m * k, 256);
-            return new Geometry(meta, rows, align(rows + m * cfg.dispatchRowBytes(), 256), align(2 * m * cfg.hidden(), 256));
+            long nodeMeta = align(8 + 4 * g * l, 16);
+            long nodeRows = align(nodeMeta + 12 * m * k, 256);
+            return new Geometry(r, topo.nodes, topo.slots(), topo.maxNodeSize, m, topo.emulated && topo.maxNodeSize > 1, meta, rows,
+                    align(rows + m * cfg.dispatchRowBytes(), 256), align(2 * m * cfg.hidden(), 256), nodeMeta, nodeRows,
+                    align(nodeRows + m * cfg.dispatchRowBytes(), 256));
         }
-        /** Window bytes: receive and staging sections of both exchanges, then the LSA flags. */
-        long windowBytes(int nRanks) { return 4L * nRanks * (dispatchSection + combineSection) + 4L * 256 * nRanks; }
+        long lowLatencyBytes() { return 4L * ranks * (dispatchSection + combineSection); }
+        long nodeBytes() { return (2L * slots + 2L * nodes) * nodeSection; }
+        long partBytes() { return 2L * slots * maxNodeSize * combineSection; }
+        long fwdStageBytes() { return fwdStaged ? 2L * slots * maxNodeSize * dispatchSection : 0; }
+        long positionBytes() { return 4L * slots * maxTokens * maxNodeSize + 4L * maxTokens * nodes + 4L * slots; }
+        long flagBytes() { return 8L * (4L * ranks + 4L * ranks + 2L * slots + 2L * slots * maxNodeSize) + 8L * 2 * 256 * 4; }
+        /** Window bytes, without the regions' alignment padding (at most 4 KiB per region). */
+        long windowBytes() { return lowLatencyBytes() + nodeBytes() + partBytes() + fwdStageBytes() + positionBytes() + flagBytes(); }
+        /** GIN signals of the instance: low-latency 4R, HT final 4R, node 2S, partials 2SG. */
+        int signals() { return 8 * ranks + 2 * slots + 2 * slots * maxNodeSize; }
+
+        /** Refuses a window over half of {@code gpuMemory}, naming every part and how to shrink it. */
+        void checkFits(long gpuMemory, MoeConfig cfg) {
+            long bytes = windowBytes() + 14 * 4096;
+            if (bytes > gpuMemory / 2)
+                throw new IllegalArgumentException("the cross-node MoE exchange needs a window of " + bytes + " bytes per GPU, more than half of the GPU's "
+                        + gpuMemory + " bytes: low-latency sections 4 x " + ranks + " ranks x (" + dispatchSection + " + " + combineSection + ") = "
+                        + lowLatencyBytes() + ", high-throughput node sections (2 x " + slots + " + 2 x " + nodes + ") x " + nodeSection + " = " + nodeBytes()
+                        + ", node partials 2 x " + slots + " x " + maxNodeSize + " x " + combineSection + " = " + partBytes()
+                        + (fwdStaged ? ", forwarding staging " + fwdStageBytes() : "") + ", positions " + positionBytes() + ", flags " + flagBytes()
+                        + " (maxTokens " + cfg.maxTokens() + ", hidden " + cfg.hidden() + ", row bytes " + cfg.dispatchRowBytes() + "); lower maxTokens");
+        }
     }
 
     static long align(long v, long a) { return (v + a - 1) / a * a; }
+
+    /** Blocks per peer (LL) or per unit (HT) and role: about the channel count in all, within the 256-block grid. */
+    static int lowLatencyChunks(int channels, int ranks) { return Math.max(1, Math.min(channels / ranks, MAX_BLOCKS / (2 * ranks))); }
+
+    static int highThroughputChunks(int channels, MoeTopology topo) {
+        return Math.max(1, Math.min(channels / topo.ranks(), MAX_BLOCKS / topo.maxBlocksPerChunk()));
+    }
 
     /** A local rank's buffers, owned by the MoeAllToAll. */
     record Buffers(DeviceBuffer workspace, DeviceBuffer recvX, DeviceBuffer recvWeights, DeviceBuffer recvCounts, DeviceBuffer y,
                    DeviceBuffer xq, KernelErrors errors) {}
 
+    private static MemorySegment ptr(long address) { return MemorySegment.ofAddress(address); }
+
     private final class Rank {
         final Communicator comm;
         final Buffers b;
         final CodeObject hostCode, netCode;
-        final Kernel layout, quantize, dispatch, combine;
+        final Kernel layout, quantize, dispatch, combine, dispatchHt, combineHt;
         final KernelArgs layoutArgs, quantizeArgs, dispatchArgs, combineArgs;
         final MemorySegment dispatchStruct, combineStruct;
+        final LaunchConfig htDispatchLaunch;
+        NetworkMode lastDispatch = NetworkMode.LOW_LATENCY;  // the combine runs in the mode of the dispatch before it
 
         Rank(Communicator comm, Buffers b) {
             this.comm = comm;
@@ -122,6 +145,9 @@ final class MoeNetwork implements AutoCloseable {
                 quantize = cfg.quantizes() ? hostCode.kernel("moe_fp8_quantize") : null;
                 dispatch = net.kernel("moe_net_dispatch");
                 combine = net.kernel("moe_net_combine");
+                dispatchHt = net.kernel("moe_net_dispatch_ht");
+                combineHt = net.kernel("moe_net_combine_ht");
+                htDispatchLaunch = LaunchConfig.of(htChunks * topo.dispatchBlocksPerChunk(comm.rank()), THREADS);
                 // moe_host_layout and moe_fp8_quantize take their structs of gin-kernels/abi/moe.h
                 layoutArgs = KernelArgs.ofStruct(arena, MoeHostLayoutArgs.layout());
                 MemorySegment dims = MoeHostLayoutArgs.dims(layoutArgs.struct());
@@ -137,45 +163,92 @@ final class MoeNetwork implements AutoCloseable {
                 NcclDeviceAbi abi = ginComm.abi();
                 KernelArgs.Type devComm = KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1));
                 MemorySegment devCommBytes = ginComm.struct(i).asSlice(0, abi.devCommSize());
-                dispatchArgs = KernelArgs.of(arena, devComm, KernelArgs.Type.struct(DISPATCH_ARGS.byteSize(), 8)).setStruct(0, devCommBytes);
-                combineArgs = KernelArgs.of(arena, devComm, KernelArgs.Type.struct(COMBINE_ARGS.byteSize(), 8)).setStruct(0, devCommBytes);
-                dispatchStruct = arena.allocate(DISPATCH_ARGS);
-                combineStruct = arena.allocate(COMBINE_ARGS);
+                dispatchArgs = KernelArgs.of(arena, devComm, KernelArgs.Type.struct(MoeNetDispatchArgs.sizeof(), 8)).setStruct(0, devCommBytes);
+                combineArgs = KernelArgs.of(arena, devComm, KernelArgs.Type.struct(MoeNetCombineArgs.sizeof(), 8)).setStruct(0, devCommBytes);
+                dispatchStruct = arena.allocate(MoeNetDispatchArgs.layout());
+                combineStruct = arena.allocate(MoeNetCombineArgs.layout());
                 long windowHandle = window.handle(i).address();
-                fillCommon(DISPATCH_ARGS, dispatchStruct, windowHandle, comm.rank(), "dispatch");
-                fillCommon(COMBINE_ARGS, combineStruct, windowHandle, comm.rank(), "combine");
-                set(DISPATCH_ARGS, dispatchStruct, "recvX", b.recvX().address());
-                set(DISPATCH_ARGS, dispatchStruct, "recvWeights", b.recvWeights().address());
-                set(DISPATCH_ARGS, dispatchStruct, "recvCounts", b.recvCounts().address());
-                set(DISPATCH_ARGS, dispatchStruct, "workspace", b.workspace().address());
-                set(DISPATCH_ARGS, dispatchStruct, "errorFlags", b.errors().buffer().address());
-                set(DISPATCH_ARGS, dispatchStruct, "capacityRows", b.recvWeights().byteSize() / 4);
-                set(COMBINE_ARGS, combineStruct, "workspace", b.workspace().address());
-                set(COMBINE_ARGS, combineStruct, "errorFlags", b.errors().buffer().address());
+                MoeNetDispatchArgs.window(dispatchStruct, windowHandle);
+                fillDims(MoeNetDispatchArgs.dims(dispatchStruct), comm.rank());
+                fillSections(MoeNetDispatchArgs.net(dispatchStruct), "dispatch");
+                fillTopology(MoeNetDispatchArgs.topo(dispatchStruct));
+                fillForward(MoeNetDispatchArgs.fwd(dispatchStruct));
+                MoeNetDispatchArgs.recvX(dispatchStruct, ptr(b.recvX().address()));
+                MoeNetDispatchArgs.recvWeights(dispatchStruct, ptr(b.recvWeights().address()));
+                MoeNetDispatchArgs.recvCounts(dispatchStruct, ptr(b.recvCounts().address()));
+                MoeNetDispatchArgs.workspace(dispatchStruct, ptr(b.workspace().address()));
+                MoeNetDispatchArgs.errorFlags(dispatchStruct, ptr(b.errors().buffer().address()));
+                MoeNetDispatchArgs.capacityRows(dispatchStruct, b.recvWeights().byteSize() / 4);
+                MoeNetCombineArgs.window(combineStruct, windowHandle);
+                fillDims(MoeNetCombineArgs.dims(combineStruct), comm.rank());
+                fillSections(MoeNetCombineArgs.net(combineStruct), "combine");
+                fillTopology(MoeNetCombineArgs.topo(combineStruct));
+                fillForward(MoeNetCombineArgs.fwd(combineStruct));
+                MoeNetCombineArgs.workspace(combineStruct, ptr(b.workspace().address()));
+                MoeNetCombineArgs.errorFlags(combineStruct, ptr(b.errors().buffer().address()));
             } catch (RuntimeException e) {
                 NativeResource.releaseAll(hostCode::close, net == null ? () -> {} : net::close);
                 throw e;
             }
         }
 
-        private void fillCommon(StructLayout l, MemorySegment s, long windowHandle, int rank, String exchange) {
+        private void fillDims(MemorySegment d, int rank) {
+            MoeNetDims.rank(d, rank);
+            MoeNetDims.nRanks(d, nRanks);
+            MoeNetDims.numExperts(d, cfg.experts());
+            MoeNetDims.topK(d, cfg.topK());
+            MoeNetDims.hidden(d, cfg.hidden());
+            MoeNetDims.maxTokens(d, cfg.maxTokens());
+            MoeNetDims.rowBytes(d, Math.toIntExact(cfg.dispatchRowBytes()));
+            MoeNetDims.chunks(d, llChunks);
+        }
+
+        private void fillSections(MemorySegment s, String exchange) {
             boolean dispatchSide = exchange.equals("dispatch");
-            set(l, s, "window", windowHandle);
-            set(l, s, "dims.rank", rank);
-            set(l, s, "dims.nRanks", nRanks);
-            set(l, s, "dims.numExperts", cfg.experts());
-            set(l, s, "dims.topK", cfg.topK());
-            set(l, s, "dims.hidden", cfg.hidden());
-            set(l, s, "dims.maxTokens", cfg.maxTokens());
-            set(l, s, "dims.rowBytes", cfg.dispatchRowBytes());
-            set(l, s, "dims.chunks", chunks);
-            set(l, s, "net.recvOffset", offset(exchange + "Recv"));
-            set(l, s, "net.stageOffset", offset(exchange + "Stage"));
-            set(l, s, "net.sectionBytes", dispatchSide ? geometry.dispatchSection() : geometry.combineSection());
-            set(l, s, "net.metaOffset", dispatchSide ? geometry.metaOffset() : 0);
-            set(l, s, "net.rowsOffset", dispatchSide ? geometry.rowsOffset() : 0);
-            set(l, s, "net.flagOffset", offset(exchange + "Flags"));
-            set(l, s, "net.signalBase", dispatchSide ? 0 : 2 * nRanks);
+            MoeNetSections.recvOffset(s, offset(exchange + "Recv"));
+            MoeNetSections.stageOffset(s, offset(exchange + "Stage"));
+            MoeNetSections.sectionBytes(s, dispatchSide ? geometry.dispatchSection() : geometry.combineSection());
+            MoeNetSections.metaOffset(s, dispatchSide ? geometry.metaOffset() : 0);
+            MoeNetSections.rowsOffset(s, dispatchSide ? geometry.rowsOffset() : 0);
+            MoeNetSections.flagOffset(s, offset(exchange + "Flags"));
+            MoeNetSections.signalBase(s, dispatchSide ? 0 : 2 * nRanks);
+        }
+
+        private void fillTopology(MemorySegment t) {
+            MoeNetTopology.nodes(t, topo.nodes);
+            MoeNetTopology.slotsPerNode(t, topo.slotsPerNode);
+            MoeNetTopology.maxNodeSize(t, topo.maxNodeSize);
+            MemorySegment.copy(topo.nodeOf, 0, MoeNetTopology.nodeOf(t), ValueLayout.JAVA_INT, 0, nRanks);
+            MemorySegment.copy(topo.localOf, 0, MoeNetTopology.localOf(t), ValueLayout.JAVA_INT, 0, nRanks);
+            MemorySegment.copy(topo.nodeStart, 0, MoeNetTopology.nodeStart(t), ValueLayout.JAVA_INT, 0, topo.nodeStart.length);
+            MemorySegment.copy(topo.nodeSize, 0, MoeNetTopology.nodeSize(t), ValueLayout.JAVA_INT, 0, topo.nodeSize.length);
+            MemorySegment.copy(topo.nodeRank, 0, MoeNetTopology.nodeRank(t), ValueLayout.JAVA_INT, 0, nRanks);
+        }
+
+        private void fillForward(MemorySegment f) {
+            int r = nRanks, s = topo.slots(), g = topo.maxNodeSize;
+            MemorySegment node = MoeNetForward.node(f);
+            MoeNetSections.recvOffset(node, offset("nodeRecv"));
+            MoeNetSections.stageOffset(node, offset("nodeStage"));
+            MoeNetSections.sectionBytes(node, geometry.nodeSection());
+            MoeNetSections.metaOffset(node, geometry.nodeMetaOffset());
+            MoeNetSections.rowsOffset(node, geometry.nodeRowsOffset());
+            MoeNetSections.flagOffset(node, offset("nodeFlags"));
+            MoeNetSections.signalBase(node, 8 * r);
+            MemorySegment part = MoeNetForward.part(f);
+            MoeNetSections.recvOffset(part, offset("partRecv"));
+            MoeNetSections.stageOffset(part, offset("combineStage"));
+            MoeNetSections.sectionBytes(part, geometry.combineSection());
+            MoeNetSections.flagOffset(part, offset("partFlags"));
+            MoeNetSections.signalBase(part, 8 * r + 2 * s);
+            MoeNetForward.fwdStageOffset(f, offset("fwdStage"));
+            MoeNetForward.fwdStageSlots(f, geometry.fwdStaged() ? 2L * s * g : 0);
+            MoeNetForward.fwdCountOffset(f, offset("fwdCount"));
+            MoeNetForward.fwdPosOffset(f, offset("fwdPos"));
+            MoeNetForward.nodePosOffset(f, offset("nodePos"));
+            MoeNetForward.countersOffset(f, offset("counters"));
+            MoeNetForward.htFlagOffset(f, offset("htFlags"));
+            MoeNetForward.htSignalBase(f, 4 * r);
         }
 
         void close() { NativeResource.releaseAll(hostCode::close, netCode::close); }
@@ -183,16 +256,18 @@ final class MoeNetwork implements AutoCloseable {
 
     private final CommGroup group;
     private final MoeConfig cfg;
-    private final int nRanks, channels, chunks;
+    private final MoeTopology topo;
+    private final int nRanks, channels, llChunks, htChunks;
     private final Geometry geometry;
+    private final NetworkMode autoMode;
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;
     private DeviceComm ginComm;  // set once in the constructor; null until then (close after a failed setup)
-    private final LaunchConfig exchangeLaunch;
+    private final LaunchConfig llLaunch, htCombineLaunch;
     private final List<Rank> ranks = new ArrayList<>();
     private boolean closed;
 
-    /** Collective: the window, the device communicators with 4R GIN signals, the kernels, the signals reset. */
+    /** Collective: the node table, the window, the device communicators with their GIN signals, the kernels, the signals reset. */
     MoeNetwork(CommGroup group, MoeConfig cfg, int channels, List<Buffers> buffers) {
         this.group = group;
         this.cfg = cfg;
@@ -201,39 +276,45 @@ final class MoeNetwork implements AutoCloseable {
         int local = cfg.experts() / nRanks;
         if (local > MAX_LOCAL_EXPERTS)
             throw new IllegalArgumentException("the cross-node MoE exchange takes at most " + MAX_LOCAL_EXPERTS + " experts per rank, got " + local + " (" + cfg.experts() + " over " + nRanks + " ranks)");
-        // blocks per peer in each role: about the channel count in all, within the kernels' 256-block grid
-        this.chunks = Math.max(1, Math.min(channels / nRanks, MAX_BLOCKS / (2 * nRanks)));
-        this.exchangeLaunch = LaunchConfig.of(2 * nRanks * chunks, THREADS);
-        this.geometry = Geometry.of(cfg, nRanks);
-        long bytes = geometry.windowBytes(nRanks), memory = group.rank(0).device().totalMemory();
-        if (bytes > memory / 2)
-            throw new IllegalArgumentException("the cross-node MoE exchange needs a window of " + bytes + " bytes per GPU (4 x " + nRanks + " ranks x ("
-                    + geometry.dispatchSection() + " + " + geometry.combineSection() + ") bytes of dispatch and combine sections for maxTokens " + cfg.maxTokens()
-                    + "), more than half of the GPU's " + memory + " bytes; lower maxTokens");
+        this.topo = MoeTopology.of(group, System.getenv());
+        this.llChunks = lowLatencyChunks(channels, nRanks);
+        this.htChunks = highThroughputChunks(channels, topo);
+        this.autoMode = autoMode(cfg, topo);
+        this.llLaunch = LaunchConfig.of(2 * nRanks * llChunks, THREADS);
+        this.htCombineLaunch = LaunchConfig.of(htChunks * topo.combineBlocksPerChunk(), THREADS);
+        this.geometry = Geometry.of(cfg, topo);
+        geometry.checkFits(group.rank(0).device().totalMemory(), cfg);
         long dispRegion = 2L * nRanks * geometry.dispatchSection(), combRegion = 2L * nRanks * geometry.combineSection();
+        int s = topo.slots(), g = topo.maxNodeSize;
+        long m = cfg.maxTokens();
         this.window = SymmetricWindow.allocateRegistered(group, WindowLayout.builder()  // GIN puts need NCCL's window
                 .region("dispatchRecv", dispRegion, 4096).region("dispatchStage", dispRegion, 4096)
                 .region("combineRecv", combRegion, 4096).region("combineStage", combRegion, 4096)
-                .region("dispatchFlags", 16L * nRanks, 256).region("combineFlags", 16L * nRanks, 256).build());
+                .region("nodeRecv", 2L * s * geometry.nodeSection(), 4096).region("nodeStage", 2L * topo.nodes * geometry.nodeSection(), 4096)
+                .region("partRecv", geometry.partBytes(), 4096).region("fwdStage", geometry.fwdStageBytes(), 4096)
+                .region("fwdCount", 4L * s, 256).region("fwdPos", 4L * s * m * g, 256).region("nodePos", 4L * m * topo.nodes, 256)
+                .region("counters", 8L * 2 * 256 * 4, 256)
+                .region("dispatchFlags", 16L * nRanks, 256).region("combineFlags", 16L * nRanks, 256).region("htFlags", 32L * nRanks, 256)
+                .region("nodeFlags", 16L * s, 256).region("partFlags", 16L * s * g, 256).build());
         try {
-            this.ginComm = DeviceComm.create(group, new DeviceComm.Requirements(0, 4 * nRanks, 0, true));
+            this.ginComm = DeviceComm.create(group, new DeviceComm.Requirements(0, geometry.signals(), 0, true));
             // no rank may put into a peer before that peer zeroed its window and reset its signals
             Groups.failTogether(group, "setting up the cross-node MoE exchange", () -> {
                 for (Communicator c : group.ranks()) {
                     Rank r = new Rank(c, buffers.get(c.localIndex()));
                     ranks.add(r);
-                    try (Stream s = c.device().createStream(); Arena a = Arena.ofConfined()) {
-                        window.buffer(c.localIndex()).fill((byte) 0, s);
-                        MemorySegment reset = a.allocate(RESET_ARGS);
-                        set(RESET_ARGS, reset, "signalBase", 0);
-                        set(RESET_ARGS, reset, "signalCount", 4L * nRanks);
-                        set(RESET_ARGS, reset, "errorFlags", r.b.errors().buffer().address());
+                    try (Stream st = c.device().createStream(); Arena a = Arena.ofConfined()) {
+                        window.buffer(c.localIndex()).fill((byte) 0, st);
+                        MemorySegment reset = a.allocate(MoeNetResetArgs.layout());
+                        MoeNetResetArgs.signalBase(reset, 0);
+                        MoeNetResetArgs.signalCount(reset, geometry.signals());
+                        MoeNetResetArgs.errorFlags(reset, ptr(r.b.errors().buffer().address()));
                         NcclDeviceAbi abi = ginComm.abi();
                         KernelArgs args = KernelArgs.of(a, KernelArgs.Type.struct(abi.devCommSize(), Math.max(abi.devCommAlign(), 1)),
-                                KernelArgs.Type.struct(RESET_ARGS.byteSize(), 8));
+                                KernelArgs.Type.struct(MoeNetResetArgs.sizeof(), 8));
                         args.setStruct(0, ginComm.struct(c.localIndex()).asSlice(0, abi.devCommSize())).setStruct(1, reset);
-                        r.netCode.kernel("moe_net_reset").launch(s, LaunchConfig.of(1, 256), args);
-                        r.b.errors().check("moe_net_reset", s);
+                        r.netCode.kernel("moe_net_reset").launch(st, LaunchConfig.of(1, 256), args);
+                        r.b.errors().check("moe_net_reset", st);
                     }
                 }
             });
@@ -241,17 +322,48 @@ final class MoeNetwork implements AutoCloseable {
             close();
             throw e;
         }
-        System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "MoE exchange across nodes over " + group.describe() + ": "
-                + chunks + " blocks per peer and role, window " + bytes + " bytes per GPU");
+        System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "MoE exchange across nodes over " + group.describe() + ", " + topo.describe()
+                + ": " + llChunks + " low-latency and " + htChunks + " high-throughput blocks per unit and role, AUTO = " + autoMode
+                + ", window " + geometry.windowBytes() + " bytes per GPU");
     }
+
+    /**
+     * AUTO: HT where some node has two or more ranks (forwarding saves network bytes), the batches
+     * are large, and the HT grids fit (see {@link #highThroughputUnavailable}).
+     */
+    static NetworkMode autoMode(MoeConfig cfg, MoeTopology topo) {
+        return topo.maxNodeSize > 1 && cfg.maxTokens() >= MoeAllToAll.AUTO_HIGH_THROUGHPUT_TOKENS && highThroughputUnavailable(topo) == null
+                ? NetworkMode.HIGH_THROUGHPUT : NetworkMode.LOW_LATENCY;
+    }
+
+    /** Why the HT kernels cannot run on this node table (a grid of more than 256 blocks at one chunk), or null. */
+    static String highThroughputUnavailable(MoeTopology topo) {
+        int most = topo.maxBlocksPerChunk();
+        return most <= MAX_BLOCKS ? null : "the high-throughput exchange needs " + most + " blocks per launch on " + topo.describe()
+                + " (at most " + MAX_BLOCKS + "; nodes of very different sizes need many entry slots); use NetworkMode.LOW_LATENCY";
+    }
+
+    NetworkMode resolve(NetworkMode mode) {
+        if (mode != NetworkMode.HIGH_THROUGHPUT) return mode == NetworkMode.AUTO ? autoMode : mode;
+        String why = highThroughputUnavailable(topo);
+        if (why != null) throw new IllegalStateException(why);
+        return mode;
+    }
+
+    MoeTopology topology() { return topo; }
+
+    int chunks(NetworkMode mode) { return resolve(mode) == NetworkMode.HIGH_THROUGHPUT ? htChunks : llChunks; }
 
     private long offset(String region) { return window.layout().region(region).offset(); }
 
-    String dispatchKernelName() { return "moe_host_layout + moe_net_dispatch"; }
+    String dispatchKernelName(NetworkMode mode) {
+        return resolve(mode) == NetworkMode.HIGH_THROUGHPUT ? "moe_host_layout + moe_net_dispatch_ht" : "moe_host_layout + moe_net_dispatch";
+    }
 
     /** The routing layout and the exchange on {@code stream}; inputs checked by the caller. */
-    void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+    void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream, NetworkMode mode) {
         Rank r = ranks.get(localIndex);
+        boolean ht = resolve(mode) == NetworkMode.HIGH_THROUGHPUT;
         DeviceBuffer rows = x;
         if (cfg.quantizes()) {
             Fp8Rows.setQuantizeArgs(r.quantizeArgs, x, tokens, cfg.hidden(), r.b.xq(), r.b.errors().buffer());
@@ -261,24 +373,30 @@ final class MoeNetwork implements AutoCloseable {
         r.layoutArgs.setPointerField(MoeHostLayoutArgs.topkIdx$offset(), topkIdx);
         MoeHostLayoutArgs.numTokens(r.layoutArgs.struct(), tokens);
         r.layout.launch(stream, LaunchConfig.of(channels, THREADS), r.layoutArgs);
-        set(DISPATCH_ARGS, r.dispatchStruct, "x", rows.address());
-        set(DISPATCH_ARGS, r.dispatchStruct, "topkIdx", topkIdx.address());
-        set(DISPATCH_ARGS, r.dispatchStruct, "topkWeights", topkWeights.address());
-        set(DISPATCH_ARGS, r.dispatchStruct, "numTokens", tokens);
+        MoeNetDispatchArgs.x(r.dispatchStruct, ptr(rows.address()));
+        MoeNetDispatchArgs.topkIdx(r.dispatchStruct, ptr(topkIdx.address()));
+        MoeNetDispatchArgs.topkWeights(r.dispatchStruct, ptr(topkWeights.address()));
+        MoeNetDispatchArgs.numTokens(r.dispatchStruct, tokens);
+        MoeNetDims.chunks(MoeNetDispatchArgs.dims(r.dispatchStruct), ht ? htChunks : llChunks);
         r.dispatchArgs.setStruct(1, r.dispatchStruct);
-        r.dispatch.launch(stream, exchangeLaunch, r.dispatchArgs);
+        if (ht) r.dispatchHt.launch(stream, r.htDispatchLaunch, r.dispatchArgs);
+        else r.dispatch.launch(stream, llLaunch, r.dispatchArgs);
+        r.lastDispatch = ht ? NetworkMode.HIGH_THROUGHPUT : NetworkMode.LOW_LATENCY;
     }
 
-    /** The combine exchange of the last dispatch on {@code stream}; {@code weights} null: unweighted. */
+    /** The combine exchange of the last dispatch on {@code stream}, in that dispatch's mode; {@code weights} null: unweighted. */
     void combine(int localIndex, DeviceBuffer expertOut, DeviceBuffer weights, int tokens, Stream stream) {
         Rank r = ranks.get(localIndex);
-        set(COMBINE_ARGS, r.combineStruct, "expertOut", expertOut.address());
-        set(COMBINE_ARGS, r.combineStruct, "weights", weights == null ? 0 : weights.address());
-        set(COMBINE_ARGS, r.combineStruct, "y", r.b.y().address());
-        set(COMBINE_ARGS, r.combineStruct, "expertOutRows", expertOut.byteSize() / (2L * cfg.hidden()));
-        set(COMBINE_ARGS, r.combineStruct, "numTokens", tokens);
+        boolean ht = r.lastDispatch == NetworkMode.HIGH_THROUGHPUT;
+        MoeNetCombineArgs.expertOut(r.combineStruct, ptr(expertOut.address()));
+        MoeNetCombineArgs.weights(r.combineStruct, ptr(weights == null ? 0 : weights.address()));
+        MoeNetCombineArgs.y(r.combineStruct, ptr(r.b.y().address()));
+        MoeNetCombineArgs.expertOutRows(r.combineStruct, expertOut.byteSize() / (2L * cfg.hidden()));
+        MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
+        MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);
         r.combineArgs.setStruct(1, r.combineStruct);
-        r.combine.launch(stream, exchangeLaunch, r.combineArgs);
+        if (ht) r.combineHt.launch(stream, htCombineLaunch, r.combineArgs);
+        else r.combine.launch(stream, llLaunch, r.combineArgs);
     }
 
     /** Idempotent; every part is released even if one before it fails. */

@@ -52,6 +52,7 @@ class MainTest {
         assertEquals(0, run("help").status());
         assertRefused(new String[] {"bench", "moe", "--routing", "zipf:0"}, "--routing zipf:0", "(0, 4]");  // refused before any GPU is looked for
         assertRefused(new String[] {"bench", "moe", "--channels", "200"}, "--channels 200: expected 0 (half the SMs) or 1 to 128");
+        assertRefused(new String[] {"bench", "moe", "--network", "fast"}, "--network: expected auto, low-latency or high-throughput, got 'fast'");
         assertRefused(new String[] {"bench", "moe", "--shapes", "deepseek-v3,gpt-o55"}, "unknown shape 'gpt-o55'", "qwen3-30b-a3b");
         assertRefused(new String[] {"bench", "moe", "--iter", "5"}, "unknown option '--iter'", "--iters");  // misspelt: refused, not run with the defaults
         assertRefused(new String[] {"bench", "moe", "--iters", "0"}, "--iters 0: expected an integer >= 1");

@@ -47,16 +47,46 @@ class LoopbackGinGpuTest {
 
     @Test void fourRanksAllToAllThroughGin() throws Exception { allToAll(4); }
 
-    private static void moe(int world) throws Exception {
+    private static void moe(int world) throws Exception { moe(world, Map.of()); }
+
+    private static List<String> moe(int world, Map<String, String> env) throws Exception {
         TwoProcessGpuTest.Placement placement = ranksAsHosts();  // skips, with the reason, where the transport is missing
         Gpus.requireKernels(Gpus.runtime(), "nccl_gin_moe");
-        List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", Map.of(), world);
+        List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", env, world);
         for (String o : out) {
             assertTrue(o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3, o);
             assertTrue(o.contains("replayed 1000 times") && o.contains("dispatch: ") && o.contains("combine: "), o);
             assertTrue(o.contains("MoE across nodes, grouped GEMM: offsets") && o.contains("alignment refused together"), o);
             System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
         }
+        return out;
+    }
+
+    /** The high-throughput mode, each rank its own node: the entry rank of a node is its one rank, nothing is forwarded. */
+    private static void highThroughput(int world) throws Exception {
+        List<String> out = moe(world, Map.of("GIN4J_TEST_MOE_MODES", "HIGH_THROUGHPUT", "GIN4J_TEST_MOE_CASES", "short",
+                "GIN4J_TEST_MOE_LARGE", world == 2 ? "1" : "0"));
+        for (String o : out) assertTrue(o.contains("HIGH_THROUGHPUT: ") && o.contains("HT dispatch: ") && !o.contains("HT dispatch (inside the node)"), o);
+    }
+
+    @Test void twoRanksMoeHighThroughput() throws Exception { highThroughput(2); }
+
+    @Test void threeRanksMoeHighThroughput() throws Exception { highThroughput(3); }
+
+    @Test void fourRanksMoeHighThroughput() throws Exception { highThroughput(4); }
+
+    /**
+     * Four ranks as two emulated nodes of two (GIN4J_EMULATED_NODE_SIZE=2; each process is still its
+     * own NCCL host, so the hop inside a node goes through GIN too and is counted): both modes on
+     * every case, the high-throughput one forwarding through each node's entry rank and reducing in
+     * the node; then 1,000 pairs alternating between the modes.
+     */
+    @Test void fourRanksAsTwoNodesMoeBothModes() throws Exception {
+        List<String> out = moe(4, Map.of("GIN4J_EMULATED_NODE_SIZE", "2", "GIN4J_TEST_MOE_MODES", "LOW_LATENCY,HIGH_THROUGHPUT",
+                "GIN4J_TEST_MOE_CASES", "short", "GIN4J_TEST_MOE_LARGE", "1"));
+        for (String o : out)
+            assertTrue(o.contains("HIGH_THROUGHPUT: ") && o.contains("LOW_LATENCY: ") && o.contains("HT dispatch (inside the node)")
+                    && o.contains("alternating [LOW_LATENCY, HIGH_THROUGHPUT]"), o);
     }
 
     /** MoE dispatch and combine across nodes: 2, 3 and 4 ranks, each its own host, every row through GIN. */

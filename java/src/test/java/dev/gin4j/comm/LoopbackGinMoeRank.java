@@ -10,6 +10,7 @@ import dev.gin4j.moe.MoeAllToAll;
 import dev.gin4j.moe.MoeConfig;
 import dev.gin4j.moe.MoeDispatch;
 import dev.gin4j.moe.MoeReference;
+import dev.gin4j.moe.NetworkMode;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
@@ -22,6 +23,11 @@ import java.util.SplittableRandom;
 /**
  * The MoE exchange across nodes (gin-kernels/src/nccl_gin_moe.cu) on ranks that pose as separate
  * hosts on one GPU, linked by the loopback GIN transport: every row crosses through ncclGin puts.
+ * {@code GIN4J_TEST_MOE_MODES} (comma-separated {@link NetworkMode}s, default AUTO) says which modes
+ * each case runs in; {@code GIN4J_EMULATED_NODE_SIZE} groups the ranks into emulated nodes (then the
+ * high-throughput mode's hop inside a node travels through the transport too, and is counted);
+ * {@code GIN4J_TEST_MOE_CASES=short} runs the shorter case list (no T=4096 unless
+ * {@code GIN4J_TEST_MOE_LARGE=1}; T=4096 runs in the last listed mode only).
  * Each case checks every received row, weight and count against the CPU reference (and, once, byte
  * for byte against HOST), the combine within bf16 tolerance, and the transport's counters against
  * the bytes the rule allows: per dispatch, to each peer, (tokens going there) x (row bytes) plus
@@ -42,8 +48,37 @@ final class LoopbackGinMoeRank {
     /** One case: shape, tokens per rank (by rank), routing, rows. */
     record Case(String name, int hidden, int experts, int k, int maxTokens, int[] tokens, MoeReference.Routing routing, boolean fp8) {}
 
+    /** The emulated node grouping the ranks run under (each rank its own node without GIN4J_EMULATED_NODE_SIZE). */
+    record Nodes(int world, int size) {
+        static Nodes fromEnvironment(int world) {
+            String v = System.getenv("GIN4J_EMULATED_NODE_SIZE");
+            return new Nodes(world, v == null || v.isBlank() ? 1 : Integer.parseInt(v.trim()));
+        }
+        int nodeOf(int r) { return r / size; }
+        int nodes() { return (world + size - 1) / size; }
+        int sizeOf(int d) { return Math.min(size, world - d * size); }
+        int localOf(int r) { return r % size; }
+        /** The entry rank of node d for sender s (MoeTopology's rule: local(s) mod size(d)). */
+        int entry(int s, int d) { return d * size + localOf(s) % sizeOf(d); }
+        int slotsPerNode() {
+            int f = 1;
+            for (int a = 0; a < nodes(); a++) for (int b = 0; b < nodes(); b++) f = Math.max(f, (sizeOf(a) + sizeOf(b) - 1) / sizeOf(b));
+            return f;
+        }
+        /** The HT kernels' blocks per unit and role (MoeNetwork.highThroughputChunks). */
+        int htChunks(int channels) {
+            int n = nodes(), f = slotsPerNode(), most = world + (n - 1) * f + world;
+            for (int r = 0; r < world; r++) { int g = sizeOf(nodeOf(r)); most = Math.max(most, g + (n - 1) + (n - 1) * f * g + world); }
+            return Math.max(1, Math.min(channels / world, 256 / most));
+        }
+    }
+
     static void run(CommGroup g, int rank, long seed, Arena arena) {
         int world = g.worldSize();
+        List<NetworkMode> modes = new ArrayList<>();
+        for (String m : System.getenv().getOrDefault("GIN4J_TEST_MOE_MODES", "AUTO").split(",")) modes.add(NetworkMode.valueOf(m.trim()));
+        boolean full = !"short".equals(System.getenv("GIN4J_TEST_MOE_CASES")), large = full || "1".equals(System.getenv("GIN4J_TEST_MOE_LARGE"));
+        Nodes nodes = Nodes.fromEnvironment(world);
         List<Case> cases = new ArrayList<>();
         int[] skewed = new int[world];
         for (int r = 0; r < world; r++) skewed[r] = r == 0 ? 128 : (r == 1 ? 1 : 37);
@@ -54,11 +89,11 @@ final class LoopbackGinMoeRank {
         String[] names = {"DeepSeek-V3", "Qwen3-30B-A3B", "Mixtral", "gpt-oss"};
         for (int m = 0; m < models.length; m++) {
             if (models[m][1] % world != 0) continue;
-            for (int t : new int[] {1, 128})
+            for (int t : full ? new int[] {1, 128} : new int[] {m % 2 == 0 ? 1 : 128})
                 cases.add(new Case(names[m] + " T=" + t, models[m][0], models[m][1], models[m][2], 128, fill(world, t), MoeReference.Routing.UNIFORM, false));
         }
         if (256 % world == 0) {
-            cases.add(new Case("DeepSeek-V3 T=4096", 7168, 256, 8, 4096, fill(world, 4096), MoeReference.Routing.UNIFORM, false));
+            if (large) cases.add(new Case("DeepSeek-V3 T=4096", 7168, 256, 8, 4096, fill(world, 4096), MoeReference.Routing.UNIFORM, false));
             cases.add(new Case("DeepSeek-V3 fp8 T=128", 7168, 256, 8, 128, fill(world, 128), MoeReference.Routing.SOME_MASKED, true));
         }
         int[] small = skewed.clone();
@@ -66,14 +101,16 @@ final class LoopbackGinMoeRank {
         cases.add(new Case("fp8 small", 256, 4 * world, 3, 64, small, MoeReference.Routing.SOME_MASKED, true));
         Counters counters = new Counters();
         Device d = g.rank(0).device();
-        boolean hostCompared = false;
+        java.util.Set<NetworkMode> hostCompared = new java.util.HashSet<>();  // once per mode, byte for byte against HOST
         for (Case c : cases) {
             say(rank, "case " + c.name() + ": start");
-            runCase(g, rank, seed + c.name().hashCode(), arena, d, c, counters, !hostCompared);
-            hostCompared = true;
+            // the largest case in the last listed mode only: the time of the whole run stays bounded
+            List<NetworkMode> caseModes = c.maxTokens() >= 4096 ? modes.subList(modes.size() - 1, modes.size()) : modes;
+            for (NetworkMode mode : caseModes) runCase(g, rank, seed + c.name().hashCode(), arena, d, c, counters, hostCompared.add(mode), mode, nodes);
         }
         say(rank, "repeated calls: start");
-        repeated(g, rank, seed, arena, d);
+        for (NetworkMode mode : modes) repeated(g, rank, seed, arena, d, mode, null);
+        if (modes.size() > 1) repeated(g, rank, seed, arena, d, NetworkMode.AUTO, modes);
         say(rank, "grouped GEMM: start");
         groupedGemm(g, rank, seed, arena, d);
         say(rank, "all cases done");
@@ -148,7 +185,8 @@ final class LoopbackGinMoeRank {
         return in;
     }
 
-    private static void runCase(CommGroup g, int rank, long seed, Arena arena, Device d, Case c, Counters counters, boolean compareHost) {
+    private static void runCase(CommGroup g, int rank, long seed, Arena arena, Device d, Case c, Counters counters, boolean compareHost,
+                                NetworkMode mode, Nodes nodes) {
         int world = g.worldSize();
         try (Stream s = d.createStream()) {
             MoeReference.Input[] in = inputs(c, world, seed, d, arena, s);
@@ -156,11 +194,14 @@ final class LoopbackGinMoeRank {
             for (Backend b : compareHost ? List.of(Backend.GIN, Backend.HOST) : List.of(Backend.GIN)) {
                 MoeConfig cfg = c.fp8() ? MoeConfig.fp8FromBf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b)
                         : MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), b);
-                say(rank, c.name() + " " + b + ": create");
-                try (MoeAllToAll moe = MoeAllToAll.create(g, cfg)) {
+                say(rank, c.name() + " " + b + " " + mode + ": create");
+                try (MoeAllToAll moe = MoeAllToAll.create(g, cfg).networkMode(mode)) {
                     say(rank, c.name() + " " + b + ": created, dispatching");
                     if (b == Backend.GIN && !dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe).contains("moe_net_dispatch"))
                         throw new AssertionError("every peer is on another host, but the exchange runs " + dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe));
+                    boolean ht = b == Backend.GIN && moe.effectiveNetworkMode() == NetworkMode.HIGH_THROUGHPUT;
+                    if (b == Backend.GIN && ht != dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe).contains("moe_net_dispatch_ht"))
+                        throw new AssertionError(mode + " runs as " + moe.effectiveNetworkMode() + " but launches " + dev.gin4j.internal.moe.MoeReports.dispatchKernelName(moe));
                     int rowBytes = (int) cfg.dispatchRowBytes();
                     DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()),
                             w = RankMain.upload(d, arena, in[rank].w());
@@ -179,7 +220,8 @@ final class LoopbackGinMoeRank {
                     byte[] got = checkLayout(h, in, rank, rowBytes, c, b);
                     if (b == Backend.GIN) {
                         ginRows = got;
-                        expectDispatchTraffic(before, afterDispatch, in, rank, rowBytes, c, chunks(moe, world));
+                        if (ht) expectHtDispatchTraffic(before, afterDispatch, in, rank, rowBytes, c, nodes, nodes.htChunks(moe.channels()));
+                        else expectDispatchTraffic(before, afterDispatch, in, rank, rowBytes, c, chunks(moe, world));
                     } else if (!Arrays.equals(ginRows, got)) {
                         throw new AssertionError(c.name() + ": GIN across nodes and HOST layouts differ on rank " + rank);
                     }
@@ -191,8 +233,10 @@ final class LoopbackGinMoeRank {
                         String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), weighted);
                         if (off != null) throw new AssertionError(c.name() + " " + b + (weighted ? "" : " unweighted") + ": y on rank " + rank + " " + off);
                     }
-                    if (b == Backend.GIN) expectCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, chunks(moe, world));
-                    say(rank, "MoE across nodes, " + c.name() + " " + b + ": " + exp.rows().size() + " rows received, layout, weights, counts and y checked");
+                    if (b == Backend.GIN && ht) expectHtCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, nodes, nodes.htChunks(moe.channels()));
+                    else if (b == Backend.GIN) expectCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, chunks(moe, world));
+                    say(rank, "MoE across nodes, " + c.name() + " " + b + (b == Backend.GIN ? " " + moe.effectiveNetworkMode() : "") + ": " + exp.rows().size()
+                            + " rows received, layout, weights, counts and y checked");
                 }
             }
         }
@@ -269,14 +313,115 @@ final class LoopbackGinMoeRank {
         }
     }
 
+    /** Tokens of {@code src} with at least one expert on a rank of node {@code node}. */
+    static long tokensToNode(MoeReference.Input src, int node, Nodes nodes, int experts, int k) {
+        int l = experts / nodes.world();
+        long n = 0;
+        for (int t = 0; t < src.tokens(); t++) {
+            boolean any = false;
+            for (int q = 0; q < k; q++) { int e = src.idx()[t * k + q]; any |= e >= 0 && nodes.nodeOf(e / l) == node; }
+            if (any) n++;
+        }
+        return n;
+    }
+
+    /**
+     * One high-throughput dispatch's traffic from each peer, as this rank received it. Between
+     * nodes, from a sender p of another node whose entry in this node is this rank: its node section,
+     * (p's tokens going to this node) x row bytes + metadata (header {@code align16(8 + 4GL)} + 12K
+     * per token); from the other ranks of other nodes nothing. Inside the node, from a node peer p:
+     * p's own low-latency section for this rank, and one forwarded section for each sender of
+     * another node that p is the entry for, each (the sender's tokens coming here) x row bytes +
+     * {@code align16(8 + 4L)} + 12K per token. At most two puts and one signal per chunk and section.
+     */
+    private static void expectHtDispatchTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, int rowBytes, Case c, Nodes nodes, int chunks) {
+        int world = in.length, l = c.experts() / world, me = nodes.nodeOf(rank);
+        long header = align(8 + 4L * l, 16), nodeHeader = align(8 + 4L * nodes.size() * l, 16), between = 0, inside = 0, minimum = 0;
+        for (int p = 0; p < world; p++) {
+            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
+            long want = 0, sections = 0, rows = 0;
+            if (p == rank) {
+                // nothing from itself
+            } else if (nodes.nodeOf(p) != me) {
+                if (nodes.entry(p, me) == rank) {
+                    long n = tokensToNode(in[p], me, nodes, c.experts(), c.k());
+                    want = n * rowBytes + nodeHeader + 12L * c.k() * n;
+                    rows = n * rowBytes;
+                    sections = 1;
+                }
+                between += bytes;
+            } else {
+                long n = tokensTo(in[p], rank, c.experts(), c.k(), world);
+                want = n * rowBytes + header + 12L * c.k() * n;
+                rows += n * rowBytes;
+                sections = 1;
+                for (int s = 0; s < world; s++) {
+                    if (nodes.nodeOf(s) == me || nodes.entry(s, me) != p) continue;
+                    long m = tokensTo(in[s], rank, c.experts(), c.k(), world);
+                    want += m * rowBytes + header + 12L * c.k() * m;
+                    sections++;
+                }
+                inside += bytes;
+            }
+            boolean ok = bytes == want && puts <= 2L * chunks * sections && signals == chunks * sections;
+            if (!ok) throw new AssertionError(c.name() + ": HT dispatch rank " + p + " -> " + rank + " (nodes " + nodes.nodeOf(p) + " -> " + me + "): " + puts + " puts, "
+                    + signals + " signals, " + bytes + " bytes; expected " + want + " bytes in " + sections + " section(s), at most " + 2 * chunks * sections
+                    + " puts and " + chunks * sections + " signals");
+            if (nodes.nodeOf(p) != me) minimum += rows;
+            if (p != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT dispatch (%s): %d puts, %d signals, %d bytes%n", p, rank, c.name(),
+                    nodes.nodeOf(p) == me ? "inside the node" : "between nodes", puts, signals, bytes);
+        }
+        System.out.printf("rank %d, %s HT dispatch: %d bytes received between nodes (rows %d = once per (token, node)), %d inside the node%n", rank, c.name(), between, minimum, inside);
+    }
+
+    /**
+     * {@code calls} high-throughput combines' traffic from each peer, as received. From a node peer
+     * p: its partials for this rank's own tokens (one bf16 row per token that went to p), and, for
+     * each sender s of another node that this rank is the entry for, p's partials for s (one per
+     * token of s that went to p). From a rank p of another node that is this rank's entry there: one
+     * node partial per token of this rank that went to p's node. At most one put and one signal per
+     * chunk and section.
+     */
+    private static void expectHtCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, Nodes nodes, int chunks) {
+        int world = in.length, me = nodes.nodeOf(rank);
+        long row = 2L * c.hidden();
+        for (int p = 0; p < world; p++) {
+            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
+            long want = 0, sections = 0;
+            if (p == rank) {
+                // nothing from itself
+            } else if (nodes.nodeOf(p) != me) {
+                if (nodes.entry(rank, nodes.nodeOf(p)) == p) {
+                    want = tokensToNode(in[rank], nodes.nodeOf(p), nodes, c.experts(), c.k()) * row;
+                    sections = 1;
+                }
+            } else {
+                want = tokensTo(in[rank], p, c.experts(), c.k(), world) * row;
+                sections = 1;
+                for (int s = 0; s < world; s++) {
+                    if (nodes.nodeOf(s) == me || nodes.entry(s, me) != rank) continue;
+                    want += tokensTo(in[s], p, c.experts(), c.k(), world) * row;
+                    sections++;
+                }
+            }
+            want *= calls;
+            boolean ok = bytes == want && puts <= (long) calls * chunks * sections && signals == (long) calls * chunks * sections;
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " HT combines rank " + p + " -> " + rank + ": " + puts + " puts, " + signals + " signals, "
+                    + bytes + " bytes; expected " + want + " in " + sections + " section(s) per call");
+            if (p != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT combine: %d bytes per call (%s)%n", p, rank, c.name(), bytes / calls,
+                    nodes.nodeOf(p) == me ? "inside the node" : "between nodes");
+        }
+    }
+
     /**
      * 1,000 dispatch + combine pairs back to back, inputs alternating between two routings, then one
      * pair captured into a graph and replayed 1,000 times: the last results checked in full.
      */
-    private static void repeated(CommGroup g, int rank, long seed, Arena arena, Device d) {
+    private static void repeated(CommGroup g, int rank, long seed, Arena arena, Device d, NetworkMode mode, List<NetworkMode> alternate) {
         int world = g.worldSize();
         Case c = new Case("repeated", 256, 4 * world, 2, 32, fill(world, 32), MoeReference.Routing.SOME_MASKED, false);
-        try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN))) {
+        String what = alternate == null ? mode.toString() : "alternating " + alternate;
+        try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
             int rowBytes = (int) moe.config().dispatchRowBytes();
             MoeReference.Input[][] in = {inputs(c, world, seed + 1, d, arena, s), inputs(c, world, seed + 2, d, arena, s)};
             DeviceBuffer[][] dev = new DeviceBuffer[2][];
@@ -292,14 +437,17 @@ final class LoopbackGinMoeRank {
             DeviceBuffer y = null;
             for (int i = 0; i < 1000; i++) {
                 int v = i % 2;
+                // alternating: the mode changes every third pair, so both parities meet both modes
+                if (alternate != null) moe.networkMode(alternate.get((i / 3) % alternate.size()));
                 h = moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], c.tokens()[rank], s);
                 y = moe.combine(h, out[v], s);
             }
             moe.checkErrors(List.of(s));
-            System.out.printf("rank %d: 1000 back-to-back MoE dispatch + combine pairs across nodes: %.1f us per pair%n", rank, (System.nanoTime() - start) / 1e3 / 1000);
+            System.out.printf("rank %d: 1000 back-to-back MoE dispatch + combine pairs across nodes (%s): %.1f us per pair%n", rank, what, (System.nanoTime() - start) / 1e3 / 1000);
             checkLayout(h, in[1], rank, rowBytes, c, Backend.GIN);
             String off = MoeReference.combineMismatch(in[1][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
-            if (off != null) throw new AssertionError("after 1000 back-to-back pairs: y on rank " + rank + " " + off);
+            if (off != null) throw new AssertionError("after 1000 back-to-back pairs (" + what + "): y on rank " + rank + " " + off);
+            if (alternate != null) return;  // the graph replays run per mode
             s.synchronize();
             s.beginCapture();
             h = moe.dispatch(0, dev[0][0], dev[0][1], dev[0][2], c.tokens()[rank], s);
@@ -310,11 +458,11 @@ final class LoopbackGinMoeRank {
                 start = System.nanoTime();
                 for (int i = 0; i < 1000; i++) graph.launch(s);
                 moe.checkErrors(List.of(s));
-                System.out.printf("rank %d: a captured MoE dispatch + combine across nodes replayed 1000 times: %.1f us per replay%n", rank, (System.nanoTime() - start) / 1e3 / 1000);
+                System.out.printf("rank %d: a captured MoE dispatch + combine across nodes (%s) replayed 1000 times: %.1f us per replay%n", rank, what, (System.nanoTime() - start) / 1e3 / 1000);
             }
             checkLayout(h, in[0], rank, rowBytes, c, Backend.GIN);
             off = MoeReference.combineMismatch(in[0][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
-            if (off != null) throw new AssertionError("after 1000 graph replays: y on rank " + rank + " " + off);
+            if (off != null) throw new AssertionError("after 1000 graph replays (" + what + "): y on rank " + rank + " " + off);
         }
     }
 }

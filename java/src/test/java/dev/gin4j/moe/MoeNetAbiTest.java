@@ -3,9 +3,16 @@ package dev.gin4j.moe;
 import org.junit.jupiter.api.Assumptions;
 import org.junit.jupiter.api.Test;
 
+import dev.gin4j.bindings.moenet.MoeNetCombineArgs;
+import dev.gin4j.bindings.moenet.MoeNetDims;
+import dev.gin4j.bindings.moenet.MoeNetDispatchArgs;
+import dev.gin4j.bindings.moenet.MoeNetForward;
+import dev.gin4j.bindings.moenet.MoeNetResetArgs;
+import dev.gin4j.bindings.moenet.MoeNetSections;
+import dev.gin4j.bindings.moenet.MoeNetTopology;
+
 import java.lang.foreign.GroupLayout;
 import java.lang.foreign.MemoryLayout;
-import java.lang.foreign.StructLayout;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayList;
@@ -16,10 +23,14 @@ import java.util.Map;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
-/** MoeNetwork's struct layouts against gin-kernels/abi/moe_net.h as gcc lays it out: every size and every field offset. */
+/**
+ * The struct layouts MoeNetwork fills (generated from gin-kernels/abi/moe_net.h into
+ * dev.gin4j.bindings.moenet) against the header as gcc lays it out: every size and every field
+ * offset, nested structs included; and the ABI version the Java side was generated from.
+ */
 class MoeNetAbiTest {
-    private static final List<StructLayout> STRUCTS = List.of(MoeNetwork.DIMS, MoeNetwork.SECTIONS, MoeNetwork.DISPATCH_ARGS,
-            MoeNetwork.COMBINE_ARGS, MoeNetwork.RESET_ARGS);
+    private static final List<GroupLayout> STRUCTS = List.of(MoeNetDims.layout(), MoeNetSections.layout(), MoeNetTopology.layout(),
+            MoeNetForward.layout(), MoeNetDispatchArgs.layout(), MoeNetCombineArgs.layout(), MoeNetResetArgs.layout());
 
     /** "Struct.field.sub" -> byte offset (and "Struct" -> size), as Java's layouts say. */
     private static void javaSide(GroupLayout l, String prefix, long base, Map<String, Long> out) {
@@ -36,17 +47,19 @@ class MoeNetAbiTest {
         Path header = Path.of("..", "gin-kernels", "abi", "moe_net.h").toAbsolutePath().normalize();
         assertTrue(Files.isRegularFile(header), "no " + header);
         Map<String, Long> java = new LinkedHashMap<>();
-        for (StructLayout s : STRUCTS) {
+        for (GroupLayout s : STRUCTS) {
             String n = s.name().orElseThrow();
             java.put(n, s.byteSize());
             javaSide(s, n, 0, java);
         }
         StringBuilder c = new StringBuilder("#include <stdio.h>\n#include <stddef.h>\n#include \"" + header + "\"\nint main(void) {\n");
-        for (String key : java.keySet()) {
+        for (String key : List.copyOf(java.keySet())) {
             String[] p = key.split("\\.", 2);
             c.append(p.length == 1 ? "  printf(\"" + key + " %zu\\n\", sizeof(" + key + "));\n"
                     : "  printf(\"" + key + " %zu\\n\", offsetof(" + p[0] + ", " + p[1] + "));\n");
         }
+        c.append("  printf(\"MOE_NET_ABI_VERSION %d\\n\", MOE_NET_ABI_VERSION);\n");
+        java.put("MOE_NET_ABI_VERSION", (long) MoeNetwork.ABI_VERSION);
         c.append("  return 0;\n}\n");
         Path dir = Files.createTempDirectory("moe-net-abi");
         Files.writeString(dir.resolve("abi.c"), c);

@@ -60,6 +60,30 @@ public final class PeerTable {
     }
 
     /**
+     * Collective: which host every rank is on, the same table on every rank: result[rank] = the
+     * index of its host, hosts numbered in the order of their lowest rank. A host is what
+     * {@link #someoneUnreachable} and the window mapping call one: the same machine and the same
+     * {@code GIN4J_HOSTID} (else {@code NCCL_HOSTID}) where set. One process: a single host.
+     */
+    public static int[] hostOfRank(CommGroup group) {
+        int world = group.worldSize();
+        if (group.isSingleProcess()) return new int[world];
+        long key = LsaPeers.hostKey(System.getenv(), LsaPeers.machineIdentity());
+        long[] mine = new long[group.ranks().size()];
+        java.util.Arrays.fill(mine, key);
+        long[] all = group.allGatherLongs(mine)[0];
+        return hostIndices(all);
+    }
+
+    /** Host indices from one key per rank: equal keys, equal index; numbered by first appearance. */
+    static int[] hostIndices(long[] keys) {
+        java.util.Map<Long, Integer> index = new java.util.LinkedHashMap<>();
+        int[] out = new int[keys.length];
+        for (int r = 0; r < keys.length; r++) out[r] = index.computeIfAbsent(keys[r], k -> index.size());
+        return out;
+    }
+
+    /**
      * The table of {@code window}: from gin4j's own mapping, or for a registered window the way that
      * works for how the group was set up. Local work (no collective); tables live as long as {@code arena}.
      */

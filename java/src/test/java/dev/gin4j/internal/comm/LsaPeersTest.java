@@ -20,6 +20,14 @@ import static org.junit.jupiter.api.Assertions.*;
 class LsaPeersTest {
     private final Random random = new Random();
 
+    /** PeerTable.hostOfRank's numbering: equal host keys, one host; hosts numbered in the order of their lowest rank. */
+    @Test void hostIndicesFollowTheLowestRank() {
+        Map<String, String> a = Map.of("GIN4J_HOSTID", "a"), b = Map.of("GIN4J_HOSTID", "b");
+        long ka = LsaPeers.hostKey(a, "m"), kb = LsaPeers.hostKey(b, "m");
+        assertArrayEquals(new int[] {0, 1, 0, 1}, PeerTable.hostIndices(new long[] {kb, ka, kb, ka}));
+        assertArrayEquals(new int[] {0, 0, 0}, PeerTable.hostIndices(new long[] {ka, ka, ka}));
+    }
+
     @Test void framesCarryEveryRanksHostPidAndHandle() {
         for (int n : new int[] {1, 2, 3, 8, 17}) {
             long[] keys = random.longs(n).toArray(), pids = random.longs(n, 1, Long.MAX_VALUE).toArray();
