@@ -46,7 +46,7 @@ class ExportedApiTest {
             "dev.gin4j.a2a.AllToAll", "dev.gin4j.a2a.AllToAllV", "dev.gin4j.a2a.Backend", "dev.gin4j.a2a.Bf16", "dev.gin4j.a2a.DType",
             "dev.gin4j.a2a.Plan", "dev.gin4j.a2a.Protocol",
             "dev.gin4j.moe.Fp8Rows", "dev.gin4j.moe.MoeAllToAll", "dev.gin4j.moe.MoeConfig", "dev.gin4j.moe.MoeConfig$Builder",
-            "dev.gin4j.moe.MoeDispatch", "dev.gin4j.moe.MoeOutputs");
+            "dev.gin4j.moe.MoeDispatch", "dev.gin4j.moe.MoeOutputs", "dev.gin4j.moe.NetworkMode");
 
     /** Implementation types that live in dev.gin4j.internal.*: none may appear in an exported package again. */
     private static final Set<String> INTERNAL_TYPES = Set.of("KernelErrors", "NcclDeviceAbi", "NcclStatus", "PeerTable", "LsaPeers",
