@@ -1,0 +1,70 @@
+// moe_net/ht_node_reduce.cuh - the high-throughput combine's node reduction on the entry rank: one
+// bf16 partial per (token, node), sent back to the token's source.
+#pragma once
+
+#include "targets.cuh"
+#include "topology.cuh"
+
+namespace moe_net {
+
+// ------------------------------------------------------------------------------------------------
+// Node reduction: block (sigma, c) of an entry rank, once every rank q of its node sent its partials
+// for slot sigma's sender s: node rows [lo, hi), row u = sum over q of partial[q][fwdPos[u][q]] in
+// f32, rounded once to bf16, into s's combine section [parity][this rank] (the node partial).
+// ------------------------------------------------------------------------------------------------
+GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombineArgs& a, int sigma, int c, int parity, uint64_t threshold) {
+  const MoeNetDims& d = a.dims;
+  const MoeNetTopology& topo = a.topo;
+  const MoeNetForward& f = a.fwd;
+  const int R = d.nRanks, M = d.maxTokens, H = d.hidden;
+  const int S = topo.nodes * topo.slotsPerNode, G = topo.maxNodeSize, myNode = topo.nodeOf[d.rank], Gm = topo.nodeSize[myNode];
+  const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
+  const int s = slot_source(topo, d.rank, sigma);
+  if (s < 0) return;
+  const int tid = (int)threadIdx.x;
+  bool ok = true;
+  if (tid < Gm) {
+    const uint64_t idx = ((uint64_t)parity * S + sigma) * G + tid;
+    ok = wait_one(comm, window, node_rank(topo, myNode, tid), f.part.flagOffset + 8ull * idx, f.part.signalBase + (int)idx, threshold, a.errorFlags);
+  }
+  if (__syncthreads_or(!ok)) return;
+  const int nD = clamp_count(((const int*)ncclGetLocalPointer(window, f.fwdCountOffset))[sigma], M);
+  const int* fwdPos = (const int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;
+  const uint8_t* partials = (const uint8_t*)ncclGetLocalPointer(window, f.part.recvOffset + ((uint64_t)parity * S + sigma) * G * f.part.sectionBytes);
+  uint64_t lo, hi;
+  part((uint64_t)nD, d.chunks, c, lo, hi);
+  const Target t = target(comm, window, s, section(a.net.recvOffset, a.net, parity, R, d.rank), section(a.net.stageOffset, a.net, parity, R, s),
+                          f.htFlagOffset + 8ull * (2ull * R + (uint64_t)parity * R + d.rank), f.htSignalBase + 2 * R + parity * R + d.rank);
+  const uint32_t lane = gin_lane_id(), warp = threadIdx.x / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;
+  const bool vec = H % 8 == 0;  // sections are 256-byte aligned, rows 16-byte aligned when H % 8 == 0
+  for (uint64_t u = lo + warp; u < hi; u += warps) {
+    const int pos = (int)lane < Gm ? fwdPos[u * G + lane] : -1;
+    uint16_t* out = (uint16_t*)(t.bytes + u * 2ull * (uint64_t)H);
+    if (vec) {
+      for (int h = (int)lane * 8; h < H; h += 8 * GIN_WARP_SIZE) {
+        float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int q = 0; q < Gm; ++q) {
+          const int r = __shfl_sync(0xffffffffu, pos, q);
+          if (r >= 0 && r < M) acc_bf16x8(acc, ld16<true>(partials + (uint64_t)q * f.part.sectionBytes + ((uint64_t)r * H + h) * 2ull), 1.f);
+        }
+        gin_st16(out + h, pack_bf16x8(acc));
+      }
+    } else {
+      for (int h = (int)lane; h < H; h += GIN_WARP_SIZE) {
+        float acc = 0.f;
+        for (int q = 0; q < Gm; ++q) {
+          const int r = __shfl_sync(0xffffffffu, pos, q);
+          if (r >= 0 && r < M) acc += bf16_to_f32(((const uint16_t*)(partials + (uint64_t)q * f.part.sectionBytes))[(uint64_t)r * H + h]);
+        }
+        out[h] = (uint16_t)f32_to_bf16(acc);
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    const uint64_t pieceLo[2] = {lo * 2ull * H, 0}, pieceHi[2] = {hi * 2ull * H, 0};
+    publish(comm, window, t, pieceLo, pieceHi);
+  }
+}
+
+}  // namespace moe_net

@@ -1,0 +1,70 @@
+// moe_net/sections.cuh - the cross-node MoE exchange's basics: chunk shares, window sections of a
+// parity, and the call counters that give each call its parity.
+// Included by nccl_gin_moe.cu after its check of the NCCL headers (GIN device API, NCCL >= 2.29.7).
+#pragma once
+
+#include "../moe/routing.cuh"
+#include <nccl.h>
+#include <nccl_device.h>
+#include <nccl_device/gin.h>
+
+#include "abi/moe_net.h"  // gin-kernels/abi/moe_net.h (the build passes -I gin-kernels)
+
+namespace moe_net {
+
+constexpr int kGinContext = 0;
+constexpr uint64_t kMaxPutBytes = 1ull << 30;
+
+GIN_DEVICE_INLINE int clamp_count(int v, int M) { return v < 0 ? 0 : (v > M ? M : v); }
+
+GIN_DEVICE_INLINE void part(uint64_t n, int parts, int i, uint64_t& lo, uint64_t& hi) {
+  const uint64_t per = (n + (uint64_t)parts - 1) / (uint64_t)parts;
+  lo = per * (uint64_t)i;
+  if (lo > n) lo = n;
+  hi = lo + per;
+  if (hi > n) hi = n;
+}
+
+GIN_DEVICE_INLINE uint64_t section(uint64_t base, const MoeNetSections& net, int parity, int R, int index) {
+  return base + ((uint64_t)parity * (uint64_t)R + (uint64_t)index) * net.sectionBytes;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Call counters. Per exchange, 256 slots of {low-latency calls of parity 0, of parity 1, HT calls
+// of parity 0, of parity 1}. Block b reads slot b and, at its end, writes the updated counts into
+// every slot b + k * gridDim.x, so the next launch reads the same counts in every block whatever
+// its grid (the two modes have different grids). Call n (all modes, from 1) uses section parity
+// n % 2; a flag or signal of one mode and parity reaches chunks x (that mode's calls of that
+// parity so far) in call n: each of its writers adds one per chunk and call.
+// ------------------------------------------------------------------------------------------------
+struct Call {
+  uint64_t words[4];
+  uint64_t n;
+  int parity;
+  uint64_t count;  // this mode's calls of this parity, this one included
+};
+
+GIN_DEVICE_INLINE Call begin_call(const uint64_t* counters, int mode, uint64_t* shared4) {
+  if (threadIdx.x < 4) shared4[threadIdx.x] = counters[4ull * blockIdx.x + threadIdx.x];
+  __syncthreads();
+  Call c;
+  c.n = 1;
+  for (int i = 0; i < 4; ++i) {
+    c.words[i] = shared4[i];
+    c.n += c.words[i];
+  }
+  c.parity = (int)(c.n & 1u);
+  c.count = ++c.words[2 * mode + c.parity];
+  return c;
+}
+
+GIN_DEVICE_INLINE void end_call(uint64_t* counters, const Call& c) {
+  if (threadIdx.x < 4)
+    for (uint32_t slot = blockIdx.x; slot < MOE_NET_MAX_BLOCKS; slot += gridDim.x) counters[4ull * slot + threadIdx.x] = c.words[threadIdx.x];
+}
+
+GIN_DEVICE_INLINE uint64_t* counters_of(ncclWindow_t window, const MoeNetForward& f, int exchange) {
+  return (uint64_t*)ncclGetLocalPointer(window, f.countersOffset) + (uint64_t)exchange * 4ull * MOE_NET_MAX_BLOCKS;
+}
+
+}  // namespace moe_net
