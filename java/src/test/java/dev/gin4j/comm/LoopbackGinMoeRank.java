@@ -166,7 +166,7 @@ final class LoopbackGinMoeRank {
         try (MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(256, 4 * g.worldSize(), 2, 32, Backend.GIN))) {
             throw new AssertionError("MoE across nodes was created on rank " + rank + " without the opt-in (" + moe + ")");
         } catch (UnsupportedOperationException | CommException e) {
-            if (!e.getMessage().contains("GIN4J_MOE_ACROSS_NODES") && !e.getMessage().contains("checking the expert alignment failed on rank"))
+            if (!e.getMessage().contains("GIN4J_MOE_ACROSS_NODES") && !e.getMessage().contains("checking the opt-in for MoE across nodes failed on rank"))
                 throw new AssertionError("rank " + rank + ": the refusal does not name the setting: " + e.getMessage(), e);
         }
         System.out.println("rank " + rank + ": MoE across nodes refused without the opt-in");
