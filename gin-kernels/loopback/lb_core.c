@@ -22,6 +22,7 @@
 #define LB_DEFAULT_SLOTS 16
 #define LB_DEFAULT_SLOT_KIB 256
 #define LB_LIVENESS_NS 100000000ull  // how often peers' processes are checked (100 ms)
+#define LB_REG_WAIT_NS 10000000000ull  // how long a piece may wait for this rank's counterpart registration (10 s)
 
 enum { PIECE_PUT = 1, PIECE_SIGNAL_ONLY = 2 };
 
@@ -72,6 +73,7 @@ typedef struct {
   seg_hdr* seg;                   // mapped once it exists (lazily)
   size_t segBytes;
   lb_request *pendHead, *pendTail;
+  uint64_t regWaitSince;          // when the head of this peer's ring began to wait for a registration
 } peer_state;
 
 struct lb_comm {
@@ -87,6 +89,11 @@ struct lb_comm {
   size_t nregs, capRegs;
   int error;                      // sticky
   uint64_t lastLiveness;
+  // GIN4J_LOOPBACK_TRACE=1: a thread reports the transport's state every second (a diagnosis aid)
+  _Atomic uint64_t progressCalls, lastProgressNs, pending, sentPieces, drainedPieces, signalsApplied;
+  _Atomic int stopTrace;
+  pthread_t traceThread;
+  int tracing;
 };
 
 static lb_stats g_stats[LB_MAX_RANKS];
@@ -111,6 +118,56 @@ static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static _Atomic(const char*) g_op;
+static _Atomic uint64_t g_opStart;
+
+void lb_note_op(const char* what) {
+  if (what) atomic_store(&g_opStart, now_ns());
+  atomic_store(&g_op, what);
+}
+
+static double ms_since(uint64_t t) {
+  uint64_t now = now_ns();
+  return now > t ? (now - t) / 1e6 : 0.0;  // t may be a touch newer than this thread's clock read
+}
+
+static int trace_on(void) {
+  const char* v = getenv("GIN4J_LOOPBACK_TRACE");
+  return v && *v && strcmp(v, "0") != 0;
+}
+
+// Every second while tracing: progress calls and how long ago the last one ran, requests not yet in
+// a peer's ring, pieces sent / drained, signals applied, and each ring's head and tail. A put that
+// never completes shows here as pending > 0 with a ring that does not move.
+static void* trace_main(void* arg) {
+  lb_comm* c = (lb_comm*)arg;
+  while (!atomic_load(&c->stopTrace)) {
+    struct timespec ts = {1, 0};
+    nanosleep(&ts, NULL);
+    if (atomic_load(&c->stopTrace)) break;
+    char buf[480];
+    int n = snprintf(buf, sizeof buf, "trace rank %d: %llu progress calls (last %.1f ms ago), %llu requests pending, %llu pieces sent, "
+                     "%llu drained, %llu signals applied, error %d; rings in/out:", c->rank,
+                     (unsigned long long)atomic_load(&c->progressCalls),
+                     ms_since(atomic_load(&c->lastProgressNs)), (unsigned long long)atomic_load(&c->pending),
+                     (unsigned long long)atomic_load(&c->sentPieces), (unsigned long long)atomic_load(&c->drainedPieces),
+                     (unsigned long long)atomic_load(&c->signalsApplied), c->error);
+    for (int p = 0; p < c->nranks && n < (int)sizeof buf - 64; p++) {
+      if (p == c->rank) continue;
+      ring_ctl* in = (ring_ctl*)((char*)c->own + sizeof(seg_hdr) + (size_t)p * c->ringBytes);
+      seg_hdr* peer = c->peers[p].seg;
+      ring_ctl* out = peer ? (ring_ctl*)((char*)peer + sizeof(seg_hdr) + (size_t)c->rank * c->ringBytes) : NULL;
+      n += snprintf(buf + n, sizeof buf - n, " [%d] %llu/%llu %llu/%llu", p, (unsigned long long)atomic_load(&in->head),
+                    (unsigned long long)atomic_load(&in->tail), out ? (unsigned long long)atomic_load(&out->head) : 0ull,
+                    out ? (unsigned long long)atomic_load(&out->tail) : 0ull);
+    }
+    const char* op = atomic_load(&g_op);
+    if (op) n += snprintf(buf + n, sizeof buf - n, "; in %s for %.1f ms", op, ms_since(atomic_load(&g_opStart)));
+    fprintf(stderr, "gin4j-loopback %s\n", buf);
+  }
+  return NULL;
 }
 
 static long env_long(const char* name, long dflt, long lo, long hi) {
@@ -268,6 +325,7 @@ int lb_connect(const lb_handle* handles, int nranks, int rank, const lb_ops* ops
   if (c->ops.map_hook) c->ops.map_hook(c->ops.ctx, m, c->segBytes, 1);
   atomic_store_explicit(&c->own->ready, 1, memory_order_release);
   c->peers[rank].seg = c->own;  // puts to oneself go through one's own ring
+  c->tracing = trace_on() && pthread_create(&c->traceThread, NULL, trace_main, c) == 0;
   *out = c;
   return LB_OK;
 }
@@ -313,10 +371,15 @@ int lb_deregister(lb_comm* c, lb_reg* r) {
 }
 
 // The registration `id` of this rank, checked against the size the source saw.
-static lb_reg* resolve(lb_comm* c, uint64_t id, uint64_t size, uint64_t off, uint64_t n, int source, const char* what) {
+// The registration a piece names, or NULL: *notYet = 1 (nothing logged) when this rank has not made
+// that many registrations yet. Registration is collective, but a rank may return from it, and put,
+// before a slower rank has registered its own counterpart.
+static lb_reg* resolve(lb_comm* c, uint64_t id, uint64_t size, uint64_t off, uint64_t n, int source, const char* what, int* notYet) {
   pthread_mutex_lock(&c->lock);
   lb_reg* r = id >= 1 && id <= c->nregs ? c->regs[id - 1] : NULL;
+  *notYet = id > c->nregs;
   pthread_mutex_unlock(&c->lock);
+  if (*notYet) return NULL;
   if (!r || !r->live) {
     logf_(0, "rank %d: a %s from rank %d names registration %llu, which this rank does not have (every rank must "
           "register its windows in the same order)", c->rank, what, source, (unsigned long long)id);
@@ -384,6 +447,7 @@ int lb_put(lb_comm* c, int peer, lb_reg* src, uint64_t srcOff, size_t size, lb_r
   peer_state* ps = &c->peers[peer];
   if (ps->pendTail) ps->pendTail->next = r; else ps->pendHead = r;
   ps->pendTail = r;
+  atomic_fetch_add(&c->pending, 1);
   count(peer, dst ? 1 : 0, hasSignal ? 1 : 0, size, 0);
   *out = r;
   return LB_OK;
@@ -396,6 +460,21 @@ int lb_test(lb_comm* c, lb_request* r, int* done) {
     *done = 1;
     free(r);
     return LB_OK;
+  }
+  if (c->error) {
+    // an error completion, as a NIC gives: the put will never be made, and NCCL's flush and
+    // counters (which look at done only) must not wait for it forever
+    peer_state* ps = &c->peers[r->peer];
+    lb_request** link = &ps->pendHead;
+    lb_request* prev = NULL;
+    while (*link && *link != r) { prev = *link; link = &(*link)->next; }
+    if (*link) {
+      *link = r->next;
+      if (ps->pendTail == r) ps->pendTail = prev;
+      atomic_fetch_sub(&c->pending, 1);
+    }
+    free(r);
+    *done = 1;
   }
   return c->error;
 }
@@ -434,8 +513,10 @@ static int send_to(lb_comm* c, int p) {
       if (e) return c->error = e;
     }
     atomic_store_explicit(&ring->head, ++head, memory_order_release);
+    atomic_fetch_add(&c->sentPieces, 1);
     r->sent += n;
     if (h->last) {
+      atomic_fetch_sub(&c->pending, 1);
       ps->pendHead = r->next;
       if (!ps->pendHead) ps->pendTail = NULL;
       r->done = 1;  // source consumed: freed by lb_test
@@ -457,8 +538,23 @@ static int drain_from(lb_comm* c, int source) {
             (unsigned long long)tail, source, h.kind, (unsigned long long)h.size, c->slotBytes);
       return c->error = LB_EINVAL;
     }
+    int notYet = 0;
+    lb_reg* dst = NULL;
+    lb_reg* sig = NULL;
+    if (h.kind == PIECE_PUT) dst = resolve(c, h.regId, h.regSize, h.dstOff, h.size, source, "put", &notYet);
+    if (!notYet && h.last && h.sigOp != LB_SIGNAL_NONE) sig = resolve(c, h.sigRegId, h.sigRegSize, h.sigOff, 8, source, "signal", &notYet);
+    if (notYet) {  // the piece waits in the ring (and the ring behind it) until this rank registers
+      peer_state* ps = &c->peers[source];
+      uint64_t t = now_ns();
+      if (!ps->regWaitSince) ps->regWaitSince = t;
+      if (t - ps->regWaitSince < LB_REG_WAIT_NS) return LB_OK;
+      logf_(0, "rank %d: piece %llu from rank %d names registration %llu (signal %llu); this rank still has only %zu registrations after %llu s "
+            "(every rank must register its windows in the same order)", c->rank, (unsigned long long)tail, source,
+            (unsigned long long)h.regId, (unsigned long long)h.sigRegId, c->nregs, (unsigned long long)(LB_REG_WAIT_NS / 1000000000ull));
+      return c->error = LB_EINVAL;
+    }
+    c->peers[source].regWaitSince = 0;
     if (h.kind == PIECE_PUT) {
-      lb_reg* dst = resolve(c, h.regId, h.regSize, h.dstOff, h.size, source, "put");
       if (!dst) return c->error = LB_EINVAL;
       if (h.size > 0) {
         int e = c->ops.from_ring(c->ops.ctx, dst->base + h.dstOff, dst->kind, slot + sizeof(piece_hdr), h.size);
@@ -467,12 +563,13 @@ static int drain_from(lb_comm* c, int source) {
     }
     int signalled = h.last && h.sigOp != LB_SIGNAL_NONE;
     if (signalled) {
-      lb_reg* sig = resolve(c, h.sigRegId, h.sigRegSize, h.sigOff, 8, source, "signal");
       if (!sig) return c->error = LB_EINVAL;
       int e = c->ops.signal_add(c->ops.ctx, (uint64_t*)(sig->base + h.sigOff), sig->kind, h.sigValue);
       if (e) return c->error = e;
+      atomic_fetch_add(&c->signalsApplied, 1);
     }
     atomic_store_explicit(&ring->tail, ++tail, memory_order_release);
+    atomic_fetch_add(&c->drainedPieces, 1);
     count(source, h.kind == PIECE_PUT && h.last ? 1 : 0, signalled ? 1 : 0, h.size, 1);
     head = atomic_load_explicit(&ring->head, memory_order_acquire);
   }
@@ -518,6 +615,8 @@ static int check_peers(lb_comm* c) {
 }
 
 int lb_progress(lb_comm* c) {
+  atomic_fetch_add_explicit(&c->progressCalls, 1, memory_order_relaxed);
+  atomic_store_explicit(&c->lastProgressNs, now_ns(), memory_order_relaxed);
   if (c->error) return c->error;
   for (int p = 0; p < c->nranks; p++) {
     int e = send_to(c, p);
@@ -529,6 +628,10 @@ int lb_progress(lb_comm* c) {
 
 int lb_close(lb_comm* c) {
   if (!c) return LB_OK;
+  if (c->tracing) {
+    atomic_store(&c->stopTrace, 1);
+    pthread_join(c->traceThread, NULL);
+  }
   if (c->own) atomic_store_explicit(&c->own->closed, 1, memory_order_release);
   for (int p = 0; c->peers && p < c->nranks; p++) {
     peer_state* ps = &c->peers[p];

@@ -75,12 +75,16 @@ int lb_deregister(lb_comm* c, lb_reg* r);
 // of sig at sigOff (src and dst may be NULL for a signal alone). Never blocks.
 int lb_put(lb_comm* c, int peer, lb_reg* src, uint64_t srcOff, size_t size, lb_reg* dst, uint64_t dstOff,
            lb_reg* sig, uint64_t sigOff, int sigOp, uint64_t sigValue, lb_request** out);
-// done = 1 once the request's source bytes are in the ring; the request is freed then.
+// done = 1 once the request's source bytes are in the ring, or at once with the error after the
+// comm has failed (a peer gone, say): an error completion. The request is freed then.
 int lb_test(lb_comm* c, lb_request* r, int* done);
 // Moves what can move now: pending pieces into peers' rings, this rank's rings into its memory.
 // Never waits for a peer; an error (a peer gone, a bad piece) is logged and sticks.
 int lb_progress(lb_comm* c);
 int lb_close(lb_comm* c);
+// Names the copy or launch this process's transport is in (NULL when none), for the state report
+// that GIN4J_LOOPBACK_TRACE=1 prints every second.
+void lb_note_op(const char* what);
 // Totals of this process with `peer`, over every comm so far.
 void lb_stats_of(int peer, lb_stats* out);
 

@@ -210,7 +210,8 @@ static void full_ring(int rank) {
   lb_close(s.c);
 }
 
-// Rank 1 leaves without closing: rank 0's progress reports it, naming the peer, within a second.
+// Rank 1 leaves without closing: rank 0's progress reports it, naming the peer, within a second,
+// and the puts to it complete with that error (NCCL's flush must not wait for them).
 // With closeFirst, rank 1 closes before it leaves: no error until rank 0 puts to it.
 static void peer_leaves(int rank, int closeFirst) {
   rank_state s = setup(rank, 2);
@@ -235,8 +236,55 @@ static void peer_leaves(int rank, int closeFirst) {
   while (e == LB_OK && now_ms() - start < 2000) e = lb_progress(s.c);
   CHECK(e == LB_EPEER && now_ms() - start < 1000, "progress returned %d after %llu ms; expected LB_EPEER (%d) within 1 s",
         e, (unsigned long long)(now_ms() - start), LB_EPEER);
-  int done = 1;
-  CHECK(lb_test(s.c, reqs[63], &done) == LB_EPEER && !done, "a put to the gone peer did not report the error");
+  int done = 0;
+  CHECK(lb_test(s.c, reqs[63], &done) == LB_EPEER && done, "a put to the gone peer did not complete with the error");
+  for (int k = 0; k < 63; k++) {  // the first ones may have reached the ring before the peer left
+    done = 0;
+    int t = lb_test(s.c, reqs[k], &done);
+    CHECK(done && (t == LB_OK || t == LB_EPEER), "put %d to the gone peer: test gave %d, done %d", k, t, done);
+  }
+  lb_request* late = NULL;
+  CHECK(lb_put(s.c, 1, s.src, 0, 64, s.win, 0, NULL, 0, LB_SIGNAL_NONE, 0, &late) == LB_EPEER && late == NULL,
+        "a put after the error was taken");
+  lb_close(s.c);
+}
+
+// A put that names a registration its receiver has not made yet waits in the ring (the sender has
+// returned from a collective registration first) and lands once the receiver registers.
+static void late_registration(int rank) {
+  rank_state s = setup(rank, 2);
+  enum { N = 4096 };
+  if (rank == 0) {
+    uint8_t* extra = malloc(N);
+    lb_reg* r = NULL;
+    CHECK(lb_register(s.c, extra, N, LB_MEM_DEVICE, &r) == LB_OK, "register the fourth window");
+    for (size_t i = 0; i < N; i++) s.srcMem[i] = pattern(0, 1, i);
+    lb_request* req;
+    CHECK(lb_put(s.c, 1, s.src, 0, N, r, 0, s.sig, 0, LB_SIGNAL_INC, 0, &req) == LB_OK, "put into the fourth window");
+    wait_all(s.c, &req, 1);
+    barrier(2, 2);  // the piece is in rank 1's ring before rank 1 registers
+    barrier(3, 2);
+    lb_deregister(s.c, r);
+    free(extra);
+  } else {
+    uint8_t* extra = malloc(N);
+    memset(extra, 0xEE, N);
+    barrier(2, 2);
+    for (int i = 0; i < 50; i++) CHECK(lb_progress(s.c) == LB_OK, "progress before the registration exists");
+    CHECK(s.sigMem[0] == 0, "the signal of a put into an unregistered window was applied");
+    lb_reg* r = NULL;
+    CHECK(lb_register(s.c, extra, N, LB_MEM_DEVICE, &r) == LB_OK, "register the fourth window");
+    uint64_t start = now_ms();
+    while (atomic_load_explicit((_Atomic uint64_t*)&s.sigMem[0], memory_order_acquire) < 1 && now_ms() - start < 5000)
+      CHECK(lb_progress(s.c) == LB_OK, "progress");
+    size_t bad = 0;
+    for (size_t i = 0; i < N; i++) if (extra[i] != pattern(0, 1, i)) bad++;
+    CHECK(s.sigMem[0] == 1 && bad == 0, "signal %llu, %zu wrong bytes after the late registration", (unsigned long long)s.sigMem[0], bad);
+    barrier(3, 2);
+    lb_deregister(s.c, r);
+    free(extra);
+  }
+  barrier(1, 2);
   lb_close(s.c);
 }
 
@@ -266,6 +314,7 @@ static void a2a_body(int rank, int n) { all_to_all(rank, n); }
 static void ordering_body(int rank, int arg) { (void)arg; ordering(rank); }
 static void full_body(int rank, int arg) { (void)arg; full_ring(rank); }
 static void leave_body(int rank, int closeFirst) { peer_leaves(rank, closeFirst); }
+static void late_body(int rank, int arg) { (void)arg; late_registration(rank); }
 
 int main(void) {
   // small rings, so that puts span many pieces and the ring fills
@@ -279,6 +328,7 @@ int main(void) {
   ok &= run("all-to-all, 4 ranks", 4, a2a_body, 4);
   ok &= run("signal after data, FIFO per pair", 2, ordering_body, 0);
   ok &= run("full ring", 2, full_body, 0);
+  ok &= run("a put before its receiver registered", 2, late_body, 0);
   ok &= run("peer that leaves without closing", 2, leave_body, 0);
   ok &= run("peer that closes, then leaves", 2, leave_body, 1);
   printf("lb_core_test: %s\n", ok ? "all checks passed" : "FAILED");

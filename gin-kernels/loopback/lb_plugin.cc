@@ -115,6 +115,7 @@ struct Cuda {
 };
 
 int cu_check(CUresult r, const char* what) {
+  lb_note_op(nullptr);
   if (r == CUDA_SUCCESS) return LB_OK;
   const char* name = nullptr;
   cu.getErrorName(r, &name);
@@ -133,7 +134,9 @@ int cuda_to_ring(void* ctx, void* ring, const void* src, int kind, size_t n) {
   if (kind == LB_MEM_HOST) { memcpy(ring, src, n); return LB_OK; }
   Cuda* k = (Cuda*)ctx;
   int e = bind(k);
+  if (!e) lb_note_op("cuMemcpyDtoHAsync (put source into the ring)");
   if (!e) e = cu_check(cu.memcpyDtoHAsync(ring, (CUdeviceptr)src, n, k->stream), "cuMemcpyDtoHAsync (put source into the ring)");
+  if (!e) lb_note_op("cuStreamSynchronize (put source into the ring)");
   if (!e) e = cu_check(cu.streamSynchronize(k->stream), "cuStreamSynchronize (put source into the ring)");
   return e;
 }
@@ -142,8 +145,10 @@ int cuda_from_ring(void* ctx, void* dst, int kind, const void* ring, size_t n) {
   if (kind == LB_MEM_HOST) { memcpy(dst, ring, n); return LB_OK; }
   Cuda* k = (Cuda*)ctx;
   int e = bind(k);
+  if (!e) lb_note_op("cuMemcpyHtoDAsync (ring into the window)");
   if (!e) e = cu_check(cu.memcpyHtoDAsync((CUdeviceptr)dst, ring, n, k->stream), "cuMemcpyHtoDAsync (ring into the window)");
   // the slot is handed back to the source once this returns: the copy must have read it
+  if (!e) lb_note_op("cuStreamSynchronize (ring into the window)");
   if (!e) e = cu_check(cu.streamSynchronize(k->stream), "cuStreamSynchronize (ring into the window)");
   return e;
 }
@@ -153,7 +158,9 @@ int cuda_signal_add(void* ctx, uint64_t* addr, int kind, uint64_t value) {
   Cuda* k = (Cuda*)ctx;
   int e = bind(k);
   void* args[] = {&addr, &value};
+  if (!e) lb_note_op("cuLaunchKernel (signal add)");
   if (!e) e = cu_check(cu.launchKernel(k->signalAdd, 1, 1, 1, 1, 1, 1, 0, k->stream, args, nullptr), "cuLaunchKernel (signal add)");
+  if (!e) lb_note_op("cuStreamSynchronize (signal add)");
   if (!e) e = cu_check(cu.streamSynchronize(k->stream), "cuStreamSynchronize (signal add)");
   return e;
 }
@@ -162,7 +169,9 @@ void cuda_map_hook(void* ctx, void* base, size_t size, int mapped) {
   Cuda* k = (Cuda*)ctx;
   if (bind(k)) return;
   if (mapped) {
+    lb_note_op("cuMemHostRegister (ring memory)");
     CUresult r = cu.memHostRegister(base, size, CU_MEMHOSTREGISTER_PORTABLE);
+    lb_note_op(nullptr);
     if (r != CUDA_SUCCESS) info("ring memory of %zu bytes not pinned (cuMemHostRegister: %d): copies are slower", size, (int)r);
   } else {
     cu.memHostUnregister(base);  // fails harmlessly where registering failed
