@@ -35,26 +35,25 @@ GIN_DEVICE_INLINE void combine_send(const ncclDevComm& comm, const MoeNetCombine
     }
     uint16_t* out = (uint16_t*)(t.bytes + i * 2ull * (uint64_t)H);
     if (vec) {
-      for (int h = (int)lane * 8; h < H; h += 8 * GIN_WARP_SIZE) {
+      for_columns<8>(H, lane, [&](int h, bool on) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int k = 0; k < K; ++k) {
           const int r = __shfl_sync(0xffffffffu, row, k);
           const float wk = __shfl_sync(0xffffffffu, w, k);
-          if (r >= 0) acc_bf16x8(acc, ld16<false>(a.expertOut + (uint64_t)r * H + h), wk);
+          if (on && r >= 0) acc_bf16x8(acc, ld16<false>(a.expertOut + (uint64_t)r * H + h), wk);
         }
-        const gin_u128 v = pack_bf16x8(acc);
-        gin_st16(out + h, v);
-      }
+        if (on) gin_st16(out + h, pack_bf16x8(acc));
+      });
     } else {
-      for (int h = (int)lane; h < H; h += GIN_WARP_SIZE) {
+      for_columns<1>(H, lane, [&](int h, bool on) {
         float acc = 0.f;
         for (int k = 0; k < K; ++k) {
           const int r = __shfl_sync(0xffffffffu, row, k);
           const float wk = __shfl_sync(0xffffffffu, w, k);
-          if (r >= 0) acc += wk * bf16_to_f32(a.expertOut[(uint64_t)r * H + h]);
+          if (on && r >= 0) acc += wk * bf16_to_f32(a.expertOut[(uint64_t)r * H + h]);
         }
-        out[h] = (uint16_t)f32_to_bf16(acc);
-      }
+        if (on) out[h] = (uint16_t)f32_to_bf16(acc);
+      });
     }
   }
   __syncthreads();
@@ -88,24 +87,24 @@ GIN_DEVICE_INLINE void combine_reduce(const MoeNetCombineArgs& a, ncclWindow_t w
     }
     uint16_t* y = a.y + (uint64_t)t * H;
     if (vec) {
-      for (int h = (int)lane * 8; h < H; h += 8 * GIN_WARP_SIZE) {
+      for_columns<8>(H, lane, [&](int h, bool on) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int p = 0; p < R; ++p) {
           const int q = __shfl_sync(0xffffffffu, pos, p);
-          if (q >= 0)
+          if (on && q >= 0)
             acc_bf16x8(acc, ld16<true>(partials + (uint64_t)p * a.net.sectionBytes + ((uint64_t)q * H + h) * 2ull), 1.f);
         }
-        gin_st16(y + h, pack_bf16x8(acc));
-      }
+        if (on) gin_st16(y + h, pack_bf16x8(acc));
+      });
     } else {
-      for (int h = (int)lane; h < H; h += GIN_WARP_SIZE) {
+      for_columns<1>(H, lane, [&](int h, bool on) {
         float acc = 0.f;
         for (int p = 0; p < R; ++p) {
           const int q = __shfl_sync(0xffffffffu, pos, p);
-          if (q >= 0) acc += bf16_to_f32(((const uint16_t*)(partials + (uint64_t)p * a.net.sectionBytes))[(uint64_t)q * H + h]);
+          if (on && q >= 0) acc += bf16_to_f32(((const uint16_t*)(partials + (uint64_t)p * a.net.sectionBytes))[(uint64_t)q * H + h]);
         }
-        y[h] = (uint16_t)f32_to_bf16(acc);
-      }
+        if (on) y[h] = (uint16_t)f32_to_bf16(acc);
+      });
     }
   }
 }

@@ -41,23 +41,23 @@ GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombi
     const int pos = (int)lane < Gm ? fwdPos[u * G + lane] : -1;
     uint16_t* out = (uint16_t*)(t.bytes + u * 2ull * (uint64_t)H);
     if (vec) {
-      for (int h = (int)lane * 8; h < H; h += 8 * GIN_WARP_SIZE) {
+      for_columns<8>(H, lane, [&](int h, bool on) {
         float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int q = 0; q < Gm; ++q) {
           const int r = __shfl_sync(0xffffffffu, pos, q);
-          if (r >= 0 && r < M) acc_bf16x8(acc, ld16<true>(partials + (uint64_t)q * f.part.sectionBytes + ((uint64_t)r * H + h) * 2ull), 1.f);
+          if (on && r >= 0 && r < M) acc_bf16x8(acc, ld16<true>(partials + (uint64_t)q * f.part.sectionBytes + ((uint64_t)r * H + h) * 2ull), 1.f);
         }
-        gin_st16(out + h, pack_bf16x8(acc));
-      }
+        if (on) gin_st16(out + h, pack_bf16x8(acc));
+      });
     } else {
-      for (int h = (int)lane; h < H; h += GIN_WARP_SIZE) {
+      for_columns<1>(H, lane, [&](int h, bool on) {
         float acc = 0.f;
         for (int q = 0; q < Gm; ++q) {
           const int r = __shfl_sync(0xffffffffu, pos, q);
-          if (r >= 0 && r < M) acc += bf16_to_f32(((const uint16_t*)(partials + (uint64_t)q * f.part.sectionBytes))[(uint64_t)r * H + h]);
+          if (on && r >= 0 && r < M) acc += bf16_to_f32(((const uint16_t*)(partials + (uint64_t)q * f.part.sectionBytes))[(uint64_t)r * H + h]);
         }
-        out[h] = (uint16_t)f32_to_bf16(acc);
-      }
+        if (on) out[h] = (uint16_t)f32_to_bf16(acc);
+      });
     }
   }
   __syncthreads();

@@ -25,6 +25,18 @@ GIN_DEVICE_INLINE void part(uint64_t n, int parts, int i, uint64_t& lo, uint64_t
   if (hi > n) hi = n;
 }
 
+// A warp's walk over the H columns of a row, kWidth columns per lane and step: every lane runs
+// every step (`on` false past the row's end), so the full-warp shuffles inside f always meet all
+// 32 lanes. A loop bounded per lane (h = lane * kWidth; h < H) would leave the lanes past the end
+// out of the shuffles, and on sm_70+ the warp then waits forever (no time-out can end it).
+template <int kWidth, typename F>
+GIN_DEVICE_INLINE void for_columns(int H, uint32_t lane, F&& f) {
+  for (int h0 = 0; h0 < H; h0 += kWidth * GIN_WARP_SIZE) {
+    const int h = h0 + (int)lane * kWidth;
+    f(h, h < H);
+  }
+}
+
 GIN_DEVICE_INLINE uint64_t section(uint64_t base, const MoeNetSections& net, int parity, int R, int index) {
   return base + ((uint64_t)parity * (uint64_t)R + (uint64_t)index) * net.sectionBytes;
 }

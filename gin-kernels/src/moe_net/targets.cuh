@@ -48,7 +48,7 @@ GIN_DEVICE_INLINE Target ll_target(const ncclDevComm& comm, ncclWindow_t window,
 // Thread 0, after the block's stores into the target: over LSA one system-scope add to the peer's
 // flag; over GIN the puts of the pieces [lo, hi) (at most two), the last with a signal increment
 // (NCCL shows a signal only after its put's payload and every earlier put of the context to that
-// peer), or the signal alone when nothing is to be put.
+// peer), or the signal alone when nothing is to be put; then a flush.
 GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, const Target& t, const uint64_t (&lo)[2], const uint64_t (&hi)[2]) {
   if (t.lsa) {
     gin_fence_acq_rel_sys();
@@ -64,6 +64,7 @@ GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, con
   if (last < 0) {
     gin.signal(world, t.peer, ncclGin_SignalInc{sig}, ncclCoopThread(), ncclGin_None{}, cuda::thread_scope_thread,
                cuda::thread_scope_system);
+    gin.flush(ncclCoopThread());
     return;
   }
   for (int i = 0; i <= last; ++i) {
@@ -77,6 +78,11 @@ GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, con
                 ncclGin_None{}, cuda::thread_scope_thread, cuda::thread_scope_system);
     }
   }
+  // The kernel ends only once the network has taken every source byte: the caller may then reuse or
+  // free the staging (close the instance, say). Without it, a put still queued when the stream went
+  // idle read freed memory. NCCL's flush ends at the transport's completions, error completions
+  // included, or at the communicator's abort.
+  gin.flush(ncclCoopThread());
 }
 
 // One thread waits until writer w's flag word (this rank's window offset `flag`, when w is in the

@@ -291,37 +291,48 @@ final class LoopbackGinMoeRank {
     static long align(long v, long a) { return (v + a - 1) / a * a; }
 
     /**
-     * One dispatch's network traffic from each peer, as this rank's transport received it (complete
-     * once this rank's dispatch has ended; what it sent may still be on its way): rows = the peer's
-     * tokens coming here x row bytes (once per token, however many of its experts are here),
-     * metadata = the header + 12K bytes per token; at most two puts and exactly one signal per
-     * block (chunk); nothing from itself.
+     * The traffic of one call is read on the sending side: every kernel flushes its puts before it
+     * ends, so once this rank's call is done its transport has taken all it sent in the call, and
+     * nothing of the next call yet. (The receiving side's counts are not per call: a peer ahead by
+     * one call may already have sent into the other parity's sections.) Counters: [q][0..2] = puts,
+     * signals and bytes this process sent to rank q.
+     */
+    private static long[] sent(long[][] before, long[][] after, int q) {
+        return new long[] {after[q][0] - before[q][0], after[q][1] - before[q][1], after[q][2] - before[q][2]};
+    }
+
+    /**
+     * One dispatch's traffic from this rank to each peer q: rows = this rank's tokens going to q x
+     * row bytes (once per token, however many of q's experts it picked), metadata = the header + 12K
+     * bytes per token; at most two puts and exactly one signal per block (chunk); nothing to itself.
      */
     private static void expectDispatchTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, int rowBytes, Case c, int chunks) {
         int world = in.length;
         long header = align(8 + 4L * (c.experts() / world), 16);
-        for (int p = 0; p < world; p++) {
-            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
-            long n = tokensTo(in[p], rank, c.experts(), c.k(), world), rows = n * rowBytes, meta = header + 12L * c.k() * n;
-            boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == rows + meta && puts <= 2L * chunks && signals == chunks;
-            if (!ok) throw new AssertionError(c.name() + ": dispatch rank " + p + " -> " + rank + ": " + puts + " puts, " + signals + " signals, " + bytes
+        for (int q = 0; q < world; q++) {
+            long[] t = sent(before, after, q);
+            long puts = t[0], signals = t[1], bytes = t[2];
+            long n = tokensTo(in[rank], q, c.experts(), c.k(), world), rows = n * rowBytes, meta = header + 12L * c.k() * n;
+            boolean ok = q == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == rows + meta && puts <= 2L * chunks && signals == chunks;
+            if (!ok) throw new AssertionError(c.name() + ": dispatch rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, " + bytes
                     + " bytes; expected " + (rows + meta) + " bytes (" + n + " tokens x " + rowBytes + " row bytes + " + meta + " of metadata), at most "
                     + 2 * chunks + " puts and " + chunks + " signals");
-            if (p != rank) System.out.printf("rank %d -> %d, %s dispatch: %d puts, %d signals, %d bytes on the network (rows %d = %d tokens x %d, metadata %d)%n",
-                    p, rank, c.name(), puts, signals, bytes, rows, n, rowBytes, meta);
+            if (q != rank) System.out.printf("rank %d -> %d, %s dispatch: %d puts, %d signals, %d bytes on the network (rows %d = %d tokens x %d, metadata %d)%n",
+                    rank, q, c.name(), puts, signals, bytes, rows, n, rowBytes, meta);
         }
     }
 
-    /** {@code calls} combines' traffic from each peer, as received: one bf16 partial per token this rank sent there, at most one put and one signal per block. */
+    /** {@code calls} combines' traffic from this rank to each peer q: one bf16 partial per token q sent here, at most one put and one signal per block. */
     private static void expectCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, int chunks) {
         int world = in.length;
-        for (int p = 0; p < world; p++) {
-            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
-            long n = tokensTo(in[rank], p, c.experts(), c.k(), world), want = calls * n * 2L * c.hidden();
-            boolean ok = p == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == want && puts <= (long) calls * chunks && signals == (long) calls * chunks;
-            if (!ok) throw new AssertionError(c.name() + ": " + calls + " combines rank " + p + " -> " + rank + ": " + puts + " puts, " + signals + " signals, "
+        for (int q = 0; q < world; q++) {
+            long[] t = sent(before, after, q);
+            long puts = t[0], signals = t[1], bytes = t[2];
+            long n = tokensTo(in[q], rank, c.experts(), c.k(), world), want = calls * n * 2L * c.hidden();
+            boolean ok = q == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == want && puts <= (long) calls * chunks && signals == (long) calls * chunks;
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " combines rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, "
                     + bytes + " bytes; expected " + want + " (" + n + " partial rows of " + 2 * c.hidden() + " bytes per call)");
-            if (p != rank) System.out.printf("rank %d -> %d, %s combine: %d bytes on the network per call (%d partials x %d)%n", p, rank, c.name(), bytes / calls, n, 2 * c.hidden());
+            if (q != rank) System.out.printf("rank %d -> %d, %s combine: %d bytes on the network per call (%d partials x %d)%n", rank, q, c.name(), bytes / calls, n, 2 * c.hidden());
         }
     }
 
@@ -338,90 +349,93 @@ final class LoopbackGinMoeRank {
     }
 
     /**
-     * One high-throughput dispatch's traffic from each peer, as this rank received it. Between
-     * nodes, from a sender p of another node whose entry in this node is this rank: its node section,
-     * (p's tokens going to this node) x row bytes + metadata (header {@code align16(8 + 4GL)} + 12K
-     * per token); from the other ranks of other nodes nothing. Inside the node, from a node peer p:
-     * p's own low-latency section for this rank, and one forwarded section for each sender of
-     * another node that p is the entry for, each (the sender's tokens coming here) x row bytes +
-     * {@code align16(8 + 4L)} + 12K per token. At most two puts and one signal per chunk and section.
+     * One high-throughput dispatch's traffic from this rank to each peer q. To a rank q of another
+     * node that is this rank's entry there: this rank's node section, (its tokens going to q's node)
+     * x row bytes + metadata (header {@code align16(8 + 4GL)} + 12K per token); to the other ranks
+     * of other nodes nothing. To a node peer q: this rank's own low-latency section for q, and one
+     * forwarded section for each sender s of another node that this rank is the entry for, each
+     * (s's tokens going to q) x row bytes + {@code align16(8 + 4L)} + 12K per token. At most two puts
+     * and one signal per chunk and section.
      */
     private static void expectHtDispatchTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, int rowBytes, Case c, Nodes nodes, int chunks) {
-        int world = in.length, l = c.experts() / world, me = nodes.nodeOf(rank);
+        int world = in.length, l = c.experts() / world, mine = nodes.nodeOf(rank);
         long header = align(8 + 4L * l, 16), nodeHeader = align(8 + 4L * nodes.size() * l, 16), between = 0, inside = 0, minimum = 0;
-        for (int p = 0; p < world; p++) {
-            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
+        for (int q = 0; q < world; q++) {
+            long[] t = sent(before, after, q);
+            long puts = t[0], signals = t[1], bytes = t[2];
+            int theirs = nodes.nodeOf(q);
             long want = 0, sections = 0, rows = 0;
-            if (p == rank) {
-                // nothing from itself
-            } else if (nodes.nodeOf(p) != me) {
-                if (nodes.entry(p, me) == rank) {
-                    long n = tokensToNode(in[p], me, nodes, c.experts(), c.k());
+            if (q == rank) {
+                // nothing to itself
+            } else if (theirs != mine) {
+                if (nodes.entry(rank, theirs) == q) {
+                    long n = tokensToNode(in[rank], theirs, nodes, c.experts(), c.k());
                     want = n * rowBytes + nodeHeader + 12L * c.k() * n;
                     rows = n * rowBytes;
                     sections = 1;
                 }
                 between += bytes;
             } else {
-                long n = tokensTo(in[p], rank, c.experts(), c.k(), world);
+                long n = tokensTo(in[rank], q, c.experts(), c.k(), world);
                 want = n * rowBytes + header + 12L * c.k() * n;
-                rows += n * rowBytes;
                 sections = 1;
                 for (int s = 0; s < world; s++) {
-                    if (nodes.nodeOf(s) == me || nodes.entry(s, me) != p) continue;
-                    long m = tokensTo(in[s], rank, c.experts(), c.k(), world);
+                    if (nodes.nodeOf(s) == mine || nodes.entry(s, mine) != rank) continue;
+                    long m = tokensTo(in[s], q, c.experts(), c.k(), world);
                     want += m * rowBytes + header + 12L * c.k() * m;
                     sections++;
                 }
                 inside += bytes;
             }
             boolean ok = bytes == want && puts <= 2L * chunks * sections && signals == chunks * sections;
-            if (!ok) throw new AssertionError(c.name() + ": HT dispatch rank " + p + " -> " + rank + " (nodes " + nodes.nodeOf(p) + " -> " + me + "): " + puts + " puts, "
+            if (!ok) throw new AssertionError(c.name() + ": HT dispatch rank " + rank + " -> " + q + " (nodes " + mine + " -> " + theirs + "): " + puts + " puts, "
                     + signals + " signals, " + bytes + " bytes; expected " + want + " bytes in " + sections + " section(s), at most " + 2 * chunks * sections
                     + " puts and " + chunks * sections + " signals");
-            if (nodes.nodeOf(p) != me) minimum += rows;
-            if (p != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT dispatch (%s): %d puts, %d signals, %d bytes%n", p, rank, c.name(),
-                    nodes.nodeOf(p) == me ? "inside the node" : "between nodes", puts, signals, bytes);
+            minimum += rows;
+            if (q != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT dispatch (%s): %d puts, %d signals, %d bytes%n", rank, q, c.name(),
+                    theirs == mine ? "inside the node" : "between nodes", puts, signals, bytes);
         }
-        System.out.printf("rank %d, %s HT dispatch: %d bytes received between nodes (rows %d = once per (token, node)), %d inside the node%n", rank, c.name(), between, minimum, inside);
+        System.out.printf("rank %d, %s HT dispatch: %d bytes sent between nodes (rows %d = once per (token, node)), %d inside the node%n", rank, c.name(), between, minimum, inside);
     }
 
     /**
-     * {@code calls} high-throughput combines' traffic from each peer, as received. From a node peer
-     * p: its partials for this rank's own tokens (one bf16 row per token that went to p), and, for
-     * each sender s of another node that this rank is the entry for, p's partials for s (one per
-     * token of s that went to p). From a rank p of another node that is this rank's entry there: one
-     * node partial per token of this rank that went to p's node. At most one put and one signal per
+     * {@code calls} high-throughput combines' traffic from this rank to each peer q. To a node peer
+     * q: this rank's partials for q's own tokens (one bf16 row per token of q that came here), and,
+     * for each sender s of another node that q is the entry for, this rank's partials for s (one per
+     * token of s that came here). To a rank q of another node whose entry in this node is this rank:
+     * one node partial per token of q that went to this node. At most one put and one signal per
      * chunk and section.
      */
     private static void expectHtCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, Nodes nodes, int chunks) {
-        int world = in.length, me = nodes.nodeOf(rank);
+        int world = in.length, mine = nodes.nodeOf(rank);
         long row = 2L * c.hidden();
-        for (int p = 0; p < world; p++) {
-            long puts = after[p][3] - before[p][3], signals = after[p][4] - before[p][4], bytes = after[p][5] - before[p][5];
+        for (int q = 0; q < world; q++) {
+            long[] t = sent(before, after, q);
+            long puts = t[0], signals = t[1], bytes = t[2];
+            int theirs = nodes.nodeOf(q);
             long want = 0, sections = 0;
-            if (p == rank) {
-                // nothing from itself
-            } else if (nodes.nodeOf(p) != me) {
-                if (nodes.entry(rank, nodes.nodeOf(p)) == p) {
-                    want = tokensToNode(in[rank], nodes.nodeOf(p), nodes, c.experts(), c.k()) * row;
+            if (q == rank) {
+                // nothing to itself
+            } else if (theirs != mine) {
+                if (nodes.entry(q, mine) == rank) {
+                    want = tokensToNode(in[q], mine, nodes, c.experts(), c.k()) * row;
                     sections = 1;
                 }
             } else {
-                want = tokensTo(in[rank], p, c.experts(), c.k(), world) * row;
+                want = tokensTo(in[q], rank, c.experts(), c.k(), world) * row;
                 sections = 1;
                 for (int s = 0; s < world; s++) {
-                    if (nodes.nodeOf(s) == me || nodes.entry(s, me) != rank) continue;
-                    want += tokensTo(in[s], p, c.experts(), c.k(), world) * row;
+                    if (nodes.nodeOf(s) == mine || nodes.entry(s, mine) != q) continue;
+                    want += tokensTo(in[s], rank, c.experts(), c.k(), world) * row;
                     sections++;
                 }
             }
             want *= calls;
             boolean ok = bytes == want && puts <= (long) calls * chunks * sections && signals == (long) calls * chunks * sections;
-            if (!ok) throw new AssertionError(c.name() + ": " + calls + " HT combines rank " + p + " -> " + rank + ": " + puts + " puts, " + signals + " signals, "
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " HT combines rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, "
                     + bytes + " bytes; expected " + want + " in " + sections + " section(s) per call");
-            if (p != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT combine: %d bytes per call (%s)%n", p, rank, c.name(), bytes / calls,
-                    nodes.nodeOf(p) == me ? "inside the node" : "between nodes");
+            if (q != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT combine: %d bytes per call (%s)%n", rank, q, c.name(), bytes / calls,
+                    theirs == mine ? "inside the node" : "between nodes");
         }
     }
 
