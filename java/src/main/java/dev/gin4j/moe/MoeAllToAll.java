@@ -297,7 +297,6 @@ public final class MoeAllToAll extends NativeResource {
             this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);
             // ranks may differ in their settings: agree on a refusal, so that none goes on alone into the collectives below
             // (acrossNodes is the same on every rank: it comes from the group's shared host table)
-            if (acrossNodes) Groups.failTogether(group, "checking the opt-in for MoE across nodes", () -> MoeNetwork.requireOptIn(MoeNetwork.optInSetting()));
             Groups.failTogether(group, "checking the expert alignment", () -> {
                 if (acrossNodes && cfg.expertAlignment() > 1)
                     throw new UnsupportedOperationException("expertAlignment " + cfg.expertAlignment() + " is not available across nodes yet (the cross-node "

@@ -107,23 +107,6 @@ final class MoeNetwork implements AutoCloseable {
         }
     }
 
-    /**
-     * The opt-in for MoE across nodes, from {@code GIN4J_MOE_ACROSS_NODES} (or system property
-     * {@code gin4j.moe.acrossNodes}): {@code experimental} lets {@code create} build the exchange;
-     * unset, it is refused. Its combine has not yet completed on the loopback GIN transport (the one
-     * network it has run on), so no user gets it without asking.
-     */
-    static void requireOptIn(String value) {
-        if ("experimental".equals(value)) return;
-        if (value != null && !value.isEmpty())
-            throw new IllegalArgumentException("GIN4J_MOE_ACROSS_NODES / gin4j.moe.acrossNodes is '" + value + "'; expected 'experimental' (or unset)");
-        throw new UnsupportedOperationException("MoE dispatch and combine across nodes (Backend.GIN with peers outside this rank's node) is experimental:"
-                + " its combine has not yet completed on the loopback GIN transport, the one network it has run on (docs/kernels.md, nccl_gin_moe.cu)."
-                + " Use Backend.HOST across nodes, or set GIN4J_MOE_ACROSS_NODES=experimental (or -Dgin4j.moe.acrossNodes=experimental) on every rank to run it");
-    }
-
-    static String optInSetting() { return System.getProperty("gin4j.moe.acrossNodes", System.getenv("GIN4J_MOE_ACROSS_NODES")); }
-
     static long align(long v, long a) { return (v + a - 1) / a * a; }
 
     /** Blocks per peer (LL) or per unit (HT) and role: about the channel count in all, within the 256-block grid. */

@@ -52,9 +52,7 @@ class LoopbackGinGpuTest {
     private static List<String> moe(int world, Map<String, String> env) throws Exception {
         TwoProcessGpuTest.Placement placement = ranksAsHosts();  // skips, with the reason, where the transport is missing
         Gpus.requireKernels(Gpus.runtime(), "nccl_gin_moe");
-        Map<String, String> all = new java.util.HashMap<>(env);
-        all.put("GIN4J_MOE_ACROSS_NODES", "experimental");  // the opt-in MoeAllToAll asks for across nodes
-        List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", all, world);
+        List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", env, world);
         for (String o : out) {
             assertTrue(o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3, o);
             assertTrue(o.contains("replayed 1000 times") && o.contains("dispatch: ") && o.contains("combine: "), o);
@@ -97,18 +95,6 @@ class LoopbackGinGpuTest {
     @Test @Tag("gin-moe") void threeRanksMoeAcrossNodes() throws Exception { moe(3); }
 
     @Test @Tag("gin-moe") void fourRanksMoeAcrossNodes() throws Exception { moe(4); }
-
-    /**
-     * Without GIN4J_MOE_ACROSS_NODES=experimental, MoeAllToAll across nodes is refused at create, on
-     * every rank, naming the setting and Backend.HOST (its combine has not yet completed on this
-     * transport; the gin-moe tests above run it with the opt-in).
-     */
-    @Test void moeAcrossNodesIsRefusedWithoutTheOptIn() throws Exception {
-        TwoProcessGpuTest.Placement placement = ranksAsHosts();
-        Gpus.requireKernels(Gpus.runtime(), "nccl_gin_moe");
-        for (String o : TwoProcessGpuTest.runRanks(placement, "ginMoeRefused", Map.of(), 2))
-            assertTrue(o.contains("MoE across nodes refused without the opt-in"), o);
-    }
 
     /**
      * A rank that dies mid-run: the others' next GIN exchange fails well within the time-out,

@@ -160,18 +160,6 @@ final class LoopbackGinMoeRank {
         }
     }
 
-    /** MoeAllToAll across nodes without GIN4J_MOE_ACROSS_NODES: refused at create, naming the setting. */
-    static void refusedWithoutOptIn(CommGroup g, int rank) {
-        if (System.getenv("GIN4J_MOE_ACROSS_NODES") != null) throw new AssertionError("GIN4J_MOE_ACROSS_NODES is set for a test of its absence");
-        try (MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(256, 4 * g.worldSize(), 2, 32, Backend.GIN))) {
-            throw new AssertionError("MoE across nodes was created on rank " + rank + " without the opt-in (" + moe + ")");
-        } catch (UnsupportedOperationException | CommException e) {
-            if (!e.getMessage().contains("GIN4J_MOE_ACROSS_NODES") && !e.getMessage().contains("checking the opt-in for MoE across nodes failed on rank"))
-                throw new AssertionError("rank " + rank + ": the refusal does not name the setting: " + e.getMessage(), e);
-        }
-        System.out.println("rank " + rank + ": MoE across nodes refused without the opt-in");
-    }
-
     static int[] fill(int n, int v) { int[] a = new int[n]; Arrays.fill(a, v); return a; }
 
     /** LoopbackGinRank's counters (that class is the one place that reads the transport). */

@@ -64,7 +64,6 @@ public final class RankMain {
                 case "ginAllToAll" -> LoopbackGinRank.allToAll(g, rank, seed, arena);
                 case "ginPeerDies" -> LoopbackGinRank.peerDies(g, rank, seed, arena);
                 case "ginMoe" -> LoopbackGinMoeRank.run(g, rank, seed, arena);
-                case "ginMoeRefused" -> LoopbackGinMoeRank.refusedWithoutOptIn(g, rank);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
