@@ -1,5 +1,7 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.comm.DType;
+import dev.gin4j.comm.Backend;
 import dev.gin4j.bindings.a2a.GinA2aArgs;
 import dev.gin4j.bindings.a2a.GinA2aCeSelfArgs;
 import dev.gin4j.bindings.a2a.GinA2aHybridArgs;

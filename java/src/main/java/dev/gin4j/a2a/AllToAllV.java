@@ -1,5 +1,6 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.comm.Backend;
 import dev.gin4j.bindings.a2a.GinA2avArgs;
 import dev.gin4j.bindings.a2a.GinA2avHybridArgs;
 import dev.gin4j.bindings.a2a.GinA2avStagedArgs;

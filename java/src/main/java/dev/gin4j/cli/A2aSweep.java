@@ -1,7 +1,7 @@
 package dev.gin4j.cli;
 
 import dev.gin4j.a2a.AllToAll;
-import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.Backend;
 import dev.gin4j.a2a.Plan;
 import dev.gin4j.a2a.Protocol;
 import dev.gin4j.comm.CommGroup;

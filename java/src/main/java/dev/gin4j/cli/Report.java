@@ -1,6 +1,6 @@
 package dev.gin4j.cli;
 
-import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.Backend;
 import dev.gin4j.gpu.GpuRuntime;
 
 import java.io.IOException;

@@ -2,7 +2,7 @@ package dev.gin4j.moe;
 
 import dev.gin4j.internal.comm.Groups;
 import dev.gin4j.internal.gpu.Checks;
-import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.Backend;
 import dev.gin4j.bindings.moe.MoeDims;
 import dev.gin4j.bindings.moe.MoeFp8QuantizeArgs;
 import dev.gin4j.bindings.moe.MoeGinCombineArgs;
@@ -17,7 +17,7 @@ import dev.gin4j.bindings.moe.MoeHostUnpermuteArgs;
 import dev.gin4j.bindings.moe.MoeLayoutInfo;
 import dev.gin4j.bindings.moe.MoeQueryArgs;
 import dev.gin4j.bindings.moe.moe_h;
-import dev.gin4j.a2a.DType;
+import dev.gin4j.comm.DType;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;

@@ -1,7 +1,7 @@
 package dev.gin4j.moe;
 
-import dev.gin4j.a2a.Backend;
-import dev.gin4j.a2a.DType;
+import dev.gin4j.comm.Backend;
+import dev.gin4j.comm.DType;
 
 /**
  * Shape of an expert-parallel exchange: hidden size, number of experts (split evenly over the

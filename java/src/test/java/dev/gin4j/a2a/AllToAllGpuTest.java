@@ -1,5 +1,7 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.comm.DType;
+import dev.gin4j.comm.Backend;
 import dev.gin4j.comm.CommException;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Nccl;

@@ -1,5 +1,6 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.comm.Backend;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.Device;

@@ -1,5 +1,6 @@
 package dev.gin4j.a2a;
 
+import dev.gin4j.comm.DType;
 import dev.gin4j.internal.comm.KernelErrors;
 import dev.gin4j.gpu.Stream;
 import org.junit.jupiter.api.Test;

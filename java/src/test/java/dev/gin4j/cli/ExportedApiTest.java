@@ -43,7 +43,7 @@ class ExportedApiTest {
             "dev.gin4j.comm.Capabilities", "dev.gin4j.comm.CommException", "dev.gin4j.comm.CommGroup", "dev.gin4j.comm.CommGroup$Options",
             "dev.gin4j.comm.Communicator", "dev.gin4j.comm.ErrorCheck", "dev.gin4j.comm.Nccl", "dev.gin4j.comm.Rendezvous",
             "dev.gin4j.comm.Rendezvous$JobToken",
-            "dev.gin4j.a2a.AllToAll", "dev.gin4j.a2a.AllToAllV", "dev.gin4j.a2a.Backend", "dev.gin4j.a2a.Bf16", "dev.gin4j.a2a.DType",
+            "dev.gin4j.a2a.AllToAll", "dev.gin4j.a2a.AllToAllV", "dev.gin4j.comm.Backend", "dev.gin4j.comm.Bf16", "dev.gin4j.comm.DType",
             "dev.gin4j.a2a.Plan", "dev.gin4j.a2a.Protocol",
             "dev.gin4j.moe.Fp8Rows", "dev.gin4j.moe.MoeAllToAll", "dev.gin4j.moe.MoeConfig", "dev.gin4j.moe.MoeConfig$Builder",
             "dev.gin4j.moe.MoeDispatch", "dev.gin4j.moe.MoeOutputs", "dev.gin4j.moe.NetworkMode");

@@ -5,7 +5,6 @@ import dev.gin4j.internal.comm.KernelErrors;
 import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
-import dev.gin4j.a2a.Backend;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;

@@ -1,6 +1,5 @@
 package dev.gin4j.comm;
 
-import dev.gin4j.a2a.Backend;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Graph;

@@ -1,7 +1,6 @@
 package dev.gin4j.comm;
 
 import dev.gin4j.a2a.AllToAll;
-import dev.gin4j.a2a.Backend;
 import dev.gin4j.a2a.Plan;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;

@@ -6,8 +6,6 @@ import dev.gin4j.internal.comm.WindowLayout;
 import dev.gin4j.internal.gpu.KernelLibrary;
 import dev.gin4j.a2a.AllToAll;
 import dev.gin4j.a2a.AllToAllV;
-import dev.gin4j.a2a.Backend;
-import dev.gin4j.a2a.Bf16;
 import dev.gin4j.a2a.Protocol;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;
@@ -509,7 +507,7 @@ public final class RankMain {
             System.out.println("rank " + rank + " refused as expected: " + e.getMessage());
         }
         // MoE: a rank given another configuration is named on every rank, before anything waits on it
-        for (dev.gin4j.a2a.Backend b : dev.gin4j.a2a.Backend.values()) {
+        for (dev.gin4j.comm.Backend b : dev.gin4j.comm.Backend.values()) {
             try {
                 dev.gin4j.moe.MoeAllToAll.create(g, dev.gin4j.moe.MoeConfig.bf16(256, 8, 2, 64 * (rank + 1), b)).close();
                 throw new AssertionError(b + ": MoE configurations differ across ranks but create succeeded");

@@ -1,7 +1,7 @@
 package dev.gin4j.moe;
 
-import dev.gin4j.a2a.Backend;
-import dev.gin4j.a2a.Bf16;
+import dev.gin4j.comm.Backend;
+import dev.gin4j.comm.Bf16;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.Device;

@@ -1,6 +1,6 @@
 package dev.gin4j.moe;
 
-import dev.gin4j.a2a.Bf16;
+import dev.gin4j.comm.Bf16;
 
 import java.lang.foreign.MemorySegment;
 import java.lang.foreign.ValueLayout;

@@ -1,6 +1,6 @@
 package dev.gin4j.moe;
 
-import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.Backend;
 import org.junit.jupiter.api.Test;
 
 import java.util.HashSet;

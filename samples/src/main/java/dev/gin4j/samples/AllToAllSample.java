@@ -1,8 +1,8 @@
 package dev.gin4j.samples;
 
 import dev.gin4j.a2a.AllToAll;
-import dev.gin4j.a2a.Backend;
-import dev.gin4j.a2a.DType;
+import dev.gin4j.comm.Backend;
+import dev.gin4j.comm.DType;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;

@@ -1,6 +1,6 @@
 package dev.gin4j.samples;
 
-import dev.gin4j.a2a.Backend;
+import dev.gin4j.comm.Backend;
 import dev.gin4j.comm.CommGroup;
 import dev.gin4j.gpu.CodeObject;
 import dev.gin4j.gpu.Device;

@@ -1,6 +1,6 @@
 package dev.gin4j.samples;
 
-import dev.gin4j.a2a.Bf16;
+import dev.gin4j.comm.Bf16;
 import dev.gin4j.gpu.Device;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.NativeResource;

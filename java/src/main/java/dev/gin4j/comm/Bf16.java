@@ -1,4 +1,4 @@
-package dev.gin4j.a2a;
+package dev.gin4j.comm;
 
 /**
  * bf16 values as Java {@code short} bits (the upper half of an f32), for filling and reading

@@ -1,4 +1,4 @@
-package dev.gin4j.a2a;
+package dev.gin4j.comm;
 
 /** Element types the exchanges are sized in (the bytes are moved as they are). */
 public enum DType {

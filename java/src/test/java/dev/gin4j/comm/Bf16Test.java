@@ -1,4 +1,4 @@
-package dev.gin4j.a2a;
+package dev.gin4j.comm;
 
 import org.junit.jupiter.api.Test;
 
