@@ -22,13 +22,19 @@
 #define GIN4J_ABI_MOE_NET_H
 #include <stdint.h>
 
-#define MOE_NET_ABI_VERSION 2
+#define MOE_NET_ABI_VERSION 3
 #define MOE_NET_THREADS 512        /* blockDim.x of every moe_net kernel */
 #define MOE_NET_MAX_LOCAL_EXPERTS 1024
 #define MOE_NET_MAX_BLOCKS 256     /* grid limit: the call counters have 256 slots */
 #define MOE_NET_MAX_RANKS 16       /* the MoE kernels' rank limit (MOE_MAX_RANKS) */
 #define MOE_NET_MODE_LL 0          /* low-latency: a row per (token, destination rank) */
 #define MOE_NET_MODE_HT 1          /* high-throughput: a row per (token, destination node), forwarded inside it */
+/* Which roles a launch runs (the phase field of the dispatch and combine arguments). SEND runs the
+ * sending roles of a new call and returns once the network has read their bytes; the COMPLETE
+ * launch after it on the same stream runs the call's other roles (wait, forward, place or reduce). */
+#define MOE_NET_PHASE_ALL 0
+#define MOE_NET_PHASE_SEND 1
+#define MOE_NET_PHASE_COMPLETE 2
 
 /* Sizes of the instance, the same on every rank and call. */
 typedef struct MoeNetDims {
@@ -123,7 +129,7 @@ typedef struct MoeNetDispatchArgs {
   uint32_t* errorFlags;       /* gin_sync / MoE error bits */
   uint64_t capacityRows;      /* rows recvX and recvWeights hold */
   int32_t numTokens;          /* T of this call, 0..M; must equal the layout's */
-  int32_t reserved;
+  int32_t phase;              /* MOE_NET_PHASE_*: the whole call, or its send or complete half */
 } MoeNetDispatchArgs;
 
 /* moe_net_combine: the inverse exchange of the last dispatch on this workspace. */
@@ -140,7 +146,7 @@ typedef struct MoeNetCombineArgs {
   uint32_t* errorFlags;
   uint64_t expertOutRows;     /* rows expertOut holds; a received row at or past it sets MOE_ERR_COUNTS and is not read */
   int32_t numTokens;          /* T of the last dispatch */
-  int32_t reserved;
+  int32_t phase;              /* MOE_NET_PHASE_* */
 } MoeNetCombineArgs;
 
 /* moe_net_reset: zeroes the instance's GIN signals (NCCL's signal pool is not zeroed). */

@@ -54,13 +54,17 @@
 // another node), the reducers. Every role waits only on roles before it (on this GPU or a peer's),
 // senders never wait, and a GPU schedules blocks in index order, so every wait ends (a full grid
 // resident is not needed).
+// Staged calls (a.phase): a SEND launch runs the sending roles only (LL: the senders; HT dispatch:
+// the direct and node senders; HT combine: the partial senders), the COMPLETE launch after it on
+// the stream runs the others. SEND never waits; COMPLETE's roles wait only on SEND roles of this
+// rank or its peers, or on COMPLETE roles before them, so the split keeps every wait finite.
 // ================================================================================================
 extern "C" __global__ void __launch_bounds__(MOE_NET_THREADS)
 moe_net_dispatch(const __grid_constant__ ncclDevComm devComm, const __grid_constant__ MoeNetDispatchArgs a) {
   using namespace moe_net;
   __shared__ uint64_t sharedWords[4];
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
-  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_LL, true, a.workspace, a.errorFlags)) return;
+  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_LL, true, a.phase, a.workspace, a.errorFlags)) return;
   const MoeNetDims& d = a.dims;
   if ((a.numTokens < 0 || a.numTokens > d.maxTokens || a.x == nullptr || a.topkIdx == nullptr || a.topkWeights == nullptr ||
        a.recvX == nullptr || a.recvWeights == nullptr || a.recvCounts == nullptr)) {
@@ -68,12 +72,17 @@ moe_net_dispatch(const __grid_constant__ ncclDevComm devComm, const __grid_const
     return;
   }
   uint64_t* counters = counters_of(window, a.fwd, 0);
-  const Call call = begin_call(counters, MOE_NET_MODE_LL, sharedWords);
+  const Call call = begin_call(counters, MOE_NET_MODE_LL, a.phase, sharedWords);
+  if (call.count == 0) {  // a COMPLETE with no SEND before it
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
   const int parity = call.parity, senders = d.nRanks * d.chunks;
-  if ((int)blockIdx.x < senders) {
-    dispatch_send(devComm, a, (int)blockIdx.x / d.chunks, (int)blockIdx.x % d.chunks, parity, a.net.flagOffset, a.net.signalBase);
+  const int role = role_block(roles_of(d, a.topo, MOE_NET_MODE_LL, true), a.phase);
+  if (role < senders) {
+    dispatch_send(devComm, a, role / d.chunks, role % d.chunks, parity, a.net.flagOffset, a.net.signalBase);
   } else {
-    const int b = (int)blockIdx.x - senders;
+    const int b = role - senders;
     if (wait_all_sources(devComm, window, a.net, parity, d.nRanks, (uint64_t)d.chunks * call.count, a.errorFlags))
       dispatch_receive(devComm, a, b / d.chunks, b % d.chunks, parity);
   }
@@ -86,7 +95,7 @@ moe_net_combine(const __grid_constant__ ncclDevComm devComm, const __grid_consta
   using namespace moe_net;
   __shared__ uint64_t sharedWords[4];
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
-  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_LL, false, a.workspace, a.errorFlags)) return;
+  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_LL, false, a.phase, a.workspace, a.errorFlags)) return;
   const MoeNetDims& d = a.dims;
   uint64_t* state = state_of(a.workspace);
   if (a.expertOut == nullptr || a.y == nullptr || a.numTokens < 0 || a.numTokens > d.maxTokens) {
@@ -97,14 +106,19 @@ moe_net_combine(const __grid_constant__ ncclDevComm devComm, const __grid_consta
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_TOKENS);
   }
   uint64_t* counters = counters_of(window, a.fwd, 1);
-  const Call call = begin_call(counters, MOE_NET_MODE_LL, sharedWords);
+  const Call call = begin_call(counters, MOE_NET_MODE_LL, a.phase, sharedWords);
+  if (call.count == 0) {  // a COMPLETE with no SEND before it
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
   const int parity = call.parity, R = d.nRanks, senders = R * d.chunks;
-  if ((int)blockIdx.x < senders) {
-    const int p = (int)blockIdx.x / d.chunks;
+  const int role = role_block(roles_of(d, a.topo, MOE_NET_MODE_LL, false), a.phase);
+  if (role < senders) {
+    const int p = role / d.chunks;
     const Target t = ll_target(devComm, window, a.net, parity, d.rank, R, p, a.net.flagOffset, a.net.signalBase);
-    combine_send(devComm, a, p, (int)blockIdx.x % d.chunks, parity, t);
+    combine_send(devComm, a, p, role % d.chunks, parity, t);
   } else if (wait_all_sources(devComm, window, a.net, parity, R, (uint64_t)d.chunks * call.count, a.errorFlags)) {
-    combine_reduce(a, window, (int)blockIdx.x - senders, senders, parity, false);
+    combine_reduce(a, window, role - senders, senders, parity, false);
   }
   __syncthreads();
   end_call(counters, call);
@@ -115,7 +129,7 @@ moe_net_dispatch_ht(const __grid_constant__ ncclDevComm devComm, const __grid_co
   using namespace moe_net;
   __shared__ uint64_t sharedWords[4];
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
-  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_HT, true, a.workspace, a.errorFlags)) return;
+  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_HT, true, a.phase, a.workspace, a.errorFlags)) return;
   const MoeNetDims& d = a.dims;
   const MoeNetTopology& topo = a.topo;
   if ((a.numTokens < 0 || a.numTokens > d.maxTokens || a.x == nullptr || a.topkIdx == nullptr || a.topkWeights == nullptr ||
@@ -124,11 +138,15 @@ moe_net_dispatch_ht(const __grid_constant__ ncclDevComm devComm, const __grid_co
     return;
   }
   uint64_t* counters = counters_of(window, a.fwd, 0);
-  const Call call = begin_call(counters, MOE_NET_MODE_HT, sharedWords);
+  const Call call = begin_call(counters, MOE_NET_MODE_HT, a.phase, sharedWords);
+  if (call.count == 0) {  // a COMPLETE with no SEND before it
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
   const uint64_t threshold = (uint64_t)d.chunks * call.count;
   const int R = d.nRanks, C = d.chunks, myNode = topo.nodeOf[d.rank], Gm = topo.nodeSize[myNode], N = topo.nodes;
   const int remoteSlots = (N - 1) * topo.slotsPerNode;
-  int b = (int)blockIdx.x;
+  int b = role_block(roles_of(d, topo, MOE_NET_MODE_HT, true), a.phase);
   if (b < Gm * C) {
     dispatch_send(devComm, a, node_rank(topo, myNode, b / C), b % C, call.parity, a.fwd.htFlagOffset, a.fwd.htSignalBase);
   } else if ((b -= Gm * C) < (N - 1) * C) {
@@ -157,7 +175,7 @@ moe_net_combine_ht(const __grid_constant__ ncclDevComm devComm, const __grid_con
   using namespace moe_net;
   __shared__ uint64_t sharedWords[4];
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
-  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_HT, false, a.workspace, a.errorFlags)) return;
+  if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_HT, false, a.phase, a.workspace, a.errorFlags)) return;
   const MoeNetDims& d = a.dims;
   const MoeNetTopology& topo = a.topo;
   const MoeNetForward& f = a.fwd;
@@ -170,11 +188,15 @@ moe_net_combine_ht(const __grid_constant__ ncclDevComm devComm, const __grid_con
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_TOKENS);
   }
   uint64_t* counters = counters_of(window, f, 1);
-  const Call call = begin_call(counters, MOE_NET_MODE_HT, sharedWords);
+  const Call call = begin_call(counters, MOE_NET_MODE_HT, a.phase, sharedWords);
+  if (call.count == 0) {  // a COMPLETE with no SEND before it
+    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
+    return;
+  }
   const uint64_t threshold = (uint64_t)d.chunks * call.count;
   const int R = d.nRanks, C = d.chunks, parity = call.parity, myNode = topo.nodeOf[d.rank];
   const int S = topo.nodes * topo.slotsPerNode, G = topo.maxNodeSize, remoteSlots = (topo.nodes - 1) * topo.slotsPerNode;
-  int b = (int)blockIdx.x;
+  int b = role_block(roles_of(d, topo, MOE_NET_MODE_HT, false), a.phase);
   if (b < R * C) {
     const int s = b / C;
     Target t;

@@ -45,7 +45,7 @@ GIN_DEVICE_INLINE uint64_t section(uint64_t base, const MoeNetSections& net, int
 // Call counters. Per exchange, 256 slots of {low-latency calls of parity 0, of parity 1, HT calls
 // of parity 0, of parity 1}. Block b reads slot b and, at its end, writes the updated counts into
 // every slot b + k * gridDim.x, so the next launch reads the same counts in every block whatever
-// its grid (the two modes have different grids). Call n (all modes, from 1) uses section parity
+// its grid (the two modes and phases have different grids). Call n (all modes, from 1) uses section parity
 // n % 2; a flag or signal of one mode and parity reaches chunks x (that mode's calls of that
 // parity so far) in call n: each of its writers adds one per chunk and call.
 // ------------------------------------------------------------------------------------------------
@@ -54,23 +54,29 @@ struct Call {
   uint64_t n;
   int parity;
   uint64_t count;  // this mode's calls of this parity, this one included
+  bool advances;   // this launch began the call (it writes the counters at its end)
 };
 
-GIN_DEVICE_INLINE Call begin_call(const uint64_t* counters, int mode, uint64_t* shared4) {
+// A launch of the whole call or its SEND phase begins a new call; a COMPLETE launch continues the
+// call the SEND before it on the stream began (the counters already count it). A COMPLETE with no
+// call of this mode begun gets count 0: launch_ok's caller refuses it.
+GIN_DEVICE_INLINE Call begin_call(const uint64_t* counters, int mode, int phase, uint64_t* shared4) {
   if (threadIdx.x < 4) shared4[threadIdx.x] = counters[4ull * blockIdx.x + threadIdx.x];
   __syncthreads();
   Call c;
-  c.n = 1;
+  c.advances = phase != MOE_NET_PHASE_COMPLETE;
+  c.n = c.advances ? 1 : 0;
   for (int i = 0; i < 4; ++i) {
     c.words[i] = shared4[i];
     c.n += c.words[i];
   }
   c.parity = (int)(c.n & 1u);
-  c.count = ++c.words[2 * mode + c.parity];
+  c.count = c.advances ? ++c.words[2 * mode + c.parity] : c.words[2 * mode + c.parity];
   return c;
 }
 
 GIN_DEVICE_INLINE void end_call(uint64_t* counters, const Call& c) {
+  if (!c.advances) return;
   if (threadIdx.x < 4)
     for (uint32_t slot = blockIdx.x; slot < MOE_NET_MAX_BLOCKS; slot += gridDim.x) counters[4ull * slot + threadIdx.x] = c.words[threadIdx.x];
 }

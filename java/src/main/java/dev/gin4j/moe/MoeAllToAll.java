@@ -137,6 +137,7 @@ public final class MoeAllToAll extends NativeResource {
         // copied, so that the caller may reuse its topkIdx / topkWeights buffers after the dispatch as on GIN
         DeviceBuffer routingIdx, routingWeights;
         long lastSequence;  // dispatches so far on this rank; a handle names the one it came from
+        final StagedExchange staged = new StagedExchange();  // a dispatchSend / combineSend not completed yet
         final List<CodeObject> compiledCode = new ArrayList<>();  // shaped entries compiled for this shape (ShapedEntries)
         long[] recvRowsFrom, recvRowOffset, sendRowsTo, sendRowOffset;  // HOST: the last dispatch's row counts
         long expertRowsEnd;  // HOST: one past the last received row in recvX (the rows received, plus the alignment's padding before the last expert)
@@ -576,6 +577,7 @@ public final class MoeAllToAll extends NativeResource {
     private void checkInputs(RankState r, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w, int tokens, Stream stream) {
         ensureOpen();
         group.ensureOpen();  // the kernels store through the peer mappings that went with its communicators
+        r.staged.requireNone(r.comm.toString(), "a dispatch");
         if (tokens < 0 || tokens > cfg.maxTokens()) throw new IllegalArgumentException(r.comm + ": T = " + tokens + " tokens is outside [0, maxTokens = " + cfg.maxTokens() + "]");
         long needX = (long) tokens * cfg.inputRowBytes(), needK = 4L * tokens * cfg.topK();
         if (x.byteSize() < needX) {
@@ -627,11 +629,15 @@ public final class MoeAllToAll extends NativeResource {
         }
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
         checkOutputs(r, outputs, x, topkIdx, topkWeights);
-        return ginDispatch(localIndex, r, x, topkIdx, topkWeights, tokens, results(r, outputs), stream);
+        return ginDispatch(localIndex, r, x, topkIdx, topkWeights, tokens, results(r, outputs), stream, MoeNetwork.Phase.ALL);
     }
 
-    /** GIN, inputs checked: the dispatch launch. */
-    private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Results out, Stream stream) {
+    /**
+     * GIN, inputs checked: the dispatch launch. {@code phase} SEND (across nodes only): the sending
+     * roles now, the rest and the offsets and host copy at {@link #complete}.
+     */
+    private MoeDispatch ginDispatch(int localIndex, RankState r, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Results out, Stream stream,
+                                    MoeNetwork.Phase phase) {
         boolean offsets = expertOffsets || hostCounts, copy = hostCounts;  // read once: the same for the launch and the handle
         if (copy && stream.isCapturing())
             throw new IllegalStateException(r.comm + ": hostCounts(true) copies the counts to the host at each dispatch, which a graph cannot replay for a "
@@ -649,9 +655,16 @@ public final class MoeAllToAll extends NativeResource {
         MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
-        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream, networkMode);  // into the instance's buffers (outputs refused across nodes)
+        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream, networkMode, phase);  // into the instance's buffers (outputs refused across nodes)
         else r.dispatch.launch(stream, ginLaunch, a);
-        afterDispatch(r, out.counts(), offsets, copy, stream);
+        if (phase == MoeNetwork.Phase.SEND) {
+            r.staged.begin(r.comm.toString(), StagedExchange.Kind.DISPATCH, stream, () -> {
+                network.complete(localIndex, false, stream);
+                afterDispatch(r, out.counts(), offsets, copy, stream);
+            });
+        } else {
+            afterDispatch(r, out.counts(), offsets, copy, stream);
+        }
         return new MoeDispatch(this, localIndex, tokens, seq, out.rows(), out.counts(), out.weights(), offsets ? r.offsets : null, copy ? r.hostCopy : null,
                 copy ? r.hostCopied : null);
     }
@@ -699,7 +712,8 @@ public final class MoeAllToAll extends NativeResource {
         }
         List<MoeDispatch> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], results.get(i), streams.get(i)));
+            for (int i = 0; i < local; i++)
+                out.add(ginDispatch(i, ranks.get(i), x.get(i), topkIdx.get(i), topkWeights.get(i), tokens[i], results.get(i), streams.get(i), MoeNetwork.Phase.ALL));
             return out;
         }
         Checks.refuseCapture(streams, "a HOST dispatch" + FROM_HOST);
@@ -815,6 +829,7 @@ public final class MoeAllToAll extends NativeResource {
         group.ensureOpen();
         if (handle.owner() != this) throw new IllegalArgumentException(operation + " needs a handle of this instance's dispatch; " + handle + " comes from " + handle.owner().describe());
         RankState r = rank(handle.localIndex());
+        r.staged.requireNone(r.comm.toString(), operation);
         if (handle.sequence() != r.lastSequence) throw new IllegalStateException(r.comm + ": " + operation + " needs the handle of the last dispatch (call " + r.lastSequence + "), got one of call " + handle.sequence());
         return r;
     }
@@ -903,14 +918,16 @@ public final class MoeAllToAll extends NativeResource {
             if (group.localCount() > 1) throw new IllegalStateException("HOST combine with several local ranks must be issued for all of them together: use the list form");
             return combine(List.of(handle), List.of(expertOut), java.util.Collections.singletonList(y), List.of(stream), weighted).getFirst();
         }
-        return ginCombine(checkHandle(handle, expertOut, y, stream), handle, expertOut, y, stream, weighted);
+        return ginCombine(checkHandle(handle, expertOut, y, stream), handle, expertOut, y, stream, weighted, MoeNetwork.Phase.ALL);
     }
 
-    /** GIN, inputs checked: the combine launch (y null: the instance's). */
-    private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted) {
+    /** GIN, inputs checked: the combine launch (y null: the instance's); {@code phase} SEND across nodes only. */
+    private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted, MoeNetwork.Phase phase) {
         if (network != null) {  // y null: a caller's y is refused across nodes
             noteUse(stream);
-            network.combine(handle.localIndex(), expertOut, weighted ? r.recvWeights : null, handle.numTokens(), stream);
+            network.combine(handle.localIndex(), expertOut, weighted ? r.recvWeights : null, handle.numTokens(), stream, phase);
+            if (phase == MoeNetwork.Phase.SEND)
+                r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, () -> network.complete(handle.localIndex(), true, stream));
             return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
         }
         DeviceBuffer out = y != null ? y : r.y;
@@ -952,7 +969,7 @@ public final class MoeAllToAll extends NativeResource {
         for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), ys.get(i), streams.get(i));  // all before any launch
         List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
-            for (int i = 0; i < local; i++) out.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted));
+            for (int i = 0; i < local; i++) out.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted, MoeNetwork.Phase.ALL));
             return out;
         }
         Checks.refuseCapture(streams, "a HOST combine" + FROM_HOST);
@@ -970,6 +987,98 @@ public final class MoeAllToAll extends NativeResource {
             out.add(yi.slice(0, (long) h.numTokens() * rowBytes));
         }
         return out;
+    }
+
+
+    // ---------------------------------------------------------------------------------------------
+    // Staged calls: the send half now, the rest at complete, so compute can run in between
+    // ---------------------------------------------------------------------------------------------
+
+    /**
+     * The send half of {@link #dispatch(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)}:
+     * queues the routing layout and the kernel's puts and stores on {@code stream} and returns;
+     * {@link #complete(int, Stream)} on the same stream queues the wait for the peers' rows and
+     * their placement. Work queued on the stream in between (the shared expert, attention of
+     * another micro-batch) runs while the rows travel. The handle's rows, weights and counts are
+     * valid once the completion has run on the stream. Until {@code complete}, every other MoE call
+     * on the rank is refused; peers may use staged or whole calls as they like.
+     * <p>Across nodes ({@link Backend#GIN} with peers outside the LSA team) the send returns once
+     * the network has read its bytes, in both network modes. Inside one node and on
+     * {@link Backend#HOST} the send queues the whole dispatch (nothing is left to overlap there)
+     * and {@code complete} queues nothing. Into the instance's buffers only.
+     * @throws IllegalStateException while an earlier send on the rank is not completed, or for
+     *     HOST with several local ranks (use the list form of the whole call)
+     */
+    public MoeDispatch dispatchSend(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+        RankState r = rank(localIndex);
+        if (cfg.backend() != Backend.GIN || network == null) {
+            MoeDispatch h = dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);
+            r.staged.begin(r.comm.toString(), StagedExchange.Kind.DISPATCH, stream, () -> {});
+            return h;
+        }
+        checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
+        checkOutputs(r, MoeOutputs.INSTANCE_OWNED, x, topkIdx, topkWeights);
+        return ginDispatch(localIndex, r, x, topkIdx, topkWeights, tokens, results(r, MoeOutputs.INSTANCE_OWNED), stream, MoeNetwork.Phase.SEND);
+    }
+
+    /**
+     * One process per GPU: {@link #dispatchSend(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)} for local rank 0.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public MoeDispatch dispatchSend(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
+        requireOneLocalRank("dispatchSend(x, topkIdx, topkWeights, tokens, stream)");
+        return dispatchSend(0, x, topkIdx, topkWeights, tokens, stream);
+    }
+
+    /**
+     * The send half of {@link #combine(MoeDispatch, DeviceBuffer, Stream)}: the expert side's
+     * partial sums go out now; {@link #complete(int, Stream)} on the same stream queues the wait
+     * and the reduction into y. The returned y is valid once the completion has run on the stream.
+     * As {@link #dispatchSend}: staged across nodes, whole inside a node and on HOST.
+     */
+    public DeviceBuffer combineSend(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        return combineSend(handle, expertOut, stream, true);
+    }
+
+    /** The send half of {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)}, as {@link #combineSend}. */
+    public DeviceBuffer combineUnweightedSend(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
+        return combineSend(handle, expertOut, stream, false);
+    }
+
+    private DeviceBuffer combineSend(MoeDispatch handle, DeviceBuffer expertOut, Stream stream, boolean weighted) {
+        if (cfg.backend() != Backend.GIN || network == null) {
+            DeviceBuffer y = combine(handle, expertOut, null, stream, weighted);
+            RankState r = rank(handle.localIndex());
+            r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, () -> {});
+            return y;
+        }
+        return ginCombine(checkHandle(handle, expertOut, null, stream), handle, expertOut, null, stream, weighted, MoeNetwork.Phase.SEND);
+    }
+
+    /**
+     * Queues the rest of local rank {@code localIndex}'s last {@link #dispatchSend},
+     * {@link #combineSend} or {@link #combineUnweightedSend} on {@code stream}, the stream it was
+     * sent on: the wait for the peers' bytes (each wait ends with the kernels' time-out, as in a
+     * whole call), then the rows' placement or the reduction. Capturable in a graph with its send.
+     * @throws IllegalStateException when nothing was sent on the rank
+     * @throws IllegalArgumentException when {@code stream} is not the send's stream
+     */
+    public void complete(int localIndex, Stream stream) {
+        ensureOpen();
+        group.ensureOpen();
+        RankState r = rank(localIndex);
+        Runnable rest = r.staged.take(r.comm.toString(), stream);
+        noteUse(stream);
+        rest.run();
+    }
+
+    /**
+     * One process per GPU: {@link #complete(int, Stream)} for local rank 0.
+     * @throws IllegalStateException when this process drives several local ranks
+     */
+    public void complete(Stream stream) {
+        requireOneLocalRank("complete(stream)");
+        complete(0, stream);
     }
 
     /**

@@ -68,6 +68,20 @@ final class MoeNetwork implements AutoCloseable {
     static final int MAX_LOCAL_EXPERTS = moe_net_h.MOE_NET_MAX_LOCAL_EXPERTS();
     static final int ABI_VERSION = moe_net_h.MOE_NET_ABI_VERSION();
 
+    /** Which roles of a call a launch runs: all of them, or its staged send and then its completion. */
+    enum Phase {
+        ALL(moe_net_h.MOE_NET_PHASE_ALL()), SEND(moe_net_h.MOE_NET_PHASE_SEND()), COMPLETE(moe_net_h.MOE_NET_PHASE_COMPLETE());
+
+        final int code;
+
+        Phase(int code) { this.code = code; }
+    }
+
+    /** A launch's grid for {@code phase}: all {@code total} role blocks, the first {@code send}, or the rest. */
+    private static LaunchConfig grid(Phase phase, int total, int send) {
+        return LaunchConfig.of(switch (phase) { case ALL -> total; case SEND -> send; case COMPLETE -> total - send; }, THREADS);
+    }
+
     /** Where the exchanges live in the window (the same on every rank). */
     record Geometry(int ranks, int nodes, int slots, int maxNodeSize, long maxTokens, boolean fwdStaged,
                     long metaOffset, long rowsOffset, long dispatchSection, long combineSection,
@@ -129,7 +143,7 @@ final class MoeNetwork implements AutoCloseable {
         final Kernel layout, quantize, dispatch, combine, dispatchHt, combineHt;
         final KernelArgs layoutArgs, quantizeArgs, dispatchArgs, combineArgs;
         final MemorySegment dispatchStruct, combineStruct;
-        final LaunchConfig htDispatchLaunch;
+        final int htDispatchBlocks, htDispatchSendBlocks;
         NetworkMode lastDispatch = NetworkMode.LOW_LATENCY;  // the combine runs in the mode of the dispatch before it
 
         Rank(Communicator comm, Buffers b) {
@@ -147,7 +161,8 @@ final class MoeNetwork implements AutoCloseable {
                 combine = net.kernel("moe_net_combine");
                 dispatchHt = net.kernel("moe_net_dispatch_ht");
                 combineHt = net.kernel("moe_net_combine_ht");
-                htDispatchLaunch = LaunchConfig.of(htChunks * topo.dispatchBlocksPerChunk(comm.rank()), THREADS);
+                htDispatchBlocks = htChunks * topo.dispatchBlocksPerChunk(comm.rank());
+                htDispatchSendBlocks = htChunks * topo.dispatchSendBlocksPerChunk(comm.rank());
                 // moe_host_layout and moe_fp8_quantize take their structs of gin-kernels/abi/moe.h
                 layoutArgs = KernelArgs.ofStruct(arena, MoeHostLayoutArgs.layout());
                 MemorySegment dims = MoeHostLayoutArgs.dims(layoutArgs.struct());
@@ -263,7 +278,6 @@ final class MoeNetwork implements AutoCloseable {
     private final Arena arena = Arena.ofShared();
     private final SymmetricWindow window;
     private DeviceComm ginComm;  // set once in the constructor; null until then (close after a failed setup)
-    private final LaunchConfig llLaunch, htCombineLaunch;
     private final List<Rank> ranks = new ArrayList<>();
     private boolean closed;
 
@@ -280,8 +294,6 @@ final class MoeNetwork implements AutoCloseable {
         this.llChunks = lowLatencyChunks(channels, nRanks);
         this.htChunks = highThroughputChunks(channels, topo);
         this.autoMode = autoMode(cfg, topo);
-        this.llLaunch = LaunchConfig.of(2 * nRanks * llChunks, THREADS);
-        this.htCombineLaunch = LaunchConfig.of(htChunks * topo.combineBlocksPerChunk(), THREADS);
         this.geometry = Geometry.of(cfg, topo);
         geometry.checkFits(group.rank(0).device().totalMemory(), cfg);
         long dispRegion = 2L * nRanks * geometry.dispatchSection(), combRegion = 2L * nRanks * geometry.combineSection();
@@ -360,8 +372,11 @@ final class MoeNetwork implements AutoCloseable {
         return resolve(mode) == NetworkMode.HIGH_THROUGHPUT ? "moe_host_layout + moe_net_dispatch_ht" : "moe_host_layout + moe_net_dispatch";
     }
 
-    /** The routing layout and the exchange on {@code stream}; inputs checked by the caller. */
-    void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream, NetworkMode mode) {
+    /**
+     * The routing layout and the exchange on {@code stream}, inputs checked by the caller:
+     * {@code phase} ALL, or SEND (the sending roles only; {@link #complete} queues the rest).
+     */
+    void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream, NetworkMode mode, Phase phase) {
         Rank r = ranks.get(localIndex);
         boolean ht = resolve(mode) == NetworkMode.HIGH_THROUGHPUT;
         DeviceBuffer rows = x;
@@ -378,14 +393,22 @@ final class MoeNetwork implements AutoCloseable {
         MoeNetDispatchArgs.topkWeights(r.dispatchStruct, ptr(topkWeights.address()));
         MoeNetDispatchArgs.numTokens(r.dispatchStruct, tokens);
         MoeNetDims.chunks(MoeNetDispatchArgs.dims(r.dispatchStruct), ht ? htChunks : llChunks);
-        r.dispatchArgs.setStruct(1, r.dispatchStruct);
-        if (ht) r.dispatchHt.launch(stream, r.htDispatchLaunch, r.dispatchArgs);
-        else r.dispatch.launch(stream, llLaunch, r.dispatchArgs);
         r.lastDispatch = ht ? NetworkMode.HIGH_THROUGHPUT : NetworkMode.LOW_LATENCY;
+        launchDispatch(r, stream, phase);
     }
 
-    /** The combine exchange of the last dispatch on {@code stream}, in that dispatch's mode; {@code weights} null: unweighted. */
-    void combine(int localIndex, DeviceBuffer expertOut, DeviceBuffer weights, int tokens, Stream stream) {
+    private void launchDispatch(Rank r, Stream stream, Phase phase) {
+        MoeNetDispatchArgs.phase(r.dispatchStruct, phase.code);
+        r.dispatchArgs.setStruct(1, r.dispatchStruct);
+        if (r.lastDispatch == NetworkMode.HIGH_THROUGHPUT) r.dispatchHt.launch(stream, grid(phase, r.htDispatchBlocks, r.htDispatchSendBlocks), r.dispatchArgs);
+        else r.dispatch.launch(stream, grid(phase, 2 * nRanks * llChunks, nRanks * llChunks), r.dispatchArgs);
+    }
+
+    /**
+     * The combine exchange of the last dispatch on {@code stream}, in that dispatch's mode;
+     * {@code weights} null: unweighted; {@code phase} ALL or SEND.
+     */
+    void combine(int localIndex, DeviceBuffer expertOut, DeviceBuffer weights, int tokens, Stream stream, Phase phase) {
         Rank r = ranks.get(localIndex);
         boolean ht = r.lastDispatch == NetworkMode.HIGH_THROUGHPUT;
         MoeNetCombineArgs.expertOut(r.combineStruct, ptr(expertOut.address()));
@@ -394,9 +417,22 @@ final class MoeNetwork implements AutoCloseable {
         MoeNetCombineArgs.expertOutRows(r.combineStruct, expertOut.byteSize() / (2L * cfg.hidden()));
         MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
         MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);
+        launchCombine(r, stream, phase);
+    }
+
+    private void launchCombine(Rank r, Stream stream, Phase phase) {
+        MoeNetCombineArgs.phase(r.combineStruct, phase.code);
         r.combineArgs.setStruct(1, r.combineStruct);
-        if (ht) r.combineHt.launch(stream, htCombineLaunch, r.combineArgs);
-        else r.combine.launch(stream, llLaunch, r.combineArgs);
+        if (r.lastDispatch == NetworkMode.HIGH_THROUGHPUT)
+            r.combineHt.launch(stream, grid(phase, htChunks * topo.combineBlocksPerChunk(), htChunks * topo.combineSendBlocksPerChunk()), r.combineArgs);
+        else r.combine.launch(stream, grid(phase, 2 * nRanks * llChunks, nRanks * llChunks), r.combineArgs);
+    }
+
+    /** The rest of the last SEND on {@code stream}: wait for the peers' sections, forward (HT), place or reduce. */
+    void complete(int localIndex, boolean combine, Stream stream) {
+        Rank r = ranks.get(localIndex);
+        if (combine) launchCombine(r, stream, Phase.COMPLETE);
+        else launchDispatch(r, stream, Phase.COMPLETE);
     }
 
     /** Idempotent; every part is released even if one before it fails. */

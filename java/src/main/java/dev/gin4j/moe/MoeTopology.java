@@ -118,8 +118,14 @@ final class MoeTopology {
         return g + (nodes - 1) + (nodes - 1) * slotsPerNode * g + ranks();
     }
 
+    /** Of those, the sending roles (a staged send's grid): direct senders and node senders. */
+    int dispatchSendBlocksPerChunk(int r) { return nodeSize[nodeOf[r]] + (nodes - 1); }
+
     /** HT combine blocks per chunk: partial senders, node reducers, reducers. */
     int combineBlocksPerChunk() { return ranks() + (nodes - 1) * slotsPerNode + ranks(); }
+
+    /** Of those, the sending roles: the partial senders. */
+    int combineSendBlocksPerChunk() { return ranks(); }
 
     /** The most HT blocks per chunk of any launch on any rank. */
     int maxBlocksPerChunk() {

@@ -107,6 +107,8 @@ final class LoopbackGinMoeRank {
             List<NetworkMode> caseModes = c.maxTokens() >= 4096 ? modes.subList(modes.size() - 1, modes.size()) : modes;
             for (NetworkMode mode : caseModes) runCase(g, rank, seed + c.name().hashCode(), arena, d, c, counters, hostCompared.add(mode), mode, nodes);
         }
+        say(rank, "staged calls: start");
+        for (NetworkMode mode : modes) staged(g, rank, seed, arena, d, mode);
         say(rank, "repeated calls: start");
         for (NetworkMode mode : modes) repeated(g, rank, seed, arena, d, mode, null);
         if (modes.size() > 1) repeated(g, rank, seed, arena, d, NetworkMode.AUTO, modes);
@@ -424,6 +426,169 @@ final class LoopbackGinMoeRank {
             if (q != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT combine: %d bytes per call (%s)%n", rank, q, c.name(), bytes / calls,
                     theirs == mine ? "inside the node" : "between nodes");
         }
+    }
+
+    /**
+     * Staged calls: dispatchSend, other work on the stream, complete; the same for the combine. The
+     * results are checked in full after each completion (outputs poisoned before), out-of-order
+     * calls are refused without harm, 200 staged pairs back to back and 200 replays of a captured
+     * staged pair stay correct. Prints the device time of the sends and the completions against
+     * whole calls in the same loop (loopback GIN: no network speed follows from them) and the CPU
+     * time of each Java call.
+     */
+    private static void staged(CommGroup g, int rank, long seed, Arena arena, Device d, NetworkMode mode) {
+        int world = g.worldSize();
+        Case c = new Case("staged", 1024, 8 * world, 4, 256, fill(world, 200), MoeReference.Routing.SOME_MASKED, false);
+        try (Stream s = d.createStream(); Stream other = d.createStream();
+             MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
+            int rowBytes = (int) moe.config().dispatchRowBytes();
+            MoeReference.Input[][] in = {inputs(c, world, seed + 11, d, arena, s), inputs(c, world, seed + 12, d, arena, s)};
+            DeviceBuffer[][] dev = new DeviceBuffer[2][];
+            DeviceBuffer[] out = new DeviceBuffer[2];
+            for (int v = 0; v < 2; v++) {
+                dev[v] = new DeviceBuffer[] {RankMain.upload(d, arena, in[v][rank].x()), RankMain.upload(d, arena, in[v][rank].idx()), RankMain.upload(d, arena, in[v][rank].w())};
+                out[v] = RankMain.upload(d, arena, MoeReference.expertOut(in[v], MoeReference.expected(in[v], rank, rowBytes, c.experts(), c.k()), c.hidden(), moe.capacityRows()));
+            }
+            DeviceBuffer work = d.allocate(64L << 20, arena);  // stands for compute queued between send and complete
+            int tokens = c.tokens()[rank];
+            for (int variant = 0; variant < 2; variant++) {
+                final int v = variant;
+                MoeDispatch h = moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
+                expectRefused(() -> moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], tokens, s), IllegalStateException.class, "not completed", rank);
+                expectRefused(() -> moe.combine(h, out[v], s), IllegalStateException.class, "not completed", rank);
+                expectRefused(() -> moe.complete(0, other), IllegalArgumentException.class, "same stream", rank);
+                work.fill((byte) v, s);
+                moe.complete(0, s);
+                expectRefused(() -> moe.complete(0, s), IllegalStateException.class, "without a dispatchSend or combineSend", rank);
+                moe.checkErrors(List.of(s));
+                checkLayout(h, in[v], rank, rowBytes, c, Backend.GIN);
+                h.rows().fill((byte) 0x5a, s);  // the next staged dispatch must write every row again
+                h.weights().fill((byte) 0x7f, s);
+                h.counts().fill((byte) 0x33, s);
+                for (boolean weighted : new boolean[] {true, false}) {
+                    MoeDispatch again = moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
+                    moe.complete(0, s);
+                    moe.checkErrors(List.of(s));
+                    checkLayout(again, in[v], rank, rowBytes, c, Backend.GIN);
+                    moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], tokens, s).rows();  // a whole call between staged ones
+                    MoeDispatch last = moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
+                    DeviceBuffer y = weighted ? moe.combineSend(last, out[v], s) : moe.combineUnweightedSend(last, out[v], s);
+                    expectRefused(() -> moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s), IllegalStateException.class, "not completed", rank);
+                    work.fill((byte) 1, s);
+                    moe.complete(0, s);
+                    moe.checkErrors(List.of(s));
+                    String off = MoeReference.combineMismatch(in[v][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), weighted);
+                    if (off != null) throw new AssertionError("staged " + mode + (weighted ? "" : " unweighted") + " combine: y on rank " + rank + " " + off);
+                    y.fill((byte) 0x5a, s);
+                }
+            }
+            say(rank, "staged " + moe.effectiveNetworkMode() + ": single calls checked");
+            timeStaged(moe, rank, dev, out, tokens, s);
+            MoeDispatch h = null;
+            DeviceBuffer y = null;
+            for (int i = 0; i < 200; i++) {
+                int v = i % 2;
+                h = moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
+                moe.complete(0, s);
+                y = moe.combineSend(h, out[v], s);
+                moe.complete(0, s);
+            }
+            moe.checkErrors(List.of(s));
+            checkLayout(h, in[1], rank, rowBytes, c, Backend.GIN);
+            String off = MoeReference.combineMismatch(in[1][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            if (off != null) throw new AssertionError("after 200 staged pairs (" + mode + "): y on rank " + rank + " " + off);
+            s.synchronize();
+            s.beginCapture();
+            h = moe.dispatchSend(0, dev[0][0], dev[0][1], dev[0][2], tokens, s);
+            work.fill((byte) 2, s);
+            moe.complete(0, s);
+            y = moe.combineSend(h, out[0], s);
+            moe.complete(0, s);
+            try (Graph graph = s.endCapture()) {
+                h.rows().fill((byte) 0x5a, s);
+                y.fill((byte) 0x5a, s);
+                for (int i = 0; i < 200; i++) graph.launch(s);
+                moe.checkErrors(List.of(s));
+            }
+            checkLayout(h, in[0], rank, rowBytes, c, Backend.GIN);
+            off = MoeReference.combineMismatch(in[0][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            if (off != null) throw new AssertionError("after 200 replays of a staged pair (" + mode + "): y on rank " + rank + " " + off);
+            say(rank, "MoE across nodes, staged " + moe.effectiveNetworkMode() + ": sends, completions, refusals, 200 pairs and 200 graph replays checked");
+        }
+    }
+
+    private static void expectRefused(Runnable call, Class<? extends RuntimeException> type, String says, int rank) {
+        try {
+            call.run();
+        } catch (RuntimeException e) {
+            if (type.isInstance(e) && e.getMessage() != null && e.getMessage().contains(says)) return;
+            throw new AssertionError("rank " + rank + ": expected " + type.getSimpleName() + " saying '" + says + "', got " + e, e);
+        }
+        throw new AssertionError("rank " + rank + ": expected " + type.getSimpleName() + " saying '" + says + "', but the call was accepted");
+    }
+
+    /**
+     * Device time (events, median of 50) of a whole dispatch and combine against the send and the
+     * complete of staged ones, in the same loop, and the CPU time of each Java call (thread CPU
+     * time, mean). The send of a kernel that puts ends once the transport has read its bytes.
+     */
+    private static void timeStaged(MoeAllToAll moe, int rank, DeviceBuffer[][] dev, DeviceBuffer[] out, int tokens, Stream s) {
+        Device d = s.device();
+        int n = 50;
+        double[][] t = new double[6][n];  // whole dispatch, whole combine, dispatch send, dispatch complete, combine send, combine complete
+        double[] cpu = new double[6];
+        java.lang.management.ThreadMXBean mx = java.lang.management.ManagementFactory.getThreadMXBean();
+        try (dev.gin4j.gpu.Event e0 = d.createEvent(true); dev.gin4j.gpu.Event e1 = d.createEvent(true); dev.gin4j.gpu.Event e2 = d.createEvent(true)) {
+            for (int i = 0; i < n; i++) {
+                int v = i % 2;
+                e0.record(s);
+                long c0 = mx.getCurrentThreadCpuTime();
+                MoeDispatch h = moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
+                long c1 = mx.getCurrentThreadCpuTime();
+                e1.record(s);
+                moe.combine(h, out[v], s);
+                long c2 = mx.getCurrentThreadCpuTime();
+                e2.record(s);
+                e2.synchronize();
+                t[0][i] = e1.elapsedMillisSince(e0) * 1e3;
+                t[1][i] = e2.elapsedMillisSince(e1) * 1e3;
+                cpu[0] += (c1 - c0) / 1e3;
+                cpu[1] += (c2 - c1) / 1e3;
+                e0.record(s);
+                c0 = mx.getCurrentThreadCpuTime();
+                h = moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
+                c1 = mx.getCurrentThreadCpuTime();
+                e1.record(s);
+                moe.complete(0, s);
+                c2 = mx.getCurrentThreadCpuTime();
+                e2.record(s);
+                e2.synchronize();
+                t[2][i] = e1.elapsedMillisSince(e0) * 1e3;
+                t[3][i] = e2.elapsedMillisSince(e1) * 1e3;
+                cpu[2] += (c1 - c0) / 1e3;
+                cpu[3] += (c2 - c1) / 1e3;
+                e0.record(s);
+                c0 = mx.getCurrentThreadCpuTime();
+                moe.combineSend(h, out[v], s);
+                c1 = mx.getCurrentThreadCpuTime();
+                e1.record(s);
+                moe.complete(0, s);
+                c2 = mx.getCurrentThreadCpuTime();
+                e2.record(s);
+                e2.synchronize();
+                t[4][i] = e1.elapsedMillisSince(e0) * 1e3;
+                t[5][i] = e2.elapsedMillisSince(e1) * 1e3;
+                cpu[4] += (c1 - c0) / 1e3;
+                cpu[5] += (c2 - c1) / 1e3;
+            }
+        }
+        moe.checkErrors(List.of(s));
+        double[] med = new double[6];
+        for (int k = 0; k < 6; k++) { Arrays.sort(t[k]); med[k] = t[k][n / 2]; }
+        System.out.printf("rank %d staged %s, device us (median of %d): dispatch %.1f = send %.1f + complete %.1f; combine %.1f = send %.1f + complete %.1f. "
+                        + "CPU us per Java call: dispatch %.1f, combine %.1f, dispatchSend %.1f, complete %.1f, combineSend %.1f, complete %.1f%n",
+                rank, moe.effectiveNetworkMode(), n, med[0], med[2], med[3], med[1], med[4], med[5],
+                cpu[0] / n, cpu[1] / n, cpu[2] / n, cpu[3] / n, cpu[4] / n, cpu[5] / n);
     }
 
     /**

@@ -30,7 +30,7 @@ import static java.lang.foreign.MemoryLayout.PathElement.*;
  *     uint32_t *errorFlags;
  *     uint64_t capacityRows;
  *     int32_t numTokens;
- *     int32_t reserved;
+ *     int32_t phase;
  * }
  * }
  */
@@ -56,7 +56,7 @@ public class MoeNetDispatchArgs {
         moe_net_h.C_POINTER.withName("errorFlags"),
         moe_net_h.C_LONG.withName("capacityRows"),
         moe_net_h.C_INT.withName("numTokens"),
-        moe_net_h.C_INT.withName("reserved")
+        moe_net_h.C_INT.withName("phase")
     ).withName("MoeNetDispatchArgs");
 
     /**
@@ -726,48 +726,48 @@ public class MoeNetDispatchArgs {
         struct.set(numTokens$LAYOUT, numTokens$OFFSET, fieldValue);
     }
 
-    private static final OfInt reserved$LAYOUT = (OfInt)$LAYOUT.select(groupElement("reserved"));
+    private static final OfInt phase$LAYOUT = (OfInt)$LAYOUT.select(groupElement("phase"));
 
     /**
      * Layout for field:
      * {@snippet lang=c :
-     * int32_t reserved
+     * int32_t phase
      * }
      */
-    public static final OfInt reserved$layout() {
-        return reserved$LAYOUT;
+    public static final OfInt phase$layout() {
+        return phase$LAYOUT;
     }
 
-    private static final long reserved$OFFSET = 684;
+    private static final long phase$OFFSET = 684;
 
     /**
      * Offset for field:
      * {@snippet lang=c :
-     * int32_t reserved
+     * int32_t phase
      * }
      */
-    public static final long reserved$offset() {
-        return reserved$OFFSET;
+    public static final long phase$offset() {
+        return phase$OFFSET;
     }
 
     /**
      * Getter for field:
      * {@snippet lang=c :
-     * int32_t reserved
+     * int32_t phase
      * }
      */
-    public static int reserved(MemorySegment struct) {
-        return struct.get(reserved$LAYOUT, reserved$OFFSET);
+    public static int phase(MemorySegment struct) {
+        return struct.get(phase$LAYOUT, phase$OFFSET);
     }
 
     /**
      * Setter for field:
      * {@snippet lang=c :
-     * int32_t reserved
+     * int32_t phase
      * }
      */
-    public static void reserved(MemorySegment struct, int fieldValue) {
-        struct.set(reserved$LAYOUT, reserved$OFFSET, fieldValue);
+    public static void phase(MemorySegment struct, int fieldValue) {
+        struct.set(phase$LAYOUT, phase$OFFSET, fieldValue);
     }
 
     /**

@@ -33,10 +33,10 @@ public class moe_net_h {
     // LP64 (Linux x86-64 and aarch64): C long is 64 bits
     public static final ValueLayout.OfLong C_LONG = ValueLayout.JAVA_LONG;
 
-    private static final int MOE_NET_ABI_VERSION = (int)2L;
+    private static final int MOE_NET_ABI_VERSION = (int)3L;
     /**
      * {@snippet lang=c :
-     * #define MOE_NET_ABI_VERSION 2
+     * #define MOE_NET_ABI_VERSION 3
      * }
      */
     public static int MOE_NET_ABI_VERSION() {
@@ -101,5 +101,35 @@ public class moe_net_h {
      */
     public static int MOE_NET_MODE_HT() {
         return MOE_NET_MODE_HT;
+    }
+
+    private static final int MOE_NET_PHASE_ALL = (int)0L;
+    /**
+     * {@snippet lang=c :
+     * #define MOE_NET_PHASE_ALL 0
+     * }
+     */
+    public static int MOE_NET_PHASE_ALL() {
+        return MOE_NET_PHASE_ALL;
+    }
+
+    private static final int MOE_NET_PHASE_SEND = (int)1L;
+    /**
+     * {@snippet lang=c :
+     * #define MOE_NET_PHASE_SEND 1
+     * }
+     */
+    public static int MOE_NET_PHASE_SEND() {
+        return MOE_NET_PHASE_SEND;
+    }
+
+    private static final int MOE_NET_PHASE_COMPLETE = (int)2L;
+    /**
+     * {@snippet lang=c :
+     * #define MOE_NET_PHASE_COMPLETE 2
+     * }
+     */
+    public static int MOE_NET_PHASE_COMPLETE() {
+        return MOE_NET_PHASE_COMPLETE;
     }
 }
