@@ -257,10 +257,10 @@ class MoeGpuTest {
 
     @Test void deepSeekShapeSmall() {
         both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM);
-        // DeepSeek-V3 has token-path entry points of its own at 2, 4 and 8 ranks (the shape as constants)
+        // DeepSeek-V3 has token-path entry points of its own at 1, 2, 4 and 8 ranks (gin-kernels/moe_shapes.list: the shape as constants)
         try (MoeAllToAll gin = MoeAllToAll.create(group, MoeConfig.bf16(7168, experts(256), 8, 128, Backend.GIN))) {
-            // listed shapes precompiled at 2, 4 and 8 ranks; other rank counts compiled for the shape where NVRTC is there
-            boolean shaped = List.of(2, 4, 8).contains(n) || gin.entrySource() == ShapedEntries.Source.JIT;
+            // listed at 1, 2, 4 and 8 ranks; other rank counts compiled for the shape where NVRTC is there
+            boolean shaped = List.of(1, 2, 4, 8).contains(n) || gin.entrySource() == ShapedEntries.Source.JIT;
             String want = shaped ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_tp_r1" : "moe_gin_dispatch_tp";
             assertEquals(want, gin.dispatchKernelName());
         }
@@ -295,13 +295,13 @@ class MoeGpuTest {
     }
 
     @Test void fp8Rows() {
-        // token path: DeepSeek-V3's own fp8 entry at 2, 4 and 8 ranks; layout path: the generic fp8 entry
+        // token path: DeepSeek-V3's own fp8 entry at 1, 2, 4 and 8 ranks; layout path: the generic fp8 entry
         both(7168, experts(256), 8, 128, tokens(128, 97), Routing.UNIFORM, Rows.FP8);
         both(272, experts(16), 8, 600, tokens(600, 321), Routing.SOME_MASKED, Rows.FP8);
         both(16, experts(8), 2, 16, tokens(0, 16), Routing.UNIFORM, Rows.FP8);
         try (MoeAllToAll tp = MoeAllToAll.create(group, MoeConfig.fp8(7168, experts(256), 8, 128, Backend.GIN));
              MoeAllToAll layout = MoeAllToAll.create(group, MoeConfig.fp8(272, experts(16), 8, 600, Backend.GIN))) {
-            boolean shaped = List.of(2, 4, 8).contains(n) || tp.entrySource() == ShapedEntries.Source.JIT;
+            boolean shaped = List.of(1, 2, 4, 8).contains(n) || tp.entrySource() == ShapedEntries.Source.JIT;
             String want = shaped ? "moe_gin_dispatch_fp8_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_fp8_tp_r1" : "moe_gin_dispatch_fp8_tp";
             assertEquals(want, tp.dispatchKernelName());
             assertEquals("moe_gin_dispatch_fp8", layout.dispatchKernelName());
