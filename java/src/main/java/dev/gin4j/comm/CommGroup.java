@@ -24,6 +24,10 @@ import static dev.gin4j.bindings.nccl.nccl_h.*;
  * ({@link #fromEnvironment}). Collective calls on several local ranks are issued inside one
  * NCCL group, so a single thread can drive them all. Host-initiated collectives here are the
  * baseline the GPU-initiated kernels are measured against.
+ * <p>Every collective comes in two forms: one buffer and one stream per local rank, in local
+ * order (lists, for one process driving several GPUs), and one buffer and one stream (for one
+ * process per GPU, a group with one local rank). The second form refuses a group with several
+ * local ranks with an {@link IllegalStateException} that names the call.
  */
 public final class CommGroup extends NativeResource {
     /** The local ranks' communicators, in local order; filled while the group is made, then never changed. */
@@ -38,6 +42,8 @@ public final class CommGroup extends NativeResource {
     private volatile long hostWaitNanos;
     /** NCCL state polls against release(): no poll of a freed communicator. */
     private final Object pollLock = new Object();
+    /** What a single-rank collective's refusal tells a process that drives several local ranks to do instead. */
+    private static final String LIST_FORM = "pass one buffer and one stream per local rank in one call (the List form), which NCCL groups";
 
     static {  // the library's other packages reach the machinery below through Groups, not through the exported class
         Groups.install(new Groups.Machinery() {
@@ -378,10 +384,18 @@ public final class CommGroup extends NativeResource {
      * @param call the call as its user wrote it, for the message
      * @throws IllegalStateException naming the call and how many ranks this process drives
      */
-    void requireOneLocalRank(String call) {
+    void requireOneLocalRank(String call) { requireOneLocalRank(call, "pass one per local rank (the List form) or a local rank index"); }
+
+    /**
+     * {@link #requireOneLocalRank(String)}, with what to do instead.
+     * @param call the call as its user wrote it, for the message
+     * @param instead what the message tells a process with several local ranks to do
+     * @throws IllegalStateException naming the call and how many ranks this process drives
+     */
+    private void requireOneLocalRank(String call, String instead) {
         if (ranks.size() != 1)
             throw new IllegalStateException(call + " is for one process per GPU (one local rank), but this process drives " + ranks.size()
-                    + " local ranks of " + worldSize + ": pass one per local rank (the List form) or a local rank index");
+                    + " local ranks of " + worldSize + ": " + instead);
     }
 
     /**
@@ -628,6 +642,36 @@ public final class CommGroup extends NativeResource {
         });
     }
 
+    /**
+     * One process per GPU (a group with one local rank): {@link #allToAll(List, List, long, List)}
+     * of its buffers on its stream.
+     * @param send this rank's send buffer, holding at least {@code worldSize * bytesPerPeer} bytes
+     * @param recv this rank's receive buffer, as large
+     * @param bytesPerPeer bytes each rank sends to each rank, {@code >= 0}
+     * @param stream this rank's stream, on its device
+     * @throws IllegalStateException when this process drives several local ranks (use the List form),
+     *     or for a closed group, stream or buffer
+     * @throws NullPointerException for a null buffer or stream
+     * @throws IllegalArgumentException for a buffer or stream on another device, a buffer too small, or a bad size
+     * @throws CommException when NCCL refuses the call (the group is aborted where a peer, the network or NCCL failed)
+     */
+    public void allToAll(DeviceBuffer send, DeviceBuffer recv, long bytesPerPeer, Stream stream) {
+        requireOneLocalRank("allToAll(send, recv, bytesPerPeer, stream)", LIST_FORM);
+        allToAll(one(send, "the send buffer"), one(recv, "the receive buffer"), bytesPerPeer, one(stream, "the stream"));
+    }
+
+    /**
+     * The one-element list of a single-rank call's argument.
+     * @param <T> the argument's type
+     * @param x the argument
+     * @param what which argument, for the message
+     * @return a list of {@code x}
+     * @throws NullPointerException naming the argument when it is null
+     */
+    private static <T> List<T> one(T x, String what) {
+        return List.of(java.util.Objects.requireNonNull(x, () -> what + " must not be null"));
+    }
+
     /** Whether the loaded library exports ncclAlltoAll; null until asked. */
     private static Boolean alltoAllPresent;
 
@@ -679,6 +723,8 @@ public final class CommGroup extends NativeResource {
     public void allToAllV(List<DeviceBuffer> send, long[][] sendCounts, long[][] sendOffsets,
                           List<DeviceBuffer> recv, long[][] recvCounts, long[][] recvOffsets, List<Stream> streams) {
         checkEveryRank(send, recv, streams, 0, 0, "all-to-all-v");
+        checkRows(sendCounts, "send counts"); checkRows(sendOffsets, "send offsets");
+        checkRows(recvCounts, "receive counts"); checkRows(recvOffsets, "receive offsets");
         for (int i = 0; i < ranks.size(); i++) {
             Communicator c = ranks.get(i);
             checkCounts(c, sendCounts[i], sendOffsets[i], send.get(i).byteSize(), "send");
@@ -693,6 +739,54 @@ public final class CommGroup extends NativeResource {
                 }
             }
         });
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #allToAllV(List, long[][], long[][], List, long[][], long[][], List)}
+     * of its buffers, counts and offsets (indexed by peer) on its stream.
+     * @param send this rank's send buffer
+     * @param sendCounts bytes to each peer, {@code worldSize} of them
+     * @param sendOffsets where in the send buffer each peer's bytes start
+     * @param recv this rank's receive buffer
+     * @param recvCounts bytes from each peer, {@code worldSize} of them
+     * @param recvOffsets where in the receive buffer each peer's bytes go
+     * @param stream this rank's stream, on its device
+     * @throws IllegalStateException when this process drives several local ranks (use the List form),
+     *     or for a closed group, stream or buffer
+     * @throws NullPointerException for a null buffer, array or stream
+     * @throws IllegalArgumentException for arrays of another length, a buffer or stream on another device,
+     *     or a negative count or offset or a range past its buffer's end
+     * @throws CommException when NCCL refuses the calls (the group is aborted where a peer, the network or NCCL failed)
+     */
+    public void allToAllV(DeviceBuffer send, long[] sendCounts, long[] sendOffsets,
+                          DeviceBuffer recv, long[] recvCounts, long[] recvOffsets, Stream stream) {
+        requireOneLocalRank("allToAllV(send, sendCounts, sendOffsets, recv, recvCounts, recvOffsets, stream)", LIST_FORM);
+        allToAllV(one(send, "the send buffer"), row(sendCounts, "the send counts"), row(sendOffsets, "the send offsets"),
+                one(recv, "the receive buffer"), row(recvCounts, "the receive counts"), row(recvOffsets, "the receive offsets"), one(stream, "the stream"));
+    }
+
+    /**
+     * The one-row table of a single-rank call's counts or offsets.
+     * @param values the row
+     * @param what which array, for the message
+     * @return a table of that one row
+     * @throws NullPointerException naming the array when it is null
+     */
+    private static long[][] row(long[] values, String what) {
+        return new long[][] {java.util.Objects.requireNonNull(values, () -> what + " must not be null")};
+    }
+
+    /**
+     * Refuses a table of counts or offsets without one row per local rank.
+     * @param table the table, [localRank][peer]
+     * @param what which table, for the message
+     * @throws IllegalArgumentException for a table of another length or a missing row
+     */
+    private void checkRows(long[][] table, String what) {
+        if (table == null || table.length != ranks.size())
+            throw new IllegalArgumentException(what + ": one row per local rank expected (" + ranks.size() + "), got " + (table == null ? "null" : table.length));
+        for (int i = 0; i < table.length; i++)
+            if (table[i] == null) throw new IllegalArgumentException(what + ": the row of local rank " + i + " is null");
     }
 
     /**
@@ -738,6 +832,24 @@ public final class CommGroup extends NativeResource {
     }
 
     /**
+     * One process per GPU (a group with one local rank): {@link #allGather(List, List, long, List)}
+     * of its buffers on its stream.
+     * @param send this rank's send buffer, at least {@code bytes} large
+     * @param recv this rank's receive buffer, at least {@code worldSize * bytes} large
+     * @param bytes bytes each rank gives, {@code >= 0}
+     * @param stream this rank's stream, on its device
+     * @throws IllegalStateException when this process drives several local ranks (use the List form),
+     *     or for a closed group, stream or buffer
+     * @throws NullPointerException for a null buffer or stream
+     * @throws IllegalArgumentException for a buffer or stream on another device, a buffer too small, or a bad size
+     * @throws CommException when NCCL refuses the call (the group is aborted where a peer, the network or NCCL failed)
+     */
+    public void allGather(DeviceBuffer send, DeviceBuffer recv, long bytes, Stream stream) {
+        requireOneLocalRank("allGather(send, recv, bytes, stream)", LIST_FORM);
+        allGather(one(send, "the send buffer"), one(recv, "the receive buffer"), bytes, one(stream, "the stream"));
+    }
+
+    /**
      * Host-initiated sum all-reduce of {@code count} floats, in place allowed: afterwards every
      * receive buffer holds the element-wise sum of every rank's send buffer. Queued on the streams.
      * @param send one send buffer per local rank, in local order, each on its rank's device, at least {@code 4 * count} bytes
@@ -762,6 +874,24 @@ public final class CommGroup extends NativeResource {
     }
 
     /**
+     * One process per GPU (a group with one local rank): {@link #allReduceSumFloat(List, List, long, List)}
+     * of its buffers on its stream.
+     * @param send this rank's send buffer, at least {@code 4 * count} bytes
+     * @param recv this rank's receive buffer, as large ({@code send} itself for in place)
+     * @param count floats per rank, {@code >= 0}
+     * @param stream this rank's stream, on its device
+     * @throws IllegalStateException when this process drives several local ranks (use the List form),
+     *     or for a closed group, stream or buffer
+     * @throws NullPointerException for a null buffer or stream
+     * @throws IllegalArgumentException for a buffer or stream on another device, a buffer too small, or a bad count
+     * @throws CommException when NCCL refuses the call (the group is aborted where a peer, the network or NCCL failed)
+     */
+    public void allReduceSumFloat(DeviceBuffer send, DeviceBuffer recv, long count, Stream stream) {
+        requireOneLocalRank("allReduceSumFloat(send, recv, count, stream)", LIST_FORM);
+        allReduceSumFloat(one(send, "the send buffer"), one(recv, "the receive buffer"), count, one(stream, "the stream"));
+    }
+
+    /**
      * Gathers one long from every local rank across all ranks (a small all-gather plus a
      * synchronous read): result[localIndex][rank]. Used to check that collective setup
      * parameters agree before registering windows.
@@ -774,6 +904,18 @@ public final class CommGroup extends NativeResource {
         long[][] one = new long[valuePerLocalRank.length][];
         for (int i = 0; i < one.length; i++) one[i] = new long[] {valuePerLocalRank[i]};
         return allGatherLongs(one);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): {@link #allGatherLongs(long[])} of its value.
+     * @param value this rank's value
+     * @return every rank's value, by rank
+     * @throws IllegalStateException when this process drives several local ranks (use the array form)
+     * @throws CommException when the all-gather fails, or does not end within the host-wait time-out (the group is then aborted)
+     */
+    public long[] allGatherLongs(long value) {
+        requireOneLocalRank("allGatherLongs(value)", "pass one value per local rank (allGatherLongs(long[]))");
+        return allGatherLongs(new long[] {value})[0];
     }
 
     /**
