@@ -3,6 +3,7 @@ package dev.gin4j.comm;
 import dev.gin4j.gpu.DeviceBuffer;
 import dev.gin4j.gpu.Stream;
 import dev.gin4j.internal.comm.Groups;
+import dev.gin4j.testing.SetupLog;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.function.Executable;
 
@@ -89,5 +90,18 @@ class SingleRankCollectivesTest {
                     + " pass one per local rank (the List form) or a local rank index", e.getMessage());
         });
         withGroup(2, 1, g -> assertDoesNotThrow(() -> Groups.requireOneLocalRank(g, "output()")));
+    }
+
+    @Test void theGroupLogsWhichCollectiveLibraryItRunsOver() throws ReflectiveOperationException {
+        List<String> log = SetupLog.debug(() -> {
+            try {
+                withGroup(3, 0, g -> {});
+            } catch (ReflectiveOperationException e) {
+                throw new AssertionError(e);
+            }
+        });
+        // here no NCCL is loaded (or one is): the line says which, in Capabilities.describeLibrary's words
+        assertEquals(List.of("FINE communicators for 3 ranks over " + Capabilities.describeLibrary() + ", blocking, host waits end after PT7S"), log);
+        if (!Nccl.isAvailable()) assertTrue(log.get(0).contains("none loaded: NCCL/RCCL: not loaded; tried "), log.get(0));
     }
 }
