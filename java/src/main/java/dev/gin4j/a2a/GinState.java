@@ -52,6 +52,7 @@ final class GinState implements AutoCloseable {
     final PeerTable peers;       // LSA only; null for the hybrid kernel, which asks NCCL itself
     final boolean hybrid;        // some peer is reachable only through GIN
     final DeviceComm ginComm;    // hybrid only
+    final PlanChoice planChoice; // the plan of a call before the residency fit, logged once per distinct choice
     final Arena arena = Arena.ofShared();
     final List<Rank> ranks = new ArrayList<>();
     private boolean closed;
@@ -271,6 +272,7 @@ final class GinState implements AutoCloseable {
         this.ll128Capacity = Math.max(120, Math.min(slotCapacity, Plan.LL128_MAX_BYTES_PER_PEER));
         this.nvidia = group.rank(0).device().runtime().isCuda();
         this.hybrid = needsGin(group);
+        this.planChoice = new PlanChoice(group.describe(), nranks, nvidia, hybrid, llCapacity, ll128Capacity);
         System.getLogger("dev.gin4j").log(System.Logger.Level.DEBUG, () -> "GIN all-to-all over " + group.describe() + ": "
                 + (hybrid ? "some peer is outside the LSA team: the hybrid kernels, ncclGin puts for those peers" : "every peer load/store reachable (LSA)")
                 + ", " + slotCapacity + " bytes per source slot");
@@ -336,12 +338,7 @@ final class GinState implements AutoCloseable {
      * holds resident.
      */
     Plan plan(long bytesPerPeer, Protocol protocol, int localIndex, boolean uniform) {
-        Plan plan = Plan.choose(bytesPerPeer, nranks, protocol, nvidia);
-        boolean tooBig = (plan.protocol() == Protocol.LL && bytesPerPeer > llCapacity)
-                || (plan.protocol() == Protocol.LL128 && bytesPerPeer > ll128Capacity);
-        // the host enqueues the copy engines' copies, so it must know the sizes: uniform only
-        boolean noCopyEngine = plan.protocol() == Protocol.COPY_ENGINE && !uniform;
-        if (tooBig || hybrid || noCopyEngine) plan = Plan.choose(bytesPerPeer, nranks, Protocol.DIRECT);
+        Plan plan = planChoice.choose(bytesPerPeer, protocol, uniform);
         // the copy-engine kernels' blocks never wait for each other: no residency limit
         return plan.protocol() == Protocol.COPY_ENGINE ? plan : fit(plan, localIndex);
     }
@@ -365,7 +362,7 @@ final class GinState implements AutoCloseable {
         if ((long) chunks * nranks > resident) {
             throw new dev.gin4j.comm.CommException(nranks + " ranks need " + nranks + " resident blocks of " + plan.threads() + " threads, but " + r.comm.device() + " holds " + resident);
         }
-        return chunks == plan.chunksPerPeer() ? plan : new Plan(plan.protocol(), chunks, plan.threads());
+        return chunks == plan.chunksPerPeer() ? plan : planChoice.fitted(plan, new Plan(plan.protocol(), chunks, plan.threads()), r.comm.device(), resident);
     }
 
     /** Idempotent; every part is released even if one before it fails. */

@@ -122,6 +122,35 @@ class MainTest {
         assertEquals(all.indexOf("CUDA driver: not loaded"), all.lastIndexOf("CUDA driver: not loaded"), all);
     }
 
+    @Test void benchWithoutAGpuSaysSoOnceAndExitsNonZero() {
+        dev.gin4j.gpu.GpuRuntime.Discovery d = dev.gin4j.gpu.GpuRuntime.discover();
+        dev.gin4j.testing.Gpus.skipUnless(!d.found(), "bench without a GPU: this machine has one (bench would run)");
+        String network = System.getProperty("gin4j.moe.network");  // bench moe sets it before it looks for a GPU
+        try {
+            for (String[] args : new String[][] {{"bench", "a2a"}, {"bench", "moe"}, {"bench", "a2a", "--min", "64K", "--max", "1M", "--backends", "HOST"},
+                    {"bench", "moe", "--tokens", "128", "--shapes", "mixtral"}}) {
+                String what = String.join(" ", args);
+                Result r = run(args);
+                assertEquals(1, r.status(), what + " exits non-zero, and not as a usage error (2): " + r.err());
+                assertEquals("", r.out(), what + ": nothing on stdout before the GPU is looked for");
+                // one message: the headline once, then each runtime's account once, on a line of its own
+                List<String> lines = r.err().lines().toList();
+                assertEquals("gin4j bench: no GPU runtime found:", lines.getFirst(), r.err());
+                assertEquals(r.err().indexOf("no GPU runtime found"), r.err().lastIndexOf("no GPU runtime found"), r.err());
+                assertEquals(1 + d.notes().size(), lines.size(), "the headline and one line per note: " + r.err());
+                for (String note : d.notes()) {
+                    assertTrue(lines.contains("  " + note), note + " in\n" + r.err());
+                    assertEquals(r.err().indexOf(note), r.err().lastIndexOf(note), "said once: " + note);
+                }
+                for (String l : lines) assertTrue(l.length() <= 300, "a line of " + l.length() + " characters: " + l);
+                assertFalse(r.err().contains("Exception") || r.err().contains("\tat "), "no stack trace or exception class: " + r.err());
+            }
+        } finally {
+            if (network == null) System.clearProperty("gin4j.moe.network");
+            else System.setProperty("gin4j.moe.network", network);
+        }
+    }
+
     @Test void infoReportJsonEscapesAndNests() {
         InfoReport r = new InfoReport();
         r.section("a", "headline").put("s", "quote \" back\\ slash\nnew line\u0001", "line one").put("n", 42, null).put("b", true, null).put("z", null, null)

@@ -157,6 +157,51 @@ class CommGpuTest {
         }
     }
 
+    /** The one-buffer forms on a group of one local rank (world size 1: each rank's result is its own input); several local ranks are refused. */
+    @Test void singleRankCollectivesOnOneLocalRank() {
+        GpuRuntime rt = Gpus.runtime();
+        Gpus.skipUnless(Nccl.isAvailable(), "no NCCL/RCCL: " + Nccl.describe());
+        Device d = rt.device(0);
+        int live = NativeResource.liveCount();
+        try (CommGroup g = CommGroup.initAll(List.of(d)); Arena arena = Arena.ofShared(); Stream s = d.createStream()) {
+            assertArrayEquals(new long[] {42}, g.allGatherLongs(42L));
+            byte[] data = new byte[4096];
+            random.nextBytes(data);
+            DeviceBuffer send = d.allocate(data.length, arena), recv = d.allocate(data.length, arena);
+            send.copyFromHost(MemorySegment.ofArray(data));
+            recv.fill((byte) 0x5c, s);
+            g.allToAll(send, recv, data.length, s);
+            g.await(s, "a single-rank all-to-all");
+            assertArrayEquals(data, recv.toByteArray(), "allToAll");
+            recv.fill((byte) 0x5c, s);
+            g.allGather(send, recv, data.length, s);
+            g.await(s, "a single-rank all-gather");
+            assertArrayEquals(data, recv.toByteArray(), "allGather");
+            recv.fill((byte) 0x5c, s);
+            g.allToAllV(send, new long[] {1000}, new long[] {96}, recv, new long[] {1000}, new long[] {8}, s);
+            g.await(s, "a single-rank all-to-all-v");
+            byte[] got = recv.toByteArray();
+            assertArrayEquals(Arrays.copyOfRange(data, 96, 1096), Arrays.copyOfRange(got, 8, 1008), "allToAllV");
+            assertEquals((byte) 0x5c, got[7], "allToAllV wrote before its offset");
+            float[] values = new float[data.length / 4], sums = new float[values.length];
+            for (int i = 0; i < values.length; i++) values[i] = random.nextFloat();
+            send.copyFromHost(MemorySegment.ofArray(values));
+            g.allReduceSumFloat(send, recv, values.length, s);
+            g.await(s, "a single-rank all-reduce");
+            recv.copyToHost(MemorySegment.ofArray(sums));
+            assertArrayEquals(values, sums, "allReduceSumFloat over one rank");
+            NullPointerException none = assertThrows(NullPointerException.class, () -> g.allGather(send, null, data.length, s));
+            assertEquals("the receive buffer must not be null", none.getMessage());
+        }
+        if (rt.devices().size() >= 2) {
+            try (CommGroup two = CommGroup.initAll(rt.devices().subList(0, 2))) {
+                IllegalStateException e = assertThrows(IllegalStateException.class, () -> two.allGatherLongs(1L));
+                assertTrue(e.getMessage().startsWith("allGatherLongs(value) is for one process per GPU") && e.getMessage().contains("drives 2 local ranks"), e.getMessage());
+            }
+        }
+        assertEquals(live, NativeResource.liveCount(), () -> "left open:\n" + NativeResource.liveSummary());
+    }
+
     @Test void ginRequestedWhereAbsentIsAnError() {
         GpuRuntime rt = twoGpusAndNccl();
         Gpus.skipUnless(Capabilities.rdmaDevices().isEmpty(), "this host has RDMA devices; GIN may be present");

@@ -96,7 +96,7 @@ public final class RankMain {
             DeviceBuffer send = d.allocate(perPeer * world, arena), recv = d.allocate(perPeer * world, arena);
             send.copyFromHost(MemorySegment.ofArray(dataOf(tag, rank, (int) (perPeer * world))));
             recv.fill((byte) 0x3c, s);
-            g.allToAll(List.of(send), List.of(recv), perPeer, List.of(s));
+            g.allToAll(send, recv, perPeer, s);  // one process per GPU: the one-buffer form
             g.await(s, what);
             byte[] r = recv.toByteArray();
             for (int src = 0; src < world; src++) {

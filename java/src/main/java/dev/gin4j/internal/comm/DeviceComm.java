@@ -105,7 +105,38 @@ public final class DeviceComm extends NativeResource {
             dc.close();
             throw e;
         }
+        if (gin) logGin(group.describe(), req, () -> Capabilities.ginType(group.rank(0)), Capabilities::describeGinPlugin);
         return dc;
+    }
+
+    private static final System.Logger LOG = System.getLogger("dev.gin4j");
+
+    /**
+     * Logs at DEBUG (System.Logger "dev.gin4j") which GIN NCCL set up under new device communicators
+     * with GIN: the type it reports (proxy: the CPU's proxy thread posts the GPU's puts; GDAKI: the GPU
+     * drives the NIC) and the plugin. The type is asked of NCCL only when the line is logged; a
+     * failure to ask is named in the line instead of failing the setup.
+     * @param over the group, for the line
+     * @param req what was asked of NCCL
+     * @param ginType asks NCCL for the GIN type ({@link Capabilities#ginType})
+     * @param plugin describes the GIN plugin ({@link Capabilities#describeGinPlugin})
+     */
+    static void logGin(String over, Requirements req, java.util.function.Supplier<String> ginType, java.util.function.Supplier<String> plugin) {
+        if (!LOG.isLoggable(System.Logger.Level.DEBUG)) return;
+        String type, loaded;
+        try {
+            type = ginType.get();
+        } catch (RuntimeException e) {
+            type = "unknown (ncclCommQueryProperties: " + e.getMessage() + ")";
+        }
+        try {
+            loaded = plugin.get();
+        } catch (RuntimeException e) {
+            loaded = "unknown (" + e.getMessage() + ")";
+        }
+        LOG.log(System.Logger.Level.DEBUG, "device communicators with GIN over " + over + ": NCCL reports GIN type " + type + "; " + req.ginSignalCount()
+                + " GIN signals, " + req.ginCounterCount() + " counters, " + (req.ginFullConnection() ? "a connection to every rank" : "railed connections")
+                + "; GIN plugin: " + loaded);
     }
 
     private final boolean[] created;
