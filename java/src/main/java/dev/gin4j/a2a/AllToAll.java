@@ -106,15 +106,23 @@ public final class AllToAll extends NativeResource {
         }
     }
 
-    /** Collective: every rank must create it with the same size and backend. */
+    /**
+     * Collective: every rank must create it with the same size and backend.
+     *
+     * @param group the ranks that exchange
+     * @param maxBytesPerPeer the most bytes a call may send to each peer, at least 1 (sizes the receive area)
+     * @param backend who moves the data
+     * @return the all-to-all; close it when done
+     * @throws IllegalArgumentException when the arguments are wrong on any rank, or differ between ranks (every rank throws)
+     */
     public static AllToAll create(CommGroup group, long maxBytesPerPeer, Backend backend) {
         checkCreate(group, maxBytesPerPeer, backend, "maxBytesPerPeer", "all-to-all");
         return new AllToAll(group, backend, maxBytesPerPeer);
     }
 
-    /** The backend this all-to-all was created with. */
+    /** {@return the backend this all-to-all was created with} */
     public Backend backend() { return backend; }
-    /** The most bytes per peer a call may move (the size it was created for). */
+    /** {@return the most bytes per peer a call may move (the size it was created for)} */
     public long maxBytesPerPeer() { return maxBytesPerPeer; }
 
     /**
@@ -122,6 +130,9 @@ public final class AllToAll extends NativeResource {
      * LL128 above its staging capacity runs as DIRECT. Protocols may change from call to call: all
      * deliver into the same place. Every rank must use the same protocol in a call (a receiver
      * waits for the data in its protocol's format; a mismatch ends in a kernel time-out).
+     *
+     * @param p the protocol, or {@link Protocol#AUTO}
+     * @return this all-to-all
      */
     public AllToAll protocol(Protocol p) {
         if (p == null) throw new IllegalArgumentException("protocol must not be null (Protocol.AUTO picks by size)");
@@ -129,21 +140,37 @@ public final class AllToAll extends NativeResource {
         return this;
     }
 
-    /** The launch plan a GIN call of {@code bytesPerPeer} takes on local rank 0 (for reports); {@code null} for HOST. */
+    /**
+     * The launch plan a GIN call of {@code bytesPerPeer} takes on local rank 0 (for reports); {@code null} for HOST.
+     *
+     * @param bytesPerPeer the call's bytes per peer
+     * @return the plan, or null
+     */
     public Plan plan(long bytesPerPeer) { return gin == null ? null : gin.plan(bytesPerPeer, protocol, 0, true); }
 
-    /** The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result. */
+    /**
+     * The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result.
+     *
+     * @param localIndex the local rank, in [0, localCount)
+     * @return its receive area
+     */
     public DeviceBuffer output(int localIndex) {
         Groups.checkLocalIndex(group, localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
 
-    /** The result of the last call on local rank {@code i}: {@code worldSize * bytesPerPeer} bytes. */
+    /**
+     * The result of the last call on local rank {@code i}: {@code worldSize * bytesPerPeer} bytes.
+     *
+     * @param localIndex the local rank, in [0, localCount)
+     * @return the first {@code worldSize * bytesPerPeer} bytes of its receive area
+     */
     public DeviceBuffer result(int localIndex) { return output(localIndex).slice(0, lastBytesPerPeer[localIndex] * group.worldSize()); }
 
     /**
      * One process per GPU (a group with one local rank): {@link #output(int)} of its rank.
+     * @return the receive area
      * @throws IllegalStateException when this process drives several local ranks
      */
     public DeviceBuffer output() {
@@ -153,6 +180,7 @@ public final class AllToAll extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #result(int)} of its rank.
+     * @return the last call's result
      * @throws IllegalStateException when this process drives several local ranks
      */
     public DeviceBuffer result() {
@@ -164,6 +192,10 @@ public final class AllToAll extends NativeResource {
      * Exchanges {@code count} elements of {@code type} per peer on every local rank: {@link #run(List, long, List)}
      * with {@code count * type.bytes()} bytes per peer (the {@code run} methods count bytes, the
      * {@code runElements} methods elements).
+     * @param inputs one input per local rank, in local rank order
+     * @param count elements per peer
+     * @param type the element type
+     * @param streams one stream per local rank, in local rank order
      * @throws IllegalArgumentException for a negative count, a null type, or a byte size that does not fit a long
      */
     public void runElements(List<DeviceBuffer> inputs, long count, DType type, List<Stream> streams) {
@@ -173,6 +205,10 @@ public final class AllToAll extends NativeResource {
     /**
      * One process per GPU (a group with one local rank): exchanges {@code count} elements of
      * {@code type} per peer, as {@link #runElements(List, long, DType, List)}.
+     * @param input the input, {@code worldSize * count} elements
+     * @param count elements per peer
+     * @param type the element type
+     * @param stream the stream the call is queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void runElements(DeviceBuffer input, long count, DType type, Stream stream) {
@@ -192,6 +228,9 @@ public final class AllToAll extends NativeResource {
     /**
      * One process per GPU (a group with one local rank): exchanges {@code bytesPerPeer} bytes per
      * peer, as {@link #run(List, long, List)}.
+     * @param input the input, {@code worldSize * bytesPerPeer} bytes
+     * @param bytesPerPeer bytes per peer, in [0, {@link #maxBytesPerPeer()}]
+     * @param stream the stream the call is queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void run(DeviceBuffer input, long bytesPerPeer, Stream stream) {
@@ -209,6 +248,11 @@ public final class AllToAll extends NativeResource {
      * Exchanges {@code bytesPerPeer} bytes per peer on every local rank; inputs hold
      * {@code worldSize * bytesPerPeer} bytes. One input and one stream per local rank, in local
      * rank order.
+     *
+     * @param inputs one input per local rank, in local rank order
+     * @param bytesPerPeer bytes per peer, in [0, {@link #maxBytesPerPeer()}]
+     * @param streams one stream per local rank, in local rank order
+     * @throws IllegalArgumentException when the lists, sizes or devices do not fit, or an input overlaps the receive area
      */
     public void run(List<DeviceBuffer> inputs, long bytesPerPeer, List<Stream> streams) {
         ensureOpen();
@@ -229,6 +273,12 @@ public final class AllToAll extends NativeResource {
      * Queues local rank {@code i}'s part only: what a graph capture of one rank's stream needs, or
      * one thread per GPU. GIN only when this process drives several ranks (NCCL calls of several
      * local ranks must be grouped: use the list form).
+     *
+     * @param localIndex the local rank, in [0, localCount)
+     * @param input its input, {@code worldSize * bytesPerPeer} bytes
+     * @param bytesPerPeer bytes per peer, in [0, {@link #maxBytesPerPeer()}]
+     * @param stream its stream
+     * @throws IllegalStateException for HOST when this process drives several local ranks
      */
     public void run(int localIndex, DeviceBuffer input, long bytesPerPeer, Stream stream) {
         ensureOpen();
@@ -331,6 +381,7 @@ public final class AllToAll extends NativeResource {
      * Synchronizes the streams (one per local rank, in order) and throws if a kernel reported an
      * error (time-out, bad arguments); a time-out also aborts the group. HOST: waits for the
      * streams (within the group's host-wait time-out).
+     * @param streams the streams the calls were queued on, one per local rank, in order
      * @throws dev.gin4j.comm.CommException naming what each rank's kernels reported
      */
     public void checkErrors(List<Stream> streams) {
@@ -345,6 +396,7 @@ public final class AllToAll extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #checkErrors(List)} of its stream.
+     * @param stream the stream the calls were queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void checkErrors(Stream stream) {
@@ -356,6 +408,8 @@ public final class AllToAll extends NativeResource {
      * The check of {@link #checkErrors(List)}, reported later without waiting now (see
      * {@link ErrorCheck}): queued on each stream (one per local rank, in order) after the calls
      * already there; its {@link ErrorCheck#poll()} reports them once the streams get there.
+     * @param streams the streams the calls were queued on, one per local rank, in order
+     * @return the check, to poll or await
      * @throws IllegalStateException when a stream captures a graph
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
@@ -369,6 +423,8 @@ public final class AllToAll extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #errorsAfter(List)} of its stream.
+     * @param stream the stream the calls were queued on
+     * @return the check, to poll or await
      * @throws IllegalStateException when this process drives several local ranks
      */
     public ErrorCheck errorsAfter(Stream stream) {

@@ -69,35 +69,58 @@ public final class AllToAllV extends NativeResource {
         }
     }
 
-    /** Collective: every rank must create it with the same capacity and backend. */
+    /**
+     * Collective: every rank must create it with the same capacity and backend.
+     *
+     * @param group the ranks that exchange
+     * @param capacityPerPeer the receive slot size per source rank in bytes, at least 1
+     * @param backend who moves the data
+     * @return the all-to-all-v; close it when done
+     * @throws IllegalArgumentException when the arguments are wrong on any rank, or differ between ranks (every rank throws)
+     */
     public static AllToAllV create(CommGroup group, long capacityPerPeer, Backend backend) {
         AllToAll.checkCreate(group, capacityPerPeer, backend, "capacityPerPeer", "all-to-all-v");
         return new AllToAllV(group, backend, capacityPerPeer);
     }
 
-    /** The backend this all-to-all-v was created with. */
+    /** {@return the backend this all-to-all-v was created with} */
     public Backend backend() { return backend; }
 
-    /** The launch shape of a GIN call on local rank 0, sized by the capacity (the counts are on the device); null for HOST. */
+    /** {@return the launch shape of a GIN call on local rank 0, sized by the capacity (the counts are on the device); null for HOST} */
     public Plan plan() { return gin == null ? null : gin.plan(capacityPerPeer, protocol, 0, false); }
-    /** The receive slot size per source rank, in bytes: counts above it are clamped. */
+    /** {@return the receive slot size per source rank, in bytes: counts above it are clamped} */
     public long capacityPerPeer() { return capacityPerPeer; }
 
-    /** As {@link AllToAll#protocol}: every rank must use the same protocol in a call. */
+    /**
+     * As {@link AllToAll#protocol}: every rank must use the same protocol in a call.
+     *
+     * @param p the protocol, or {@link Protocol#AUTO}
+     * @return this all-to-all-v
+     */
     public AllToAllV protocol(Protocol p) {
         if (p == null) throw new IllegalArgumentException("protocol must not be null (Protocol.AUTO picks by size)");
         this.protocol = p;
         return this;
     }
 
-    /** Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}. */
+    /**
+     * Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}.
+     *
+     * @param localIndex the local rank, in [0, localCount)
+     * @return its receive slots, {@code worldSize * capacityPerPeer} bytes
+     */
     public DeviceBuffer output(int localIndex) {
         Groups.checkLocalIndex(group, localIndex);
         ensureOpen();
         return backend == Backend.GIN ? gin.window.region(localIndex, "recv") : hostOutputs.get(localIndex);
     }
 
-    /** uint64 bytes received from each source, on the device. */
+    /**
+     * uint64 bytes received from each source, on the device.
+     *
+     * @param localIndex the local rank, in [0, localCount)
+     * @return its {@code worldSize} received counts
+     */
     public DeviceBuffer receivedCounts(int localIndex) {
         Groups.checkLocalIndex(group, localIndex);
         ensureOpen();
@@ -106,6 +129,7 @@ public final class AllToAllV extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #output(int)} of its rank.
+     * @return the receive slots
      * @throws IllegalStateException when this process drives several local ranks
      */
     public DeviceBuffer output() {
@@ -115,6 +139,7 @@ public final class AllToAllV extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #receivedCounts(int)} of its rank.
+     * @return the received counts
      * @throws IllegalStateException when this process drives several local ranks
      */
     public DeviceBuffer receivedCounts() {
@@ -125,6 +150,10 @@ public final class AllToAllV extends NativeResource {
     /**
      * One process per GPU (a group with one local rank): {@link #run(List, List, List, List)} of its
      * input, send counts and offsets on its stream.
+     * @param input the input
+     * @param sendCounts {@code worldSize} uint64 byte counts, one per destination rank
+     * @param sendOffsets {@code worldSize} uint64 byte offsets into the input, one per destination rank
+     * @param stream the stream the call is queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void run(DeviceBuffer input, DeviceBuffer sendCounts, DeviceBuffer sendOffsets, Stream stream) {
@@ -145,6 +174,13 @@ public final class AllToAllV extends NativeResource {
      * {@link #receivedCounts(int)}. One input, count array, offset array and stream per local
      * rank, in local rank order. A count or range that does not fit is clamped and reported by
      * {@link #checkErrors} (see the class comment).
+     *
+     * @param inputs one input per local rank, in local rank order
+     * @param sendCounts per local rank: {@code worldSize} uint64 byte counts, 8-byte aligned
+     * @param sendOffsets per local rank: {@code worldSize} uint64 byte offsets into its input, 8-byte aligned
+     * @param streams one stream per local rank, in local rank order
+     * @throws IllegalArgumentException when the lists, sizes, alignment or devices do not fit, or a buffer overlaps what the call writes
+     * @throws IllegalStateException for HOST when a stream captures a graph
      */
     public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
         ensureOpen();
@@ -286,6 +322,7 @@ public final class AllToAllV extends NativeResource {
      * Synchronizes the streams (one per local rank, in order) and throws if a call clamped a count
      * or range (both backends) or a kernel reported an error (time-out, bad arguments); a time-out
      * also aborts the group.
+     * @param streams the streams the calls were queued on, one per local rank, in order
      * @throws CommException naming what each rank reported
      */
     public void checkErrors(List<Stream> streams) {
@@ -309,6 +346,7 @@ public final class AllToAllV extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #checkErrors(List)} of its stream.
+     * @param stream the stream the calls were queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void checkErrors(Stream stream) {
@@ -321,6 +359,8 @@ public final class AllToAllV extends NativeResource {
      * {@link ErrorCheck}): queued on each stream (one per local rank, in order) after the calls
      * already there. HOST: what the calls so far clamped (found on the host) goes into this check
      * and is not reported again.
+     * @param streams the streams the calls were queued on, one per local rank, in order
+     * @return the check, to poll or await
      * @throws IllegalStateException when a stream captures a graph
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
@@ -338,6 +378,8 @@ public final class AllToAllV extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #errorsAfter(List)} of its stream.
+     * @param stream the stream the calls were queued on
+     * @return the check, to poll or await
      * @throws IllegalStateException when this process drives several local ranks
      */
     public ErrorCheck errorsAfter(Stream stream) {

@@ -4,6 +4,11 @@ package dev.gin4j.a2a;
 /**
  * One launch shape of the GIN kernels: protocol, chunks per peer (grid = ranks x chunks) and
  * threads per block. Chosen by size from measurements on 2 H200 over NVLink (docs/kernels.md).
+ *
+ * @param protocol the protocol, never {@link Protocol#AUTO}
+ * @param chunksPerPeer blocks per peer, in [1, {@link #MAX_CHUNKS_PER_PEER}] (for {@link Protocol#COPY_ENGINE}: the
+ *     blocks of the self-slot copy)
+ * @param threads threads per block: a multiple of 32, at most 1024 for {@link Protocol#DIRECT} and 512 for the others
  */
 public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
     /** Largest per-peer message the LL protocol is used for by default, and the LL staging capacity. */
@@ -22,6 +27,7 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
     public static final long COPY_ENGINE_MIN_PEER_BYTES = 64L * 1024 * 1024;
     /** Blocks of the self-slot copy kernel of {@link Protocol#COPY_ENGINE} (nvlink_probe: 16-32 keep up with the engines). */
     public static final int COPY_ENGINE_SELF_BLOCKS = 32;
+    /** The most chunks (blocks) per peer a plan may have. */
     public static final int MAX_CHUNKS_PER_PEER = 64;
 
     /** Checks the plan: a concrete protocol, chunks per peer in [1, MAX_CHUNKS_PER_PEER], and a thread count the protocol takes. */
@@ -32,7 +38,14 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
         if (threads < 32 || threads > max || threads % 32 != 0) throw new IllegalArgumentException("threads " + threads + " must be a multiple of 32 in [32, " + max + "] for " + protocol);
     }
 
-    /** The default plan on NVIDIA (LL128 and the copy engines allowed under {@link Protocol#AUTO}); {@code forced} overrides the protocol. */
+    /**
+     * The default plan on NVIDIA (LL128 and the copy engines allowed under {@link Protocol#AUTO}); {@code forced} overrides the protocol.
+     *
+     * @param bytesPerPeer the bytes each rank sends to each peer
+     * @param nranks the number of ranks, at least 1
+     * @param forced the protocol to use, or {@link Protocol#AUTO} to pick by size
+     * @return the plan
+     */
     public static Plan choose(long bytesPerPeer, int nranks, Protocol forced) {
         return choose(bytesPerPeer, nranks, forced, true);
     }
@@ -42,6 +55,12 @@ public record Plan(Protocol protocol, int chunksPerPeer, int threads) {
      * {@code nvidia}: whether {@link Protocol#AUTO} may pick the protocols measured on NVIDIA only,
      * LL128 and the copy engines (false on AMD, where they are not validated). For
      * {@link Protocol#COPY_ENGINE}, {@code chunksPerPeer} is the block count of the self-slot copy.
+     *
+     * @param bytesPerPeer the bytes each rank sends to each peer
+     * @param nranks the number of ranks, at least 1
+     * @param forced the protocol to use, or {@link Protocol#AUTO} to pick by size
+     * @param nvidia whether {@link Protocol#AUTO} may pick LL128 and the copy engines
+     * @return the plan
      */
     public static Plan choose(long bytesPerPeer, int nranks, Protocol forced, boolean nvidia) {
         if (nranks < 1) throw new IllegalArgumentException("nranks " + nranks + " must be at least 1");

@@ -17,22 +17,36 @@ import java.util.List;
  * What the loaded collective library can do here: symmetric windows, the device API (device
  * communicators, LSA) and GIN. Found by asking the library and, where it has no query for it
  * (NCCL 2.28), by trying on a throw-away communicator over the given devices.
+ *
+ * @param loaded whether NCCL or RCCL was loaded (false: every other finding is false or none)
+ * @param version the library's NCCL_VERSION_CODE, or 0 when none was loaded
+ * @param windows whether the library exports symmetric windows (ncclMemAlloc and ncclCommWindowRegister)
+ * @param deviceApi whether a device communicator could be created over the given devices
+ * @param gin whether a device communicator with GIN signals could be created (GIN across nodes)
+ * @param ginType the GIN type NCCL reports ({@link #ginType}), or "not probed"
+ * @param ginPlugin the GIN plugin setting and file ({@link #describeGinPlugin()})
+ * @param notes a summary line, then one line per finding ({@link #report()})
  */
 public record Capabilities(boolean loaded, int version, boolean windows, boolean deviceApi, boolean gin, String ginType, String ginPlugin, List<String> notes) {
 
-    /** The collective library found (NCCL or RCCL), its version and file, or why none was loaded. */
+    /** {@return the collective library found (NCCL or RCCL), its version and file, or why none was loaded} */
     public static String describeLibrary() {
         if (!Nccl.isAvailable()) return "none loaded: " + Nccl.describe();
         return Nccl.flavour() + " " + Nccl.versionString(Nccl.version()) + " (" + Nccl.describe() + ")";
     }
 
-    /** RDMA devices the kernel exposes; GIN across nodes needs one. */
+    /** {@return the RDMA devices the kernel exposes (/sys/class/infiniband); GIN across nodes needs one} */
     public static List<String> rdmaDevices() {
         String[] names = new File("/sys/class/infiniband").list();
         return names == null ? List.of() : List.of(names);
     }
 
-    /** What the library and the devices allow: peer access, LSA, GIN. */
+    /**
+     * What the library and the devices allow: peer access, LSA, GIN.
+     *
+     * @param devices local GPUs to try a throw-away communicator on (none: the library is only asked)
+     * @return the findings
+     */
     public static Capabilities probe(List<Device> devices) {
         List<String> notes = new ArrayList<>();
         if (!Nccl.isAvailable()) {
@@ -96,13 +110,16 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
         return new Capabilities(true, version, windows, devApiWorks, gin, ginType, ginPlugin, summary);
     }
 
-    /** The findings, one per line. */
+    /** {@return the findings, one per line} */
     public String report() { return String.join("\n", notes); }
 
     /**
      * The GIN type NCCL reports for this communicator (ncclCommQueryProperties): "none", "proxy"
      * (the CPU's proxy thread posts the GPU's puts: NCCL's own IB proxy, or a plugin such as the
      * loopback transport) or "GDAKI" (the GPU drives the NIC). NCCL before 2.29 has no such query.
+     *
+     * @param c an open communicator
+     * @return the GIN type, or why it cannot be asked
      */
     public static String ginType(Communicator c) {
         if (Nccl.version() < 22900) return "none (NCCL " + Nccl.versionString(Nccl.version()) + " has no GIN plugins; 2.29.7 or newer does)";
@@ -125,6 +142,8 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
     /**
      * What NCCL_GIN_PLUGIN names and, where NCCL loaded one, the GIN plugin file mapped into this
      * process; with what is wrong with the setting, if anything ({@link #ginPluginProblem()}).
+     *
+     * @return the setting, the loaded plugin and any problem, in one line
      */
     public static String describeGinPlugin() {
         String setting = System.getenv("NCCL_GIN_PLUGIN");
@@ -149,6 +168,8 @@ public record Capabilities(boolean loaded, int version, boolean windows, boolean
      * path that does not exist, or a library that exports neither ncclGinPlugin_v12 nor
      * ncclGinPlugin_v11, the interfaces NCCL 2.29 loads. NCCL itself only logs such a plugin and
      * goes on without it.
+     *
+     * @return what is wrong with NCCL_GIN_PLUGIN, or null
      */
     public static String ginPluginProblem() { return ginPluginProblem(System.getenv("NCCL_GIN_PLUGIN")); }
 

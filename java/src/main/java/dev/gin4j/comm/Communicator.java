@@ -20,18 +20,18 @@ public final class Communicator {
         this.localIndex = localIndex;
     }
 
-    /** The group it belongs to. */
+    /** {@return the group it belongs to} */
     public CommGroup group() { return group; }
-    /** The GPU this rank runs on. */
+    /** {@return the GPU this rank runs on} */
     public Device device() { return device; }
-    /** Rank in the whole communicator (all processes). */
+    /** {@return the rank in the whole communicator (all processes)} */
     public int rank() { return rank; }
-    /** Ranks in the whole job. */
+    /** {@return the number of ranks in the whole job} */
     public int size() { return group.worldSize(); }
-    /** Index among the ranks this process drives. */
+    /** {@return the index among the ranks this process drives} */
     public int localIndex() { return localIndex; }
 
-    /** The native ncclComm_t, after checking the group is open. */
+    /** {@return the native ncclComm_t, after checking the group is open} */
     public MemorySegment handle() {
         group.ensureOpen();
         return handle;

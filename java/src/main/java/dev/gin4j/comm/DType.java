@@ -19,6 +19,6 @@ public enum DType {
 
     private final int bytes;
     DType(int bytes) { this.bytes = bytes; }
-    /** Bytes per element. */
+    /** {@return the bytes per element} */
     public int bytes() { return bytes; }
 }

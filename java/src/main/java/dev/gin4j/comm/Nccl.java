@@ -14,18 +14,18 @@ import static dev.gin4j.bindings.nccl.nccl_h.*;
 public final class Nccl {
     private Nccl() {}
 
-    /** Whether NCCL or RCCL could be loaded. */
+    /** {@return whether NCCL or RCCL could be loaded} */
     public static boolean isAvailable() { return NativeLibrary.NCCL.isAvailable(); }
 
-    /** Which file was loaded and its version, or what was tried. */
+    /** {@return which file was loaded and its version, or what was tried} */
     public static String describe() { return NativeLibrary.NCCL.describe(); }
 
-    /** "RCCL" when the loaded file is RCCL, else "NCCL". */
+    /** {@return "RCCL" when the loaded file is RCCL, else "NCCL"} */
     public static String flavour() { return describe().contains("rccl") ? "RCCL" : "NCCL"; }
 
     private static int cachedVersion;
 
-    /** NCCL_VERSION_CODE of the loaded library, e.g. 22803 for 2.28.3. */
+    /** {@return the NCCL_VERSION_CODE of the loaded library, e.g. 22803 for 2.28.3} */
     public static int version() {
         int v = cachedVersion;
         if (v == 0) {
@@ -38,7 +38,12 @@ public final class Nccl {
         return v;
     }
 
-    /** A version code as "2.29.7". */
+    /**
+     * A version code as "2.29.7".
+     *
+     * @param code a version code ({@link #version()})
+     * @return the version, readable
+     */
     public static String versionString(int code) {
         return code >= 10000 ? (code / 10000) + "." + (code / 100) % 100 + "." + code % 100 : (code / 1000) + "." + (code / 100) % 10 + "." + code % 100;
     }

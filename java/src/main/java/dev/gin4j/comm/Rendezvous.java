@@ -73,7 +73,11 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
         /** No job identity: every rank without one has this token, so jobs that share a port are told apart only by WORLD_SIZE and RANK. */
         public static final JobToken NONE = derive("none", "");
 
-        /** @throws IllegalArgumentException for a null or malformed source or digest */
+        /**
+         * Checks the token: a source of 1 to 64 printable ASCII characters and a digest of 64 lower-case hex digits.
+         *
+         * @throws IllegalArgumentException for a null or malformed source or digest
+         */
         public JobToken {
             if (source == null || source.isEmpty() || source.length() > MAX_SOURCE_BYTES || !source.chars().allMatch(c -> c > 32 && c < 127))
                 throw new IllegalArgumentException("a job token's source must be 1 to " + MAX_SOURCE_BYTES + " printable ASCII characters, got " + source);
@@ -81,7 +85,13 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
                 throw new IllegalArgumentException("a job token's digest must be " + 2 * TOKEN_BYTES + " lower-case hex digits, got " + digest);
         }
 
-        /** The token of a value chosen by the caller; every rank of the job must be given the same one. */
+        /**
+         * The token of a value chosen by the caller; every rank of the job must be given the same one.
+         *
+         * @param value the value, not blank
+         * @return its token, with source {@code given}
+         * @throws IllegalArgumentException for a null or blank value
+         */
         public static JobToken of(String value) {
             if (value == null || value.isBlank()) throw new IllegalArgumentException("a job token needs a non-blank value, got '" + value + "'");
             return derive("given", value);
@@ -92,6 +102,9 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
          * {@code --rdzv-id}, unless it is the default {@code none}); SLURM's {@code SLURM_JOB_ID}
          * with {@code SLURM_STEP_ID}; else {@link #NONE}. A launcher that sets none of them should
          * set {@code GIN4J_JOB_TOKEN} to a value of its own for every rank of the job.
+         *
+         * @param env the environment to read
+         * @return the token of the first variable set, or {@link #NONE}
          */
         public static JobToken fromEnvironment(Map<String, String> env) {
             String own = env.get("GIN4J_JOB_TOKEN");
@@ -117,6 +130,8 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
     }
 
     /**
+     * Checks the settings; a blank {@code listenAddress} counts as none.
+     *
      * @throws IllegalArgumentException for a world size below 1, a rank outside it, a port that is
      *     no TCP port, a negative local rank, a time-out that is not positive or a null job token
      */
@@ -131,7 +146,16 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
         if (listenAddress != null && listenAddress.isBlank()) listenAddress = null;
     }
 
-    /** Without a job token ({@link JobToken#NONE}), rank 0 listening on MASTER_ADDR's address. */
+    /**
+     * Without a job token ({@link JobToken#NONE}), rank 0 listening on MASTER_ADDR's address.
+     *
+     * @param rank this process's rank, in [0, worldSize)
+     * @param worldSize the number of ranks
+     * @param localRank the GPU this process drives, among those it sees
+     * @param masterAddress rank 0's host name or address
+     * @param masterPort the TCP port rank 0 listens on
+     * @param timeout how long the exchange may take in all
+     */
     public Rendezvous(int rank, int worldSize, int localRank, String masterAddress, int masterPort, Duration timeout) {
         this(rank, worldSize, localRank, masterAddress, masterPort, timeout, JobToken.NONE, null);
     }
@@ -140,11 +164,16 @@ public record Rendezvous(int rank, int worldSize, int localRank, String masterAd
      * Reads RANK, WORLD_SIZE, LOCAL_RANK (default: RANK), MASTER_ADDR, MASTER_PORT,
      * GIN4J_RENDEZVOUS_TIMEOUT_S (default 120), the job token ({@link JobToken#fromEnvironment}) and
      * GIN4J_RENDEZVOUS_LISTEN (rank 0's listening address; default MASTER_ADDR's).
+     *
+     * @return the rendezvous the process environment describes
+     * @throws IllegalArgumentException naming the variable that is missing or wrong
      */
     public static Rendezvous fromEnvironment() { return fromEnvironment(System.getenv()); }
 
     /**
      * As {@link #fromEnvironment()}, from {@code env}.
+     * @param env the environment to read
+     * @return the rendezvous {@code env} describes
      * @throws IllegalArgumentException naming the variable that is missing or wrong
      */
     public static Rendezvous fromEnvironment(Map<String, String> env) {

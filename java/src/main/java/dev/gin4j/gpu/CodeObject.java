@@ -50,9 +50,9 @@ public final class CodeObject extends NativeResource {
         }
     }
 
-    /** The device the code object is loaded on. */
+    /** {@return the device the code object is loaded on} */
     public Device device() { return device; }
-    /** The name it was loaded under. */
+    /** {@return the name it was loaded under} */
     public String name() { return name; }
 
     long module() {
@@ -60,7 +60,13 @@ public final class CodeObject extends NativeResource {
         return module;
     }
 
-    /** Looks a kernel up once; later calls return the same {@link Kernel}. */
+    /**
+     * Looks a kernel up once; later calls return the same {@link Kernel}.
+     *
+     * @param kernelName the kernel's symbol name in the code object
+     * @return the kernel
+     * @throws GpuException if the code object has no kernel of that name (the message lists the kernels the library's manifest names)
+     */
     public Kernel kernel(String kernelName) {
         ensureOpen();
         Objects.requireNonNull(kernelName, "kernel name");

@@ -19,34 +19,34 @@ public final class Device {
     }
 
     Driver driver() { return runtime.driver(); }
-    /** The runtime this device belongs to. */
+    /** {@return the runtime this device belongs to} */
     public GpuRuntime runtime() { return runtime; }
-    /** The runtime's index of this device (0-based, as CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES leave them). */
+    /** {@return the runtime's index of this device (0-based, as CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES leave them)} */
     public int ordinal() { return ordinal; }
 
-    /** The device's name as the runtime reports it ("NVIDIA H200", ...). */
+    /** {@return the device's name as the runtime reports it ("NVIDIA H200", ...)} */
     public String name() {
         String n = name;
         return n != null ? n : (name = driver().deviceName(ordinal));
     }
 
-    /** Architecture as compilers name it: {@code sm_90}, {@code gfx942}. */
+    /** {@return the architecture as compilers name it: {@code sm_90}, {@code gfx942}} */
     public String arch() {
         String a = arch;
         return a != null ? a : (arch = driver().arch(ordinal));
     }
 
-    /** Device memory in bytes. */
+    /** {@return the device memory in bytes} */
     public long totalMemory() { return driver().totalMemory(ordinal); }
-    /** Streaming multiprocessors (NVIDIA) or compute units (AMD). */
+    /** {@return the number of streaming multiprocessors (NVIDIA) or compute units (AMD)} */
     public int multiprocessors() { return driver().multiprocessors(ordinal); }
-    /** Threads per warp (NVIDIA: 32) or wavefront (AMD CDNA: 64). */
+    /** {@return the threads per warp (NVIDIA: 32) or wavefront (AMD CDNA: 64)} */
     public int warpSize() { return driver().warpSize(ordinal); }
-    /** The most shared memory one block may use (with {@link Kernel#setMaxDynamicSharedBytes} above 48 KiB on NVIDIA). */
+    /** {@return the most shared memory one block may use, in bytes (with {@link Kernel#setMaxDynamicSharedBytes} above 48 KiB on NVIDIA)} */
     public int maxSharedBytesPerBlock() { return driver().maxSharedBytesPerBlock(ordinal); }
-    /** The largest grid, {x, y, z} blocks (a copy). */
+    /** {@return the largest grid, {x, y, z} blocks (a copy)} */
     public int[] maxGridDims() { return maxGrid().clone(); }
-    /** The largest block, {x, y, z} threads (a copy; a kernel may allow fewer threads in all, see {@link Kernel#maxThreadsPerBlock()}). */
+    /** {@return the largest block, {x, y, z} threads (a copy; a kernel may allow fewer threads in all, see {@link Kernel#maxThreadsPerBlock()})} */
     public int[] maxBlockDims() { return maxBlock().clone(); }
 
     int[] maxGrid() {
@@ -59,17 +59,34 @@ public final class Device {
         return b != null ? b : (maxBlock = driver().maxBlockDims(ordinal));
     }
 
-    /** The PCI bus id ("0000:19:00.0"). */
+    /** {@return the PCI bus id ("0000:19:00.0")} */
     public String pciBusId() { return driver().pciBusId(ordinal); }
-    /** {free, total} bytes. */
+    /** {@return {free, total} bytes of device memory} */
     public long[] memoryInfo() { return driver().memoryInfo(ordinal); }
 
-    /** Whether kernels on this device can load and store {@code peer}'s memory once {@link #enablePeerAccess} was called. */
+    /**
+     * Whether kernels on this device can load and store {@code peer}'s memory once {@link #enablePeerAccess} was called.
+     *
+     * @param peer another device of the same runtime
+     * @return true if peer access between the two is possible
+     * @throws IllegalArgumentException if {@code peer} belongs to another runtime
+     */
     public boolean canAccessPeer(Device peer) { return driver().canAccessPeer(ordinal, sameRuntime(peer).ordinal); }
-    /** How this device and {@code peer} are linked, as far as the runtime tells ("NVLink", "XGMI", "PCIe", ...). */
+    /**
+     * How this device and {@code peer} are linked, as far as the runtime tells ("NVLink", "XGMI", "PCIe", ...).
+     *
+     * @param peer another device of the same runtime
+     * @return the kind of link
+     * @throws IllegalArgumentException if {@code peer} belongs to another runtime
+     */
     public String linkKind(Device peer) { return driver().linkKind(ordinal, sameRuntime(peer).ordinal); }
 
-    /** Lets kernels on this device load and store the peer's memory. */
+    /**
+     * Lets kernels on this device load and store the peer's memory. Does nothing when {@code peer} is this device.
+     *
+     * @param peer the device whose memory kernels here may then access
+     * @throws GpuException if this device cannot access {@code peer}
+     */
     public void enablePeerAccess(Device peer) {
         if (peer == this) return;
         if (!canAccessPeer(peer)) throw new GpuException(this + " cannot access " + peer + " (no peer access between them)");
@@ -87,20 +104,44 @@ public final class Device {
     /** Waits for all work on this device. */
     public void synchronize() { driver().synchronize(ordinal); }
 
-    /** Allocates device memory freed when {@code arena} closes. Zero bytes gives an empty buffer. */
+    /**
+     * Allocates device memory freed when {@code arena} closes. Zero bytes gives an empty buffer.
+     *
+     * @param bytes the size in bytes
+     * @param arena the arena whose closing frees the memory
+     * @return the new buffer
+     */
     public DeviceBuffer allocate(long bytes, Arena arena) { return DeviceBuffer.allocate(this, bytes, arena); }
 
-    /** Allocates page-locked host memory, readable by the host and by kernels on this device. */
+    /**
+     * Allocates page-locked host memory, readable by the host and by kernels on this device.
+     *
+     * @param bytes the size in bytes
+     * @param arena the arena whose closing frees the memory
+     * @return the new buffer
+     */
     public PinnedBuffer allocatePinned(long bytes, Arena arena) { return PinnedBuffer.allocate(this, bytes, arena); }
 
-    /** A new non-blocking stream on this device; close it when done. */
+    /** {@return a new non-blocking stream on this device; close it when done} */
     public Stream createStream() { return new Stream(this); }
-    /** A new timing event on this device; close it when done. */
+    /** {@return a new timing event on this device; close it when done} */
     public Event createEvent() { return new Event(this, true); }
-    /** A new event on this device, timing or not (a non-timing event is cheaper to record and wait for); close it when done. */
+    /**
+     * A new event on this device, timing or not (a non-timing event is cheaper to record and wait for); close it when done.
+     *
+     * @param timing whether the event records times for {@link Event#elapsedMillisSince}
+     * @return the new event
+     */
     public Event createEvent(boolean timing) { return new Event(this, timing); }
 
-    /** Loads a code object (cubin/fatbin on NVIDIA, hsaco on AMD) from its bytes. */
+    /**
+     * Loads a code object (cubin/fatbin on NVIDIA, hsaco on AMD) from its bytes.
+     *
+     * @param name the name to load it under (used in messages)
+     * @param image the code object's bytes, read during the call only
+     * @return the loaded code object; close it when done
+     * @throws GpuException if the image does not load on this device (e.g. built for another architecture)
+     */
     public CodeObject loadCodeObject(String name, byte[] image) { return new CodeObject(this, name, image); }
 
     /** A capture was begun on {@code stream} ({@link Stream#beginCapture}) or ended there (ended true). */

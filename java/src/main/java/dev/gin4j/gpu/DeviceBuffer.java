@@ -71,6 +71,9 @@ public final class DeviceBuffer {
      * on gin4j streams that uses it must be finished (or ordered by an event) before other code frees
      * or reuses it, as with any memory shared between streams.
      *
+     * @param device the device the memory belongs to
+     * @param deviceRange a native segment of the device address and size, scoped to an arena that closes no later than the memory is freed
+     * @return a buffer over that memory, which gin4j never frees
      * @throws IllegalArgumentException for a heap segment or address 0
      * @throws NullPointerException for a null device
      */
@@ -81,30 +84,45 @@ public final class DeviceBuffer {
         return new DeviceBuffer(device, deviceRange);
     }
 
-    /** Device buffers allocated by gin4j and not yet freed (their arenas still open). */
+    /** {@return the number of device buffers allocated by gin4j and not yet freed (their arenas still open)} */
     public static long liveCount() { return LIVE_COUNT.get(); }
 
-    /** The device the memory is on. */
+    /** {@return the device the memory is on} */
     public Device device() { return device; }
-    /** Device address range; never dereference it on the host. */
+    /** {@return the device address range; never dereference it on the host} */
     public MemorySegment segment() { return segment; }
-    /** The size in bytes. */
+    /** {@return the size in bytes} */
     public long byteSize() { return segment.byteSize(); }
 
-    /** The device address, after checking that the memory is still alive. */
+    /**
+     * {@return the device address, after checking that the memory is still alive}
+     *
+     * @throws IllegalStateException if the memory was freed (its arena is closed)
+     */
     public long address() {
         if (!segment.scope().isAlive()) throw new IllegalStateException("device buffer of " + segment.byteSize() + " bytes on " + device + " was freed (its arena is closed)");
         return segment.address();
     }
 
-    /** true when {@code other} is on the same device and the two share at least one byte. */
+    /**
+     * {@return true when {@code other} is on the same device and the two share at least one byte}
+     *
+     * @param other the buffer to compare with
+     */
     public boolean overlaps(DeviceBuffer other) {
         if (other.device != device || byteSize() == 0 || other.byteSize() == 0) return false;
         long a = segment.address(), b = other.segment.address();
         return a < b + other.byteSize() && b < a + byteSize();
     }
 
-    /** A view of {@code [offset, offset + length)} of this buffer. */
+    /**
+     * A view of {@code [offset, offset + length)} of this buffer.
+     *
+     * @param offset the first byte of the view
+     * @param length the view's size in bytes
+     * @return the view, on the same memory (nothing is copied)
+     * @throws IndexOutOfBoundsException if the range is not inside this buffer
+     */
     public DeviceBuffer slice(long offset, long length) {
         if (offset < 0 || length < 0 || offset > byteSize() - length) {
             throw new IndexOutOfBoundsException("slice [" + offset + ", " + offset + "+" + length + ") is outside this device buffer of " + byteSize() + " bytes");
@@ -120,6 +138,7 @@ public final class DeviceBuffer {
      * Copies all of {@code host} (same size as this buffer, heap or native) to the device, after
      * waiting for all work on the device (every stream), and waits until the copy is done: correct
      * after any stream's work, at the price of a device-wide wait (see the class comment).
+     * @param host the bytes to copy, as many as this buffer holds
      * @throws IllegalStateException when {@code host}'s arena is closed, or a gin4j stream of this
      *         device is capturing a graph (a device-wide wait is not allowed then)
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
@@ -144,6 +163,7 @@ public final class DeviceBuffer {
      * Copies this buffer into {@code host} (same size, heap or native), after waiting for all work
      * on the device (every stream), and waits: correct after any stream's work, at the price of a
      * device-wide wait (see the class comment).
+     * @param host where the bytes go, as many as this buffer holds
      * @throws IllegalStateException when {@code host}'s arena is closed, or a gin4j stream of this
      *         device is capturing a graph (a device-wide wait is not allowed then)
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
@@ -178,6 +198,8 @@ public final class DeviceBuffer {
      * Copies all of {@code host} (same size as this buffer, heap or native) to the device, ordered
      * on {@code stream} after the work already queued there, and returns once the stream has run it
      * (so {@code host} may be reused at once). Only {@code stream} is waited for, not the device.
+     * @param host the bytes to copy, as many as this buffer holds
+     * @param stream the stream the copy is ordered on, of this buffer's device
      * @throws IllegalStateException when {@code host}'s arena is closed, or {@code stream} is
      *         capturing a graph (this waits for it on the host)
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
@@ -204,6 +226,8 @@ public final class DeviceBuffer {
      * Copies this buffer into {@code host} (same size, heap or native), ordered on {@code stream}
      * after the work already queued there (a kernel's result is read on the stream that made it),
      * and returns once the copy is done. Only {@code stream} is waited for, not the device.
+     * @param host where the bytes go, as many as this buffer holds
+     * @param stream the stream the copy is ordered on, of this buffer's device
      * @throws IllegalStateException when {@code host}'s arena is closed, or {@code stream} is
      *         capturing a graph (this waits for it on the host)
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
@@ -244,6 +268,8 @@ public final class DeviceBuffer {
      * and unchanged until the stream is synchronized (or an event recorded after it completes).
      * The copy overlaps the host's work only from pinned memory ({@link PinnedBuffer#host()}); from
      * other native memory the runtime may stage it and return later.
+     * @param host a native segment of the bytes to copy, as many as this buffer holds
+     * @param stream the stream the copy is ordered on, of this buffer's device
      * @throws IllegalStateException when {@code host}'s arena is closed
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
      */
@@ -263,6 +289,8 @@ public final class DeviceBuffer {
      * until the stream is synchronized (or an event recorded after it completes), and read it only then.
      * Only into pinned memory ({@link PinnedBuffer#host()}) does this return at once; into other
      * native memory the runtime returns once the copy is done.
+     * @param host a native segment where the bytes go, as many as this buffer holds
+     * @param stream the stream the copy is ordered on, of this buffer's device
      * @throws IllegalStateException when {@code host}'s arena is closed
      * @throws WrongThreadException when {@code host}'s arena is confined to another thread
      * @throws IllegalArgumentException when {@code host} is read-only
@@ -320,7 +348,12 @@ public final class DeviceBuffer {
         if (!host.isNative()) throw new IllegalArgumentException("asynchronous copies need an off-heap host segment (Arena-allocated or pinned), not a heap segment");
     }
 
-    /** Copies {@code src} (same size; this device or a peer) into this buffer, ordered on {@code stream}. */
+    /**
+     * Copies {@code src} (same size; this device or a peer) into this buffer, ordered on {@code stream}.
+     *
+     * @param src the buffer to copy from, of the same size
+     * @param stream the stream the copy is ordered on, of this buffer's device
+     */
     public void copyFrom(DeviceBuffer src, Stream stream) {
         checkLength(byteSize(), src.byteSize(), "source device buffer");
         device.check(stream.device(), "stream");
@@ -334,7 +367,12 @@ public final class DeviceBuffer {
         stream.noteUse(src);
     }
 
-    /** Sets every byte to {@code value}, ordered on {@code stream}. */
+    /**
+     * Sets every byte to {@code value}, ordered on {@code stream}.
+     *
+     * @param value the byte to write
+     * @param stream the stream the fill is ordered on, of this buffer's device
+     */
     public void fill(byte value, Stream stream) {
         device.check(stream.device(), "stream");
         if (byteSize() == 0) return;
@@ -342,7 +380,13 @@ public final class DeviceBuffer {
         stream.noteUse(this);
     }
 
-    /** Sets every 32-bit word to {@code value} (address 4-byte aligned, size a multiple of 4), ordered on {@code stream}. */
+    /**
+     * Sets every 32-bit word to {@code value} (address 4-byte aligned, size a multiple of 4), ordered on {@code stream}.
+     *
+     * @param value the 32-bit word to write
+     * @param stream the stream the fill is ordered on, of this buffer's device
+     * @throws IllegalArgumentException if the size is not a multiple of 4 or the address is not 4-byte aligned
+     */
     public void fill32(int value, Stream stream) {
         if (byteSize() % 4 != 0) throw new IllegalArgumentException("fill32 needs a size that is a multiple of 4, got " + byteSize());
         if (byteSize() != 0 && address() % 4 != 0) {
@@ -358,12 +402,17 @@ public final class DeviceBuffer {
     /**
      * Reads the whole buffer into a new heap array, after waiting for all work on the device (as
      * {@link #copyToHost(MemorySegment)}; for tests, setup and small results).
+     *
+     * @return the buffer's bytes
      */
     public byte[] toByteArray() { return readBytes(null); }
 
     /**
      * Reads the whole buffer into a new heap array, ordered on {@code stream} (as
      * {@link #copyToHost(MemorySegment, Stream)}).
+     *
+     * @param stream the stream whose work the read follows
+     * @return the buffer's bytes
      */
     public byte[] toByteArray(Stream stream) { return readBytes(requireStream(stream, "toByteArray")); }
 
@@ -374,10 +423,21 @@ public final class DeviceBuffer {
         return out;
     }
 
-    /** The first {@code n} 64-bit values, after waiting for all work on the device (as {@link #copyToHost(MemorySegment)}). */
+    /**
+     * The first {@code n} 64-bit values, after waiting for all work on the device (as {@link #copyToHost(MemorySegment)}).
+     *
+     * @param n how many values to read
+     * @return the values
+     */
     public long[] readLongs(int n) { return longs(n, null); }
 
-    /** The first {@code n} 64-bit values, ordered on {@code stream} (as {@link #copyToHost(MemorySegment, Stream)}). */
+    /**
+     * The first {@code n} 64-bit values, ordered on {@code stream} (as {@link #copyToHost(MemorySegment, Stream)}).
+     *
+     * @param n how many values to read
+     * @param stream the stream whose work the read follows
+     * @return the values
+     */
     public long[] readLongs(int n, Stream stream) { return longs(n, requireStream(stream, "readLongs")); }
 
     private long[] longs(int n, Stream stream) {
@@ -389,10 +449,21 @@ public final class DeviceBuffer {
         }
     }
 
-    /** The first {@code n} 32-bit values, after waiting for all work on the device (as {@link #copyToHost(MemorySegment)}). */
+    /**
+     * The first {@code n} 32-bit values, after waiting for all work on the device (as {@link #copyToHost(MemorySegment)}).
+     *
+     * @param n how many values to read
+     * @return the values
+     */
     public int[] readInts(int n) { return ints(n, null); }
 
-    /** The first {@code n} 32-bit values, ordered on {@code stream} (as {@link #copyToHost(MemorySegment, Stream)}). */
+    /**
+     * The first {@code n} 32-bit values, ordered on {@code stream} (as {@link #copyToHost(MemorySegment, Stream)}).
+     *
+     * @param n how many values to read
+     * @param stream the stream whose work the read follows
+     * @return the values
+     */
     public int[] readInts(int n, Stream stream) { return ints(n, requireStream(stream, "readInts")); }
 
     private int[] ints(int n, Stream stream) {

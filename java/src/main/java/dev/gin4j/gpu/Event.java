@@ -37,6 +37,8 @@ public final class Event extends NativeResource {
      * to the runtime, whose refusal comes as a {@link GpuException}.
      *
      * @param handle the native event handle, not 0
+     * @param device the device the event belongs to
+     * @return a wrapper that never destroys the event
      * @throws IllegalArgumentException for a 0 handle
      * @throws NullPointerException for a null device
      */
@@ -46,19 +48,23 @@ public final class Event extends NativeResource {
         return new Event(device, handle);
     }
 
-    /** Whether gin4j made this event and destroys it on {@link #close()} (false for {@link #wrap}). */
+    /** {@return whether gin4j made this event and destroys it on {@link #close()} (false for {@link #wrap})} */
     public boolean isOwned() { return owned; }
 
-    /** The device the event belongs to. */
+    /** {@return the device the event belongs to} */
     public Device device() { return device; }
 
-    /** The native handle ({@code CUevent} / {@code hipEvent_t}), after checking the event is open. */
+    /** {@return the native handle ({@code CUevent} / {@code hipEvent_t}), after checking the event is open} */
     public long handle() {
         ensureOpen();
         return handle;
     }
 
-    /** Records the event at the current end of {@code stream}'s work (a stream of the same device). */
+    /**
+     * Records the event at the current end of {@code stream}'s work (a stream of the same device).
+     *
+     * @param stream the stream whose work the event marks
+     */
     public void record(Stream stream) {
         device.check(stream.device(), "stream");
         device.driver().eventRecord(device.ordinal(), handle(), stream.handle());
@@ -68,11 +74,13 @@ public final class Event extends NativeResource {
 
     /** Waits until the work before the last record of this event has finished. */
     public void synchronize() { device.driver().eventSynchronize(device.ordinal(), handle()); }
-    /** Whether the work before the last record of this event has finished (true for an event never recorded). */
+    /** {@return whether the work before the last record of this event has finished (true for an event never recorded)} */
     public boolean isComplete() { return device.driver().eventQuery(device.ordinal(), handle()); }
 
     /**
      * Milliseconds from {@code start} to this event; both recorded and complete, both timing events.
+     * @param start the earlier event, of the same device
+     * @return the elapsed time in milliseconds
      * @throws IllegalStateException when either event was never recorded, or was created without timing
      */
     public float elapsedMillisSince(Event start) {

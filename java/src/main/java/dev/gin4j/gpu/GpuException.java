@@ -10,7 +10,14 @@ public class GpuException extends RuntimeException {
     private final int code;
     private final String errorName;
 
-    /** A failed runtime call: its name, the runtime's status code, and the runtime's name and text for it. */
+    /**
+     * A failed runtime call: its name, the runtime's status code, and the runtime's name and text for it.
+     *
+     * @param call the runtime call that failed
+     * @param code the runtime's status code
+     * @param errorName the runtime's name for the code
+     * @param errorMessage the runtime's text for the code
+     */
     public GpuException(String call, int code, String errorName, String errorMessage) {
         super(call + " failed: " + errorName + " (" + code + "): " + errorMessage);
         this.call = call;
@@ -18,7 +25,11 @@ public class GpuException extends RuntimeException {
         this.errorName = errorName;
     }
 
-    /** For failures detected by gin4j itself before or after a call (no runtime status code). */
+    /**
+     * For failures detected by gin4j itself before or after a call (no runtime status code).
+     *
+     * @param message what went wrong
+     */
     public GpuException(String message) {
         super(message);
         this.call = "";
@@ -29,6 +40,9 @@ public class GpuException extends RuntimeException {
     /**
      * {@code cause} with what gin4j was doing put in front of its message ("kernel x launched
      * with ..."); keeps the cause's call, status code and error name.
+     *
+     * @param context what gin4j was doing
+     * @param cause the failure it ran into
      */
     public GpuException(String context, GpuException cause) {
         super(context + ": " + cause.getMessage(), cause);
@@ -37,10 +51,10 @@ public class GpuException extends RuntimeException {
         this.errorName = cause.errorName;
     }
 
-    /** The runtime call that failed ("cuLaunchKernel", ...), or empty for a failure gin4j found itself. */
+    /** {@return the runtime call that failed ("cuLaunchKernel", ...), or empty for a failure gin4j found itself} */
     public String call() { return call; }
-    /** The runtime's status code, or 0. */
+    /** {@return the runtime's status code, or 0} */
     public int code() { return code; }
-    /** The runtime's name of the status ("CUDA_ERROR_ILLEGAL_ADDRESS", ...), or empty. */
+    /** {@return the runtime's name of the status ("CUDA_ERROR_ILLEGAL_ADDRESS", ...), or empty} */
     public String errorName() { return errorName; }
 }

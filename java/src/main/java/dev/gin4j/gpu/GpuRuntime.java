@@ -17,9 +17,14 @@ import java.util.Locale;
  * otherwise CUDA is tried first, then HIP. Any other value is refused by {@link #discover()}.
  */
 public final class GpuRuntime {
-    /** The outcome of looking for a runtime: the runtime, or null and why each candidate failed. */
+    /**
+     * The outcome of looking for a runtime: the runtime, or null and why each candidate failed.
+     *
+     * @param runtime the runtime found, or null
+     * @param notes one line per runtime looked for: which was used, or why not
+     */
     public record Discovery(GpuRuntime runtime, List<String> notes) {
-        /** Whether a runtime was found. */
+        /** {@return whether a runtime was found} */
         public boolean found() { return runtime != null; }
     }
 
@@ -37,6 +42,7 @@ public final class GpuRuntime {
 
     /**
      * Looks for a runtime once per process and reports what it found and why others were not used.
+     * @return the runtime found, if any, and notes on each candidate
      * @throws IllegalArgumentException when GIN4J_RUNTIME / gin4j.runtime is set to neither cuda nor hip
      */
     public static Discovery discover() {
@@ -54,6 +60,9 @@ public final class GpuRuntime {
     /**
      * The runtime, or a GpuException that says, one line per runtime, what was looked for and why
      * it was not used.
+     *
+     * @return the runtime
+     * @throws GpuException if no runtime was found (the message has the notes of {@link #discover()})
      */
     public static GpuRuntime get() {
         Discovery d = discover();
@@ -102,21 +111,23 @@ public final class GpuRuntime {
 
     Driver driver() { return driver; }
 
-    /** "CUDA driver" or "HIP". */
+    /** {@return the runtime's name: "CUDA driver" or "HIP"} */
     public String name() { return driver.name(); }
-    /** The runtime's version code (CUDA: 13000 for 13.0; HIP: its driver version). */
+    /** {@return the runtime's version code (CUDA: 13000 for 13.0; HIP: its driver version)} */
     public int version() { return driver.version(); }
-    /** The runtime's version, readable ("13.0"). */
+    /** {@return the runtime's version, readable ("13.0")} */
     public String versionString() { return driver.versionString(); }
-    /** Which library file was loaded, and its version. */
+    /** {@return which library file was loaded, and its version} */
     public String libraryDescription() { return driver.libraryDescription(); }
-    /** Whether this is the CUDA driver (else HIP). */
+    /** {@return whether this is the CUDA driver (else HIP)} */
     public boolean isCuda() { return driver instanceof CudaDriver; }
-    /** The devices the runtime reports, by ordinal. */
+    /** {@return the devices the runtime reports, by ordinal} */
     public List<Device> devices() { return devices; }
 
     /**
      * The device of that ordinal.
+     * @param ordinal the device's index, 0-based
+     * @return the device
      * @throws IllegalArgumentException for an ordinal the runtime does not report
      */
     public Device device(int ordinal) {

@@ -25,14 +25,15 @@ public final class Graph extends NativeResource {
         });
     }
 
-    /** The device the graph runs on. */
+    /** {@return the device the graph runs on} */
     public Device device() { return device; }
 
-    /** How many objects and memory scopes the captured work was noted to use (see {@link Stream#beginCapture()}). */
+    /** {@return how many objects and memory scopes the captured work was noted to use (see {@link Stream#beginCapture()})} */
     public int noteCount() { return uses.size(); }
 
     /**
      * Replays the graph on {@code stream}.
+     * @param stream the stream to replay on, of the graph's device
      * @throws IllegalStateException when something the captured work uses was closed or freed
      *     since the capture (a replay would touch memory that may be someone else's by now)
      */

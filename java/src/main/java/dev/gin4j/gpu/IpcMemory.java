@@ -27,13 +27,19 @@ public final class IpcMemory {
             handle = handle.clone();
         }
 
-        /** A copy of the handle. */
+        /** {@return a copy of the handle} */
         @Override public byte[] handle() { return handle.clone(); }
     }
 
     /**
      * Allocates {@code bytes} (> 0) on {@code device}, as {@link Device#allocate} does, and exports
      * the allocation. Importers must unmap it ({@link #open}'s arena closed) before it is freed here.
+     *
+     * @param device the device to allocate on
+     * @param bytes the size in bytes, positive
+     * @param arena the arena whose closing frees the memory
+     * @return the buffer and its IPC handle
+     * @throws IllegalArgumentException for a size that is not positive
      */
     public static Exported allocate(Device device, long bytes, Arena arena) {
         if (bytes <= 0) throw new IllegalArgumentException("memory shared with other processes needs a positive size, got " + bytes + " bytes");
@@ -47,6 +53,11 @@ public final class IpcMemory {
      * when {@code arena} closes. A handle from this same process cannot be opened (the runtimes
      * refuse it).
      *
+     * @param device the device whose kernels use the mapping
+     * @param handle the exporting process's handle ({@link Exported#handle()})
+     * @param bytes the size to map, at most the exported allocation's
+     * @param arena the arena whose closing unmaps the memory
+     * @return the mapped memory
      * @throws IllegalArgumentException for a handle that is not {@link #HANDLE_BYTES} bytes or a size that is not positive
      * @throws GpuException when the runtime cannot map it (another host's handle, freed memory, GPUs without peer access)
      */

@@ -45,9 +45,9 @@ public final class Kernel {
         checkedArgs = args;
     }
 
-    /** The kernel's entry point name. */
+    /** {@return the kernel's entry point name} */
     public String name() { return name; }
-    /** The device its code object is loaded on. */
+    /** {@return the device its code object is loaded on} */
     public Device device() { return codeObject.device(); }
 
     /** One of the runtime's attributes of the compiled kernel. */
@@ -56,14 +56,19 @@ public final class Kernel {
         return device().driver().functionAttribute(device().ordinal(), function, attribute);
     }
 
-    /** Registers per thread. */
+    /** {@return the registers per thread} */
     public int registers() { return attribute(FunctionAttribute.NUM_REGS); }
-    /** The most threads per block this kernel can be launched with. */
+    /** {@return the most threads per block this kernel can be launched with} */
     public int maxThreadsPerBlock() { return maxThreadsPerBlock; }
-    /** Static shared memory per block, in bytes. */
+    /** {@return the static shared memory per block, in bytes} */
     public int staticSharedBytes() { return attribute(FunctionAttribute.SHARED_SIZE_BYTES); }
 
-    /** Raises the dynamic shared memory this kernel may use (needed above 48 KiB on NVIDIA). */
+    /**
+     * Raises the dynamic shared memory this kernel may use (needed above 48 KiB on NVIDIA).
+     *
+     * @param bytes the dynamic shared memory launches may then ask for, in bytes
+     * @throws GpuException if the runtime refuses it (with the static shared memory it must fit {@link Device#maxSharedBytesPerBlock()})
+     */
     public void setMaxDynamicSharedBytes(int bytes) {
         codeObject.ensureOpen();
         if (bytes < 0) throw new IllegalArgumentException("kernel " + name + ": dynamic shared memory must be >= 0 bytes, got " + bytes);
@@ -76,7 +81,13 @@ public final class Kernel {
         maxDynamicShared = bytes;
     }
 
-    /** Resident blocks per multiprocessor for this block size and dynamic shared memory. */
+    /**
+     * Resident blocks per multiprocessor for this block size and dynamic shared memory.
+     *
+     * @param blockSize threads per block, at least 1
+     * @param dynamicSharedBytes dynamic shared memory per block, in bytes
+     * @return the number of blocks that fit on one multiprocessor at once
+     */
     public int occupancy(int blockSize, int dynamicSharedBytes) {
         codeObject.ensureOpen();
         if (blockSize < 1) throw new IllegalArgumentException("kernel " + name + ": occupancy needs a block size >= 1, got " + blockSize);
@@ -86,6 +97,9 @@ public final class Kernel {
 
     /**
      * Queues the kernel on {@code stream}.
+     * @param stream the stream to queue on, of the kernel's device
+     * @param config the grid, block and shared memory of the launch
+     * @param args the kernel's arguments, every one set, matching its parameters
      * @throws IllegalArgumentException when the shape exceeds the device's or the kernel's limits
      * @throws GpuException when the runtime refuses the launch; its message names this kernel and the launch configuration
      */

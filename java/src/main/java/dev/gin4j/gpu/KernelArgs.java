@@ -21,12 +21,21 @@ public final class KernelArgs {
      * the typed setters write ({@link #setInt} an {@link #I32} slot, {@link #setPointer} a
      * {@link #POINTER} slot, ...); any other type is a by-value struct, written with
      * {@link #setStruct}.
+     *
+     * @param name the type's name, for messages
+     * @param size the size in bytes, positive
+     * @param alignment the alignment in bytes, a power of two
      */
     public record Type(String name, long size, long alignment) {
+        /** A C {@code int32_t}: 4 bytes, 4-byte aligned. */
         public static final Type I32 = new Type("int32", 4, 4);
+        /** A C {@code int64_t}: 8 bytes, 8-byte aligned. */
         public static final Type I64 = new Type("int64", 8, 8);
+        /** A C {@code float}: 4 bytes, 4-byte aligned. */
         public static final Type F32 = new Type("float", 4, 4);
+        /** A C {@code double}: 8 bytes, 8-byte aligned. */
         public static final Type F64 = new Type("double", 8, 8);
+        /** A device pointer: 8 bytes, 8-byte aligned. */
         public static final Type POINTER = new Type("pointer", 8, 8);
 
         /** Checks the type: a name, a positive size and a power-of-two alignment. */
@@ -38,7 +47,13 @@ public final class KernelArgs {
             }
         }
 
-        /** A struct passed by value, of the given size and alignment. */
+        /**
+         * A struct passed by value, of the given size and alignment.
+         *
+         * @param size the struct's size in bytes
+         * @param alignment the struct's alignment in bytes, a power of two
+         * @return the type
+         */
         public static Type struct(long size, long alignment) {
             return new Type("struct(" + size + ")", size, alignment);
         }
@@ -81,7 +96,13 @@ public final class KernelArgs {
         this.unset = types.length == 64 ? -1L : (1L << types.length) - 1;
     }
 
-    /** Argument slots for the given C types, living as long as {@code arena}. */
+    /**
+     * Argument slots for the given C types, living as long as {@code arena}.
+     *
+     * @param arena the arena that holds the arguments' memory
+     * @param types the C type of each argument, in order (at most 64)
+     * @return the argument list, every slot still to be set
+     */
     public static KernelArgs of(Arena arena, Type... types) { return new KernelArgs(arena, types); }
 
     /**
@@ -89,6 +110,10 @@ public final class KernelArgs {
      * (a generated layout such as {@code MoeGinDispatchArgs.layout()}). The struct starts zeroed
      * (null pointers, zero integers) and counts as set; the launch check compares its size with the
      * compiled parameter's.
+     *
+     * @param arena the arena that holds the arguments' memory
+     * @param layout the struct's layout
+     * @return the argument list
      */
     public static KernelArgs ofStruct(Arena arena, MemoryLayout layout) {
         return new KernelArgs(arena, 0, structType(layout)).markStructSet();
@@ -99,6 +124,11 @@ public final class KernelArgs {
      * on NCCL's device API, set with {@link #setStruct setStruct(0, bytes)}) and then one struct by
      * value, laid out as {@code layout}: the struct starts zeroed and counts as set, and
      * {@link #struct()} and {@link #setPointerField} address it as for {@link #ofStruct(Arena, MemoryLayout)}.
+     *
+     * @param arena the arena that holds the arguments' memory
+     * @param leading the type of the argument before the struct
+     * @param layout the struct's layout
+     * @return the argument list, the leading argument still to be set
      */
     public static KernelArgs ofStruct(Arena arena, Type leading, MemoryLayout layout) {
         if (leading == null) throw new IllegalArgumentException("the leading argument has no type (null)");
@@ -116,20 +146,34 @@ public final class KernelArgs {
         return this;
     }
 
-    /** The struct's bytes, to be written through the generated accessors. Only for {@link #ofStruct}. */
+    /**
+     * The struct's bytes, to be written through the generated accessors. Only for {@link #ofStruct}.
+     *
+     * @return the struct's slot in the argument block
+     * @throws IllegalStateException for a positional list (made by {@link #of})
+     */
     public MemorySegment struct() {
         if (structIndex < 0)
             throw new IllegalStateException("struct() is for an argument list made by ofStruct, this one has " + types.length + " positional argument(s)");
         return values.asSlice(offsets[structIndex], types[structIndex].size());
     }
 
-    /** An argument list for a kernel without parameters. */
+    /**
+     * An argument list for a kernel without parameters.
+     *
+     * @param arena the arena that holds the (empty) list's memory
+     * @return the argument list
+     */
     public static KernelArgs none(Arena arena) { return new KernelArgs(arena); }
 
     /**
      * Sets the pointer field at {@code fieldOffset} of the {@link #ofStruct} struct (the generated
      * {@code field$offset()}) to {@code buffer}'s address, or to null for a null buffer, and
      * remembers the buffer for graph captures as {@link #setPointer(int, DeviceBuffer)} does.
+     *
+     * @param fieldOffset the field's byte offset in the struct, 8-byte aligned
+     * @param buffer the buffer whose address the field gets, or null
+     * @return this argument list
      */
     public KernelArgs setPointerField(long fieldOffset, DeviceBuffer buffer) {
         MemorySegment st = struct();
@@ -140,10 +184,15 @@ public final class KernelArgs {
         return this;
     }
 
-    /** The number of arguments. */
+    /** {@return the number of arguments} */
     public int count() { return types.length; }
 
-    /** The type of argument {@code index}. */
+    /**
+     * The type of argument {@code index}.
+     *
+     * @param index the argument's position
+     * @return its type
+     */
     public Type type(int index) {
         if (index < 0 || index >= types.length) throw new IndexOutOfBoundsException("argument " + index + " does not exist: this list has " + types.length);
         return types[index];
@@ -163,19 +212,47 @@ public final class KernelArgs {
                 + (t.isScalar() ? "" : ": set a struct argument with setStruct"));
     }
 
-    /** Sets an {@link Type#I32} argument. */
+    /**
+     * Sets an {@link Type#I32} argument.
+     *
+     * @param index the argument's position
+     * @param value the value
+     * @return this argument list
+     */
     public KernelArgs setInt(int index, int value) { values.set(ValueLayout.JAVA_INT, slot(index, Type.I32, "setInt"), value); return this; }
-    /** Sets an {@link Type#I64} argument. */
+    /**
+     * Sets an {@link Type#I64} argument.
+     *
+     * @param index the argument's position
+     * @param value the value
+     * @return this argument list
+     */
     public KernelArgs setLong(int index, long value) { values.set(ValueLayout.JAVA_LONG, slot(index, Type.I64, "setLong"), value); return this; }
-    /** Sets an {@link Type#F32} argument. */
+    /**
+     * Sets an {@link Type#F32} argument.
+     *
+     * @param index the argument's position
+     * @param value the value
+     * @return this argument list
+     */
     public KernelArgs setFloat(int index, float value) { values.set(ValueLayout.JAVA_FLOAT, slot(index, Type.F32, "setFloat"), value); return this; }
-    /** Sets an {@link Type#F64} argument. */
+    /**
+     * Sets an {@link Type#F64} argument.
+     *
+     * @param index the argument's position
+     * @param value the value
+     * @return this argument list
+     */
     public KernelArgs setDouble(int index, double value) { values.set(ValueLayout.JAVA_DOUBLE, slot(index, Type.F64, "setDouble"), value); return this; }
 
     /**
      * Sets a {@link Type#POINTER} argument to a raw device address (0 for a null pointer). A graph
      * captured from a launch does not know what memory a raw address belongs to: prefer the
      * {@link DeviceBuffer} form, or {@link Stream#noteUse(DeviceBuffer)} the buffer.
+     *
+     * @param index the argument's position
+     * @param deviceAddress the device address, or 0
+     * @return this argument list
      */
     public KernelArgs setPointer(int index, long deviceAddress) {
         values.set(ValueLayout.JAVA_LONG, slot(index, Type.POINTER, "setPointer"), deviceAddress);
@@ -183,7 +260,13 @@ public final class KernelArgs {
         return this;
     }
 
-    /** Sets a {@link Type#POINTER} argument to {@code buffer}'s address. */
+    /**
+     * Sets a {@link Type#POINTER} argument to {@code buffer}'s address.
+     *
+     * @param index the argument's position
+     * @param buffer the buffer, remembered for graph captures
+     * @return this argument list
+     */
     public KernelArgs setPointer(int index, DeviceBuffer buffer) {
         setPointer(index, buffer.address());
         buffers[index] = buffer;
@@ -195,7 +278,13 @@ public final class KernelArgs {
         for (DeviceBuffer b : fieldBuffers) if (b != null) uses.add(b.segment(), b);
     }
 
-    /** Copies a by-value struct's bytes (exactly the declared size) into its slot, which must be a struct type (not one of the scalar constants). */
+    /**
+     * Copies a by-value struct's bytes (exactly the declared size) into its slot, which must be a struct type (not one of the scalar constants).
+     *
+     * @param index the argument's position
+     * @param bytes the struct's bytes
+     * @return this argument list
+     */
     public KernelArgs setStruct(int index, MemorySegment bytes) {
         if (index < 0 || index >= types.length) throw new IndexOutOfBoundsException("argument " + index + " does not exist: this list has " + types.length);
         Type t = types[index];

@@ -9,6 +9,16 @@ package dev.gin4j.gpu;
  * writes. Only kernels that do may be launched so. On AMD it is an ordinary launch.
  * {@link Kernel#launch} checks the shape against the device's largest grid and block and the
  * kernel's threads per block before it calls the runtime.
+ *
+ * @param gridX blocks in x
+ * @param gridY blocks in y
+ * @param gridZ blocks in z
+ * @param blockX threads per block in x
+ * @param blockY threads per block in y
+ * @param blockZ threads per block in z
+ * @param sharedBytes dynamic shared memory per block, in bytes
+ * @param cooperative whether all blocks must be resident at once (grid-wide sync allowed)
+ * @param programmaticDependent whether the kernel may start while the one before it on the stream drains
  */
 public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int blockY, int blockZ,
                            int sharedBytes, boolean cooperative, boolean programmaticDependent) {
@@ -20,15 +30,29 @@ public record LaunchConfig(int gridX, int gridY, int gridZ, int blockX, int bloc
         if (sharedBytes < 0) throw new IllegalArgumentException("dynamic shared memory " + sharedBytes + " must be >= 0");
     }
 
-    /** A one-dimensional launch of {@code grid} blocks of {@code block} threads, no dynamic shared memory. */
+    /**
+     * A one-dimensional launch of {@code grid} blocks of {@code block} threads, no dynamic shared memory.
+     *
+     * @param grid the number of blocks
+     * @param block threads per block
+     * @return the launch configuration
+     */
     public static LaunchConfig of(int grid, int block) { return new LaunchConfig(grid, 1, 1, block, 1, 1, 0, false, false); }
-    /** The same launch with {@code bytes} of dynamic shared memory per block. */
+    /**
+     * The same launch with {@code bytes} of dynamic shared memory per block.
+     *
+     * @param bytes dynamic shared memory per block, in bytes
+     * @return the new configuration
+     */
     public LaunchConfig withSharedBytes(int bytes) { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, bytes, cooperative, programmaticDependent); }
-    /** The same launch as a cooperative launch (all blocks resident at once, grid-wide sync allowed). */
+    /** {@return the same launch as a cooperative launch (all blocks resident at once, grid-wide sync allowed)} */
     public LaunchConfig asCooperative() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, true, programmaticDependent); }
-    /** See the class comment: only for kernels that wait for prior grids before their first memory access. */
+    /**
+     * {@return the same launch as a programmatic dependent launch} See the class comment: only for kernels that
+     * wait for prior grids before their first memory access.
+     */
     public LaunchConfig asProgrammaticDependent() { return new LaunchConfig(gridX, gridY, gridZ, blockX, blockY, blockZ, sharedBytes, cooperative, true); }
-    /** Threads per block: the product of the block dimensions. */
+    /** {@return the threads per block: the product of the block dimensions} */
     public long threadsPerBlock() { return (long) blockX * blockY * blockZ; }
 
     /** "grid 4x1x1, block 256x1x1, 0 bytes of dynamic shared memory" and the launch kind, for messages. */

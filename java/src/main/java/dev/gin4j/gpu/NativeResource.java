@@ -24,6 +24,9 @@ public abstract class NativeResource implements AutoCloseable {
      * For a constructor whose native handle is made by {@code make}: returns the handle, or, when
      * {@code make} throws, takes the object out of the live registry (this base class registered it
      * first) and rethrows. {@code make} frees whatever it had created before its failure itself.
+     *
+     * @param make creates the native handle
+     * @return the handle {@code make} returned
      */
     protected final long created(java.util.function.LongSupplier make) {
         try {
@@ -47,10 +50,10 @@ public abstract class NativeResource implements AutoCloseable {
     /** Releases the native handle; called once. */
     protected abstract void release();
 
-    /** What this object is, for messages ("stream 0x7f.. on device 0"). */
+    /** {@return what this object is, for messages ("stream 0x7f.. on device 0")} */
     public abstract String describe();
 
-    /** Whether {@link #close()} was called. */
+    /** {@return whether {@link #close()} was called} */
     public final boolean isClosed() { return closed.get(); }
 
     /**
@@ -73,6 +76,8 @@ public abstract class NativeResource implements AutoCloseable {
      * Runs every step, even when one before it throws, then throws the first failure with the later
      * ones attached as suppressed: for releasing several things, so that one failing release (after
      * a sticky GPU fault, say) does not leak the rest.
+     *
+     * @param steps the release steps, run in order
      */
     public static void releaseAll(Runnable... steps) {
         RuntimeException first = null;
@@ -87,10 +92,10 @@ public abstract class NativeResource implements AutoCloseable {
         if (first != null) throw first;
     }
 
-    /** Number of native objects (streams, events, code objects, graphs, ...) not yet closed. */
+    /** {@return the number of native objects (streams, events, code objects, graphs, ...) not yet closed} */
     public static int liveCount() { return LIVE.size(); }
 
-    /** Descriptions of the objects not yet closed, for test failure messages. */
+    /** {@return descriptions of the objects not yet closed, one a line, for test failure messages} */
     public static String liveSummary() {
         StringBuilder sb = new StringBuilder();
         LIVE.keySet().forEach(r -> sb.append(r.describe()).append('\n'));

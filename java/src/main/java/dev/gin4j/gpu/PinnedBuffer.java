@@ -27,14 +27,18 @@ public final class PinnedBuffer {
         return new PinnedBuffer(device, seg, dev);
     }
 
-    /** The device whose kernels see this memory. */
+    /** {@return the device whose kernels see this memory} */
     public Device device() { return device; }
-    /** The host view: read and write it freely (synchronize first if a kernel writes it). */
+    /** {@return the host view: read and write it freely (synchronize first if a kernel writes it)} */
     public MemorySegment host() { return host; }
-    /** The size in bytes. */
+    /** {@return the size in bytes} */
     public long byteSize() { return host.byteSize(); }
 
-    /** The address kernels on {@link #device()} use for these bytes, after checking the memory is still alive. */
+    /**
+     * {@return the address kernels on {@link #device()} use for these bytes, after checking the memory is still alive}
+     *
+     * @throws IllegalStateException if the memory was freed (its arena is closed)
+     */
     public long deviceAddress() {
         if (!host.scope().isAlive()) throw new IllegalStateException("pinned buffer of " + host.byteSize() + " bytes was freed (its arena is closed)");
         return deviceAddress;

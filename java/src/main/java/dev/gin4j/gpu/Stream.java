@@ -36,6 +36,8 @@ public final class Stream extends NativeResource {
      * gets none of the replay checks of {@link #beginCapture()}'s graphs.
      *
      * @param handle the native stream handle; 0 (the legacy default stream) is refused
+     * @param device the device the stream belongs to
+     * @return a wrapper that never destroys the stream
      * @throws IllegalArgumentException for a 0 handle
      * @throws NullPointerException for a null device
      */
@@ -45,13 +47,13 @@ public final class Stream extends NativeResource {
         return new Stream(device, handle);
     }
 
-    /** Whether gin4j made this stream and destroys it on {@link #close()} (false for {@link #wrap}). */
+    /** {@return whether gin4j made this stream and destroys it on {@link #close()} (false for {@link #wrap})} */
     public boolean isOwned() { return owned; }
 
-    /** The device the stream belongs to. */
+    /** {@return the device the stream belongs to} */
     public Device device() { return device; }
 
-    /** The native handle, after checking the stream is open. */
+    /** {@return the native handle, after checking the stream is open} */
     public long handle() {
         ensureOpen();
         return handle;
@@ -60,10 +62,14 @@ public final class Stream extends NativeResource {
     /** Waits until all work queued so far has finished. */
     public void synchronize() { device.driver().streamSynchronize(device.ordinal(), handle()); }
 
-    /** true when all queued work has finished. */
+    /** {@return true when all queued work has finished} */
     public boolean isIdle() { return device.driver().streamQuery(device.ordinal(), handle()); }
 
-    /** Later work on this stream waits for {@code event} (recorded on any stream of this device). */
+    /**
+     * Later work on this stream waits for {@code event} (recorded on any stream of this device).
+     *
+     * @param event the event to wait for, of this stream's device
+     */
     public void waitFor(Event event) {
         device.check(event.device(), "event");
         device.driver().streamWaitEvent(device.ordinal(), handle(), event.handle());
@@ -71,7 +77,11 @@ public final class Stream extends NativeResource {
         if (joined != null && !joined.ended && activeCapture() == null) capture = joined;
     }
 
-    /** Records {@code event} on this stream (as {@link Event#record}); for timing and cross-stream ordering. */
+    /**
+     * Records {@code event} on this stream (as {@link Event#record}); for timing and cross-stream ordering.
+     *
+     * @param event the event to record, of this stream's device
+     */
     public void record(Event event) { event.record(this); }
 
     /**
@@ -92,6 +102,8 @@ public final class Stream extends NativeResource {
      * Ends the capture and instantiates the graph, ready to {@link Graph#launch(Stream)}. CUDA
      * refuses to instantiate while another stream captures on this thread: with one thread driving
      * several GPUs, capture them one after the other.
+     *
+     * @return the instantiated graph; close it when done
      */
     public Graph endCapture() {
         CapturedUses uses = capture;
@@ -129,6 +141,8 @@ public final class Stream extends NativeResource {
      * true between {@link #beginCapture()} and {@link #endCapture()}, or while joined to another
      * stream's capture; for a {@link #wrap wrapped} stream also while a capture begun by other code
      * is under way on it (asked of the runtime).
+     *
+     * @return whether work queued here is being captured
      */
     public boolean isCapturing() { return activeCapture() != null || !owned && device.driver().isCapturing(device.ordinal(), handle()); }
 
@@ -136,13 +150,19 @@ public final class Stream extends NativeResource {
      * Notes that the work being queued here uses {@code resource}: while this stream captures, the
      * graph will refuse to replay once {@code resource} is closed. gin4j's own operations call it;
      * call it for what your own kernels use through raw addresses. Nothing happens outside a capture.
+     *
+     * @param resource what the captured work uses
      */
     public void noteUse(NativeResource resource) {
         CapturedUses c = activeCapture();
         if (c != null) c.add(resource);
     }
 
-    /** As {@link #noteUse(NativeResource)}, for device memory: the graph refuses to replay once its arena is closed. */
+    /**
+     * As {@link #noteUse(NativeResource)}, for device memory: the graph refuses to replay once its arena is closed.
+     *
+     * @param buffer the device memory the captured work uses
+     */
     public void noteUse(DeviceBuffer buffer) {
         CapturedUses c = activeCapture();
         if (c != null) c.add(buffer.segment(), buffer);
@@ -151,6 +171,8 @@ public final class Stream extends NativeResource {
     /**
      * As {@link #noteUse(NativeResource)}, for native memory reached through a raw address (pinned
      * host memory, say): the graph refuses to replay once {@code memory}'s arena is closed.
+     *
+     * @param memory the native memory the captured work uses
      */
     public void noteUse(MemorySegment memory) {
         CapturedUses c = activeCapture();
