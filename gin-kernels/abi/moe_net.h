@@ -22,7 +22,7 @@
 #define GIN4J_ABI_MOE_NET_H
 #include <stdint.h>
 
-#define MOE_NET_ABI_VERSION 3
+#define MOE_NET_ABI_VERSION 4
 #define MOE_NET_THREADS 512        /* blockDim.x of every moe_net kernel */
 #define MOE_NET_MAX_LOCAL_EXPERTS 1024
 #define MOE_NET_MAX_BLOCKS 256     /* grid limit: the call counters have 256 slots */
@@ -80,7 +80,8 @@ typedef struct MoeNetTopology {
 /* The high-throughput mode's regions (all zero and unused by the low-latency kernels). S = N * F
  * slots per entry rank, G = maxNodeSize.
  *  node      dispatch, sender -> entry: receive sections [2][S] at the entry, staging [2][N] at the
- *            sender (by destination node); flags and signals [2][S] by slot. A node section:
+ *            sender (by destination node); flags and signals [2][S][chunks] by slot and sender
+ *            chunk (a forwarder waits for the chunks it needs only). A node section:
  *            header (uint64 tokens, int32 count[G][L]: per rank of the node, rows per local expert)
  *            at 0, token u's metadata (int32 expert[K]: global id if on this node else -1, int32
  *            slotInExpert[K], float weight[K]) at metaOffset + 12K u, its row at rowsOffset +

@@ -153,7 +153,7 @@ moe_net_dispatch_ht(const __grid_constant__ ncclDevComm devComm, const __grid_co
     ht_node_send(devComm, a, remote_node(topo, d.rank, b / C), b % C, call.parity);
   } else if ((b -= (N - 1) * C) < remoteSlots * Gm * C) {
     const int unit = b / C;
-    ht_forward(devComm, a, remote_slot(topo, d.rank, unit / Gm), unit % Gm, b % C, call.parity, threshold);
+    ht_forward(devComm, a, remote_slot(topo, d.rank, unit / Gm), unit % Gm, b % C, call.parity, call.count);
   } else {
     b -= remoteSlots * Gm * C;
     const int s = b / C;

@@ -19,6 +19,11 @@ namespace moe_net {
 // (ht_node_reduce), and the source adds the partials of its own node's ranks and of every entry.
 // ================================================================================================
 
+// The flag / signal index of chunk c of slot sigma's node section: [parity][slot][chunk].
+GIN_DEVICE_INLINE uint64_t node_chunk(int parity, int S, int sigma, int chunks, int c) {
+  return ((uint64_t)parity * (uint64_t)S + (uint64_t)sigma) * (uint64_t)chunks + (uint64_t)c;
+}
+
 // Sums one int per thread over the block (every thread gets the total).
 GIN_DEVICE_INLINE int block_sum(int v, int* shared1) {
   if (threadIdx.x == 0) *shared1 = 0;
@@ -52,7 +57,7 @@ GIN_DEVICE_INLINE bool row_to_rank(const int32_t* meta, int K, int E, int L, int
 // ------------------------------------------------------------------------------------------------
 // Node sender: block (D, c) of a rank writes node rows [lo, hi) of its node section for node D
 // (tokens in token order that go to some rank of D; row u = the u-th such token) into D's entry
-// rank: metadata (per k the global expert id if on D, else -1; slot in that expert; weight) and
+// rank, published on the chunk's own flag / signal (node_chunk): metadata (per k the global expert id if on D, else -1; slot in that expert; weight) and
 // row; chunk 0 also the header (tokens; per rank of D its rows per local expert, from this rank's
 // layout). Each block walks all T tokens (a block-wide scan gives u), and records token t's node
 // row in nodePos[t][D] for its share of the tokens (the combine adds the node partials from it).
@@ -70,8 +75,9 @@ GIN_DEVICE_INLINE void ht_node_send(const ncclDevComm& comm, const MoeNetDispatc
   const int* expertCount = (const int*)(a.workspace + ws.expertCount);
   int* nodePos = (int*)ncclGetLocalPointer(window, f.nodePosOffset);
   const int entry = entry_of(topo, d.rank, D), sigma = slot_of(topo, d.rank, D);
+  const uint64_t unit = node_chunk(parity, S, sigma, d.chunks, c);  // each chunk its own flag and signal: a forwarder starts on the first chunks
   const Target t = target(comm, window, entry, section(f.node.recvOffset, f.node, parity, S, sigma), section(f.node.stageOffset, f.node, parity, N, D),
-                          f.node.flagOffset + 8ull * ((uint64_t)parity * S + sigma), f.node.signalBase + parity * S + sigma);
+                          f.node.flagOffset + 8ull * unit, f.node.signalBase + (int)unit);
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   const uint32_t lane = gin_lane_id(), warp = threadIdx.x / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;
   int mine = 0;
@@ -126,31 +132,34 @@ GIN_DEVICE_INLINE void ht_node_send(const ncclDevComm& comm, const MoeNetDispatc
 }
 
 // ------------------------------------------------------------------------------------------------
-// Forwarder: block (sigma, q, c) of an entry rank, once slot sigma's node section has arrived,
-// writes positions [lo, hi) of node peer q's low-latency section for the slot's sender s: the node
-// rows that go to q, in node-row order (= the sender's sendList order for q: both are token order),
-// with q's local expert ids, into q's receive section [parity][s] (LSA) or staged for GIN, and
-// publishes it on q's HT flag / signal [parity][s]. Chunk 0 writes the header (the count of rows
-// and q's per-expert counts from the node header). Each block also records, for its share of the
-// node rows, the row's position in q's section in fwdPos[sigma][u][q] (-1: not there), which the
+// Forwarder: block (sigma, q, c) of an entry rank forwards node rows [ulo, uhi) of slot sigma's
+// node section (the share of the sender's chunk c) to node peer q, as positions [first, first + n)
+// of q's low-latency section for the slot's sender s: the rows that go to q, in node-row order (=
+// the sender's sendList order for q: both are token order), with q's local expert ids, into q's
+// receive section [parity][s] (LSA) or staged for GIN, published on q's HT flag / signal
+// [parity][s]. It waits for the sender's chunks 0..c only (chunk 0 has the header, the earlier
+// chunks' metadata give `first`), so it starts while later chunks are still on the wire: the
+// network and NVLink phases of one sender's section overlap. The last chunk writes q's header
+// (its row count and per-expert counts from the node header). Each block records, for its node
+// rows, the row's position in q's section in fwdPos[sigma][u][q] (-1: not there), which the
 // combine's node reduction reads.
 // ------------------------------------------------------------------------------------------------
-GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchArgs& a, int sigma, int q, int c, int parity,
-                                  uint64_t threshold) {
+GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchArgs& a, int sigma, int q, int c, int parity, uint64_t count) {
   __shared__ int scan[MOE_NET_THREADS], list[MOE_NET_THREADS], scanTmp[32], total;
   const MoeNetDims& d = a.dims;
   const MoeNetTopology& topo = a.topo;
   const MoeNetForward& f = a.fwd;
-  const int R = d.nRanks, K = d.topK, E = d.numExperts, L = E / R, M = d.maxTokens;
+  const int R = d.nRanks, K = d.topK, E = d.numExperts, L = E / R, M = d.maxTokens, C = d.chunks;
   const int S = topo.nodes * topo.slotsPerNode, G = topo.maxNodeSize;
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
   const int s = slot_source(topo, d.rank, sigma);
   if (s < 0) return;  // no sender has this rank as entry in this slot
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   bool ok = true;
-  if (tid == 0)
-    ok = wait_one(comm, window, s, f.node.flagOffset + 8ull * ((uint64_t)parity * S + sigma), f.node.signalBase + parity * S + sigma,
-                  threshold, a.errorFlags);
+  if (tid <= c) {
+    const uint64_t unit = node_chunk(parity, S, sigma, C, tid);
+    ok = wait_one(comm, window, s, f.node.flagOffset + 8ull * unit, f.node.signalBase + (int)unit, count, a.errorFlags);
+  }
   if (__syncthreads_or(!ok)) return;
   const uint8_t* sec = (const uint8_t*)ncclGetLocalPointer(window, section(f.node.recvOffset, f.node, parity, S, sigma));
   const uint64_t nRaw = *(const uint64_t*)sec;
@@ -159,44 +168,44 @@ GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchA
   if (q == 0 && c == 0 && tid == 0) ((int*)ncclGetLocalPointer(window, f.fwdCountOffset))[sigma] = nD;
   const int p = node_rank(topo, topo.nodeOf[d.rank], q);
   const uint64_t nodeMetaStride = 12ull * (uint64_t)K, rowBytes = (uint64_t)d.rowBytes;
-  int mine = 0;
-  for (int u = tid; u < nD; u += B) mine += row_to_rank((const int32_t*)(sec + f.node.metaOffset + u * nodeMetaStride), K, E, L, p) ? 1 : 0;
-  const int nq = block_sum(mine, &total);
-  uint64_t lo, hi, ulo, uhi;
-  part((uint64_t)nq, d.chunks, c, lo, hi);
-  part((uint64_t)nD, d.chunks, c, ulo, uhi);
+  uint64_t ulo, uhi;
+  part((uint64_t)nD, C, c, ulo, uhi);
+  auto toQ = [&](uint64_t u) { return row_to_rank((const int32_t*)(sec + f.node.metaOffset + u * nodeMetaStride), K, E, L, p); };
+  int before = 0, here = 0;
+  for (uint64_t u = tid; u < ulo; u += B) before += toQ(u) ? 1 : 0;
+  for (uint64_t u = ulo + tid; u < uhi; u += B) here += toQ(u) ? 1 : 0;
+  const int first = block_sum(before, &total), n = block_sum(here, &total);
+  const bool last = c == C - 1;  // its share ends at nD (part), so first + n is q's row count
   const uint64_t stage = f.fwdStageOffset + (((uint64_t)parity * S + sigma) * G + q) * a.net.sectionBytes;
   const Target t = target(comm, window, p, section(a.net.recvOffset, a.net, parity, R, s), stage, f.htFlagOffset + 8ull * ((uint64_t)parity * R + s),
                           f.htSignalBase + parity * R + s);
-  if (c == 0) {
-    if (tid == 0) *(uint64_t*)t.bytes = (uint64_t)nq;
+  if (last) {
+    if (tid == 0) *(uint64_t*)t.bytes = (uint64_t)(first + n);
     for (int j = tid; j < L; j += B) ((int32_t*)(t.bytes + 8))[j] = ((const int32_t*)(sec + 8))[q * L + j];
   }
   int* fwdPos = (int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;
   const uint32_t lane = gin_lane_id(), warp = threadIdx.x / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;
   const uint64_t metaStride = 12ull * (uint64_t)K;
-  int run = 0;
-  for (int base = 0; base < nD; base += B) {
-    const int u = base + tid;
-    const bool in = u < nD && row_to_rank((const int32_t*)(sec + f.node.metaOffset + u * nodeMetaStride), K, E, L, p);
+  int run = first;
+  for (uint64_t base = ulo; base < uhi; base += B) {
+    const uint64_t u = base + tid;
+    const bool in = u < uhi && toQ(u);
     scan[tid] = in ? 1 : 0;
     __syncthreads();
     const int tot = block_exclusive_scan(scan, B, scanTmp);
-    const int pos = run + scan[tid];
-    if (u < nD && (uint64_t)u >= ulo && (uint64_t)u < uhi) fwdPos[(uint64_t)u * G + q] = in ? pos : -1;
-    const int64_t from = (int64_t)lo > run ? (int64_t)lo : run, to = (int64_t)hi < run + tot ? (int64_t)hi : run + tot;
-    if (in && pos >= from && pos < to) list[pos - from] = u;
+    if (u < uhi) fwdPos[u * G + q] = in ? run + scan[tid] : -1;
+    if (in) list[scan[tid]] = (int)u;
     __syncthreads();
-    for (int64_t i = warp; i < to - from; i += warps) {
+    for (int i = (int)warp; i < tot; i += (int)warps) {
       const int row = list[i];
-      const uint64_t at = (uint64_t)(from + i);
+      const uint64_t at = (uint64_t)(run + i);
       const int32_t* nm = (const int32_t*)(sec + f.node.metaOffset + (uint64_t)row * nodeMetaStride);
       int32_t* meta = (int32_t*)(t.bytes + a.net.metaOffset + at * metaStride);
       if ((int)lane < K) {
         const int e = nm[lane];
-        const bool here = e >= 0 && e < E && e / L == p;
-        meta[lane] = here ? e - p * L : -1;
-        meta[K + lane] = here ? nm[K + lane] : -1;
+        const bool mineE = e >= 0 && e < E && e / L == p;
+        meta[lane] = mineE ? e - p * L : -1;
+        meta[K + lane] = mineE ? nm[K + lane] : -1;
         meta[2 * K + lane] = nm[2 * K + lane];  // the weight's bits
       }
       gin_copy_bytes(t.bytes + a.net.rowsOffset + at * rowBytes, sec + f.node.rowsOffset + (uint64_t)row * rowBytes, rowBytes, lane, GIN_WARP_SIZE);
@@ -205,8 +214,12 @@ GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchA
     __syncthreads();
   }
   if (tid == 0) {
-    const uint64_t pieceLo[2] = {c == 0 ? 0 : a.net.metaOffset + lo * metaStride, a.net.rowsOffset + lo * rowBytes};
-    const uint64_t pieceHi[2] = {hi > lo || c == 0 ? a.net.metaOffset + hi * metaStride : pieceLo[0], a.net.rowsOffset + hi * rowBytes};
+    // pieces: the header up to the metadata (last chunk), this chunk's metadata, its rows; the
+    // header and the metadata are one piece when the chunk starts at position 0
+    const uint64_t metaLo = a.net.metaOffset + (uint64_t)first * metaStride, metaHi = a.net.metaOffset + (uint64_t)(first + n) * metaStride;
+    const bool joined = last && first == 0;
+    const uint64_t pieceLo[3] = {0, joined ? 0 : metaLo, a.net.rowsOffset + (uint64_t)first * rowBytes};
+    const uint64_t pieceHi[3] = {last && !joined ? a.net.metaOffset : 0, metaHi, a.net.rowsOffset + (uint64_t)(first + n) * rowBytes};
     publish(comm, window, t, pieceLo, pieceHi);
   }
 }

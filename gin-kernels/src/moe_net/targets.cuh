@@ -46,10 +46,12 @@ GIN_DEVICE_INLINE Target ll_target(const ncclDevComm& comm, ncclWindow_t window,
 }
 
 // Thread 0, after the block's stores into the target: over LSA one system-scope add to the peer's
-// flag; over GIN the puts of the pieces [lo, hi) (at most two), the last with a signal increment
+// flag; over GIN the puts of the pieces [lo, hi) (at most kPieces), the last with a signal increment
 // (NCCL shows a signal only after its put's payload and every earlier put of the context to that
 // peer), or the signal alone when nothing is to be put; then a flush.
-GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, const Target& t, const uint64_t (&lo)[2], const uint64_t (&hi)[2]) {
+template <int kPieces>
+GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, const Target& t, const uint64_t (&lo)[kPieces],
+                               const uint64_t (&hi)[kPieces]) {
   if (t.lsa) {
     gin_fence_acq_rel_sys();
     atomicAdd_system((unsigned long long*)ncclGetLsaPointer(window, t.flag, t.lsaPeer), 1ull);
@@ -59,7 +61,7 @@ GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, con
   ncclGin gin{comm, kGinContext};
   const ncclGinSignal_t sig = (ncclGinSignal_t)t.signal;
   int last = -1;
-  for (int i = 0; i < 2; ++i)
+  for (int i = 0; i < kPieces; ++i)
     if (hi[i] > lo[i]) last = i;
   if (last < 0) {
     gin.signal(world, t.peer, ncclGin_SignalInc{sig}, ncclCoopThread(), ncclGin_None{}, cuda::thread_scope_thread,

@@ -57,7 +57,8 @@ import java.util.List;
  *     entry); {@code 4 S M G + 4 M N + 4 S} bytes of positions; with an emulated node
  *     ({@link MoeTopology#EMULATED_NODE_SIZE}, node peers outside the LSA team) {@code 2 S G
  *     dispatchSection} of forwarding staging;</li>
- * <li>flags and counters: {@code 8 (4 R + 4 R + 2 S + 2 S G) + 16384} bytes.</li>
+ * <li>flags and counters: {@code 8 (4 R + 4 R + 2 S C + 2 S G) + 16384} bytes, C the high-throughput chunks (a flag per chunk of
+ *     each node section).</li>
  * </ul>
  * Creation refuses a window over half the GPU's memory, naming the parts. Needs NCCL >= 2.29.7
  * (the GIN device API) and its code object.
@@ -83,17 +84,18 @@ final class MoeNetwork implements AutoCloseable {
     }
 
     /** Where the exchanges live in the window (the same on every rank). */
-    record Geometry(int ranks, int nodes, int slots, int maxNodeSize, long maxTokens, boolean fwdStaged,
+    record Geometry(int ranks, int nodes, int slots, int maxNodeSize, int nodeChunks, long maxTokens, boolean fwdStaged,
                     long metaOffset, long rowsOffset, long dispatchSection, long combineSection,
                     long nodeMetaOffset, long nodeRowsOffset, long nodeSection) {
-        static Geometry of(MoeConfig cfg, MoeTopology topo) {
+        /** {@code nodeChunks}: the high-throughput chunks; each chunk of a node section has its own flag and signal. */
+        static Geometry of(MoeConfig cfg, MoeTopology topo, int nodeChunks) {
             int r = topo.ranks();
             long m = cfg.maxTokens(), k = cfg.topK(), l = cfg.experts() / r, g = topo.maxNodeSize;
             long meta = align(8 + 4 * l, 16);
             long rows = align(meta + 12 * m * k, 256);
             long nodeMeta = align(8 + 4 * g * l, 16);
             long nodeRows = align(nodeMeta + 12 * m * k, 256);
-            return new Geometry(r, topo.nodes, topo.slots(), topo.maxNodeSize, m, topo.emulated && topo.maxNodeSize > 1, meta, rows,
+            return new Geometry(r, topo.nodes, topo.slots(), topo.maxNodeSize, nodeChunks, m, topo.emulated && topo.maxNodeSize > 1, meta, rows,
                     align(rows + m * cfg.dispatchRowBytes(), 256), align(2 * m * cfg.hidden(), 256), nodeMeta, nodeRows,
                     align(nodeRows + m * cfg.dispatchRowBytes(), 256));
         }
@@ -102,11 +104,11 @@ final class MoeNetwork implements AutoCloseable {
         long partBytes() { return 2L * slots * maxNodeSize * combineSection; }
         long fwdStageBytes() { return fwdStaged ? 2L * slots * maxNodeSize * dispatchSection : 0; }
         long positionBytes() { return 4L * slots * maxTokens * maxNodeSize + 4L * maxTokens * nodes + 4L * slots; }
-        long flagBytes() { return 8L * (4L * ranks + 4L * ranks + 2L * slots + 2L * slots * maxNodeSize) + 8L * 2 * 256 * 4; }
+        long flagBytes() { return 8L * (4L * ranks + 4L * ranks + 2L * slots * nodeChunks + 2L * slots * maxNodeSize) + 8L * 2 * 256 * 4; }
         /** Window bytes, without the regions' alignment padding (at most 4 KiB per region). */
         long windowBytes() { return lowLatencyBytes() + nodeBytes() + partBytes() + fwdStageBytes() + positionBytes() + flagBytes(); }
-        /** GIN signals of the instance: low-latency 4R, HT final 4R, node 2S, partials 2SG. */
-        int signals() { return 8 * ranks + 2 * slots + 2 * slots * maxNodeSize; }
+        /** GIN signals of the instance: low-latency 4R, HT final 4R, node 2SC (one per chunk), partials 2SG. */
+        int signals() { return 8 * ranks + 2 * slots * nodeChunks + 2 * slots * maxNodeSize; }
 
         /** Refuses a window over half of {@code gpuMemory}, naming every part and how to shrink it. */
         void checkFits(long gpuMemory, MoeConfig cfg) {
@@ -255,7 +257,7 @@ final class MoeNetwork implements AutoCloseable {
             MoeNetSections.stageOffset(part, offset("combineStage"));
             MoeNetSections.sectionBytes(part, geometry.combineSection());
             MoeNetSections.flagOffset(part, offset("partFlags"));
-            MoeNetSections.signalBase(part, 8 * r + 2 * s);
+            MoeNetSections.signalBase(part, 8 * r + 2 * s * htChunks);
             MoeNetForward.fwdStageOffset(f, offset("fwdStage"));
             MoeNetForward.fwdStageSlots(f, geometry.fwdStaged() ? 2L * s * g : 0);
             MoeNetForward.fwdCountOffset(f, offset("fwdCount"));
@@ -294,7 +296,7 @@ final class MoeNetwork implements AutoCloseable {
         this.llChunks = lowLatencyChunks(channels, nRanks);
         this.htChunks = highThroughputChunks(channels, topo);
         this.autoMode = autoMode(cfg, topo);
-        this.geometry = Geometry.of(cfg, topo);
+        this.geometry = Geometry.of(cfg, topo, htChunks);
         geometry.checkFits(group.rank(0).device().totalMemory(), cfg);
         long dispRegion = 2L * nRanks * geometry.dispatchSection(), combRegion = 2L * nRanks * geometry.combineSection();
         int s = topo.slots(), g = topo.maxNodeSize;
@@ -307,7 +309,7 @@ final class MoeNetwork implements AutoCloseable {
                 .region("fwdCount", 4L * s, 256).region("fwdPos", 4L * s * m * g, 256).region("nodePos", 4L * m * topo.nodes, 256)
                 .region("counters", 8L * 2 * 256 * 4, 256)
                 .region("dispatchFlags", 16L * nRanks, 256).region("combineFlags", 16L * nRanks, 256).region("htFlags", 32L * nRanks, 256)
-                .region("nodeFlags", 16L * s, 256).region("partFlags", 16L * s * g, 256).build());
+                .region("nodeFlags", 16L * s * htChunks, 256).region("partFlags", 16L * s * g, 256).build());
         try {
             this.ginComm = DeviceComm.create(group, new DeviceComm.Requirements(0, geometry.signals(), 0, true));
             // no rank may put into a peer before that peer zeroed its window and reset its signals

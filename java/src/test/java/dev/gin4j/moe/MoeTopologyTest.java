@@ -128,7 +128,8 @@ class MoeTopologyTest {
     @Test void windowBytesFollowTheFormulaAndTooLargeIsRefusedWithTheNumbers() {
         MoeConfig cfg = MoeConfig.bf16(7168, 256, 8, 4096, Backend.GIN);
         MoeTopology t = MoeTopology.of(new int[] {0, 0, 1, 1});
-        MoeNetwork.Geometry g = MoeNetwork.Geometry.of(cfg, t);
+        int chunks = 5;  // the high-throughput chunks: one flag and signal per chunk of a node section
+        MoeNetwork.Geometry g = MoeNetwork.Geometry.of(cfg, t, chunks);
         long m = 4096, k = 8, l = 64, h = 7168, rb = 2 * h;
         long disp = align(align(align(8 + 4 * l, 16) + 12 * m * k, 256) + m * rb, 256), comb = align(2 * m * h, 256);
         long node = align(align(align(8 + 4 * 2 * l, 16) + 12 * m * k, 256) + m * rb, 256);
@@ -140,8 +141,9 @@ class MoeTopologyTest {
         assertEquals(2 * 2 * 2 * comb, g.partBytes());
         assertEquals(0, g.fwdStageBytes(), "real nodes: forwarding stores over LSA, nothing staged");
         assertEquals(4L * 2 * m * 2 + 4 * m * 2 + 4 * 2, g.positionBytes());
-        assertEquals(8 * 4 + 2 * 2 + 2 * 2 * 2, g.signals());
-        MoeNetwork.Geometry emulated = MoeNetwork.Geometry.of(cfg, MoeTopology.emulated(4, 2));
+        assertEquals(8 * 4 + 2 * 2 * chunks + 2 * 2 * 2, g.signals());
+        assertEquals(8 * (4 * 4 + 4 * 4 + 2 * 2 * chunks + 2 * 2 * 2) + 8 * 2 * 256 * 4, g.flagBytes());
+        MoeNetwork.Geometry emulated = MoeNetwork.Geometry.of(cfg, MoeTopology.emulated(4, 2), chunks);
         assertEquals(2 * 2 * 2 * disp, emulated.fwdStageBytes(), "emulated nodes stage the forwarded sections for GIN");
         g.checkFits(4 * g.windowBytes(), cfg);
         IllegalArgumentException e = assertThrows(IllegalArgumentException.class, () -> g.checkFits(g.windowBytes(), cfg));
