@@ -57,6 +57,7 @@ class LoopbackGinGpuTest {
             assertTrue(o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3, o);
             assertTrue(o.contains("replayed 1000 times") && o.contains("dispatch: ") && o.contains("combine: "), o);
             assertTrue(o.contains("MoE across nodes, grouped GEMM: offsets") && o.contains("alignment refused together"), o);
+            assertTrue(o.contains("MoE across nodes, staged ") && o.contains("200 graph replays checked") && o.contains(" staged ") && o.contains("CPU us per Java call"), o);
             System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
         }
         return out;
