@@ -33,7 +33,10 @@ public final class Fp8Rows extends NativeResource {
     private final KernelArgs args;
     private final KernelErrors errors;
 
-    /** Loads the kernel on {@code device}. */
+    /**
+     * Loads the kernel on {@code device}.
+     * @param device the GPU whose rows it quantizes; close the quantizer to unload the kernel
+     */
     public Fp8Rows(Device device) {
         this.device = device;
         try (Stream s = device.createStream()) {
@@ -48,22 +51,45 @@ public final class Fp8Rows extends NativeResource {
         }
     }
 
-    /** True if fp8 rows can hold {@code hidden} elements: a positive multiple of 16 (16-byte code chunks). */
+    /**
+     * True if fp8 rows can hold {@code hidden} elements: a positive multiple of 16 (16-byte code chunks).
+     * @param hidden elements per row
+     * @return whether {@code hidden} is at least 16 and a multiple of 16
+     */
     public static boolean hiddenOk(int hidden) { return hidden >= 16 && hidden % 16 == 0; }
 
-    /** f32 scales per row: one per 128 elements. */
+    /**
+     * f32 scales per row: one per 128 elements.
+     * @param hidden elements per row
+     * @return {@code ceil(hidden / 128)}
+     */
     public static int scales(int hidden) { return (hidden + 127) / 128; }
 
-    /** Bytes of one row: hidden codes, then the scales padded to a multiple of 4 (16 bytes). */
+    /**
+     * Bytes of one row: hidden codes, then the scales padded to a multiple of 4 (16 bytes).
+     * @param hidden elements per row (not checked here: see {@link #hiddenOk})
+     * @return the row's size and stride in bytes, a multiple of 16 where {@link #hiddenOk} holds
+     */
     public static long rowBytes(int hidden) { return hidden + 16L * ((scales(hidden) + 3) / 4); }
 
-    /** The largest code magnitude of this device's format: 448 (e4m3fn, NVIDIA) or 240 (e4m3fnuz: AMD, whose kernels are built for gfx942). */
+    /**
+     * The largest code magnitude of this device's format: 448 (e4m3fn, NVIDIA) or 240 (e4m3fnuz: AMD, whose kernels are built for gfx942).
+     * @param device the GPU whose fp8 format counts
+     * @return 448 or 240
+     */
     public static float maxValue(Device device) { return device.arch().startsWith("gfx") ? 240f : 448f; }
 
     /**
      * Queues {@code out[t] = quantize(x[t])} for {@code tokens} bf16 rows of {@code hidden} elements:
      * per 128-element block, scale = amax / {@link #maxValue} (1 for an all-zero block), codes
      * rounded to nearest even and saturated. x must be 16-byte aligned, out 8-byte aligned.
+     * @param x bf16 {@code [tokens][hidden]} on this quantizer's device, 16-byte aligned
+     * @param tokens rows to quantize, at least 0
+     * @param hidden elements per row, a positive multiple of 16 ({@link #hiddenOk})
+     * @param out at least {@code tokens x rowBytes(hidden)} bytes on this device, 8-byte aligned
+     * @param stream the stream it is queued on, on this device
+     * @throws IllegalArgumentException for a hidden that fp8 rows cannot hold, a negative token count, or a
+     *         buffer too small, misaligned or on another device (or a stream on another device)
      */
     public void quantize(DeviceBuffer x, int tokens, int hidden, DeviceBuffer out, Stream stream) {
         ensureOpen();
@@ -97,7 +123,16 @@ public final class Fp8Rows extends NativeResource {
         return LaunchConfig.of(grid, 256);
     }
 
-    /** The same into new rows allocated in {@code arena} (at least 16 bytes), returned as queued. */
+    /**
+     * The same into new rows allocated in {@code arena} (at least 16 bytes), returned as queued.
+     * @param x bf16 {@code [tokens][hidden]} on this quantizer's device, 16-byte aligned
+     * @param tokens rows to quantize, at least 0
+     * @param hidden elements per row, a positive multiple of 16 ({@link #hiddenOk})
+     * @param arena owns the new rows: they are freed when it closes
+     * @param stream the stream it is queued on, on this device
+     * @return the new rows, {@code tokens x rowBytes(hidden)} bytes (at least 16), written once the stream gets there
+     * @throws IllegalArgumentException as {@link #quantize(DeviceBuffer, int, int, DeviceBuffer, Stream)}
+     */
     public DeviceBuffer quantize(DeviceBuffer x, int tokens, int hidden, Arena arena, Stream stream) {
         ensureOpen();
         if (!hiddenOk(hidden)) throw new IllegalArgumentException("hidden must be a positive multiple of 16 for fp8 rows, got " + hidden);
@@ -106,7 +141,11 @@ public final class Fp8Rows extends NativeResource {
         return out;
     }
 
-    /** Synchronizes {@code stream} and throws if the kernel refused its arguments. */
+    /**
+     * Synchronizes {@code stream} and throws if the kernel refused its arguments.
+     * @param stream the stream the quantizations were queued on
+     * @throws dev.gin4j.comm.CommException naming what the kernel reported (the report is cleared, so the next check starts clean)
+     */
     public void checkErrors(Stream stream) {
         ensureOpen();
         errors.check("fp8 quantize", stream);
@@ -115,6 +154,8 @@ public final class Fp8Rows extends NativeResource {
     /**
      * The check of {@link #checkErrors(Stream)}, reported later without waiting now (see
      * {@link ErrorCheck}): queued on {@code stream} after the quantizations already there.
+     * @param stream the stream the quantizations were queued on
+     * @return the check, to poll or await
      * @throws IllegalStateException when the stream captures a graph
      * @throws IllegalArgumentException when the stream is on another device
      */

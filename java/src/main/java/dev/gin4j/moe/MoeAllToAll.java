@@ -377,7 +377,16 @@ public final class MoeAllToAll extends NativeResource {
         return (int) Math.max(1, Math.min(128, min / 2));
     }
 
-    /** Collective: every rank creates it with the same configuration (checked: a difference is an error on every rank). */
+    /**
+     * Collective: every rank creates it with the same configuration (checked: a difference is an error on every rank).
+     * @param group the ranks that exchange tokens; it must stay open while the instance is used
+     * @param config the shape of the exchange, the same on every rank
+     * @return the exchange; close it when done (it frees its window, buffers and kernels)
+     * @throws IllegalArgumentException for a null argument, configurations that differ between ranks, experts that do not
+     *         split evenly over the ranks, or a shape the kernels refuse
+     * @throws UnsupportedOperationException for an expertAlignment above 1 across nodes
+     * @throws CommException on the other ranks where one rank's part of the setup failed (naming it)
+     */
     public static MoeAllToAll create(CommGroup group, MoeConfig config) {
         if (group == null || config == null) throw new IllegalArgumentException("a communicator group and a MoeConfig must be given, got " + group + " / " + config);
         group.ensureOpen();
@@ -456,7 +465,9 @@ public final class MoeAllToAll extends NativeResource {
      * setting changes nothing. Every rank must make the same choice for the same call (a mismatch
      * shows as a kernel time-out). May change between any two dispatches, without a reset; a combine
      * always runs in the mode of the dispatch it reverses.
+     * @param mode AUTO, LOW_LATENCY or HIGH_THROUGHPUT
      * @return this instance
+     * @throws IllegalArgumentException for a null mode
      * @throws IllegalStateException for HIGH_THROUGHPUT on a node table whose HT grids would exceed 256 blocks (very unequal nodes)
      */
     public MoeAllToAll networkMode(NetworkMode mode) {
@@ -466,12 +477,13 @@ public final class MoeAllToAll extends NativeResource {
         return this;
     }
 
-    /** The mode the next dispatch uses as set ({@link NetworkMode#AUTO} by default). */
+    /** {@return the mode the next dispatch uses as set ({@link NetworkMode#AUTO} by default)} */
     public NetworkMode networkMode() { return networkMode; }
 
     /**
      * The mode the next dispatch runs in: {@link #networkMode()} with AUTO resolved, across nodes;
      * {@code null} where there is no exchange across nodes (one node, or HOST).
+     * @return LOW_LATENCY or HIGH_THROUGHPUT, or null inside one node and for HOST
      */
     public NetworkMode effectiveNetworkMode() { return network == null ? null : network.resolve(networkMode); }
 
@@ -481,13 +493,13 @@ public final class MoeAllToAll extends NativeResource {
         return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
     }
 
-    /** The configuration it was created with. */
+    /** {@return the configuration it was created with} */
     public MoeConfig config() { return cfg; }
-    /** C: the GIN kernels run 2C blocks (one per SM); {@link MoeConfig#channels()}, or half the SMs of the smallest GPU. */
+    /** {@return C: the GIN kernels run 2C blocks (one per SM); {@link MoeConfig#channels()}, or half the SMs of the smallest GPU} */
     public int channels() { return channels; }
-    /** Experts on each rank: experts / ranks. */
+    /** {@return the experts on each rank: experts / ranks} */
     public int localExperts() { return localExperts; }
-    /** Rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts). */
+    /** {@return the rows the receive buffers hold: ranks x maxTokens x min(topK, localExperts), plus localExperts x (expertAlignment - 1)} */
     public long capacityRows() { return MoeLayoutInfo.recvCapacityRows(info); }
 
     /**
@@ -611,6 +623,19 @@ public final class MoeAllToAll extends NativeResource {
      * One local rank ({@code localIndex} in {@code [0, localCount)}): queues the dispatch on
      * {@code stream} and returns where its results will be. Every rank must dispatch (a
      * collective); T may differ per rank. HOST with several local ranks takes the list form.
+     * @param localIndex the local rank, in [0, localCount)
+     * @param x the tokens: {@code tokens} rows of {@link MoeConfig#inputRowBytes()} bytes (bf16 {@code [T][hidden]}, or scaled fp8
+     *        rows), on the rank's device; 16-byte aligned for a quantizing fp8 dispatch, else 2-byte
+     * @param topkIdx int32 {@code [T][topK]} expert ids, -1 for a masked slot
+     * @param topkWeights f32 {@code [T][topK]} router weights
+     * @param tokens T, in [0, maxTokens]; may differ per rank
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return the handle: where the results are once the stream gets there, valid until the rank's next dispatch
+     * @throws IllegalArgumentException for T outside [0, maxTokens], or a buffer or stream that is too small, misaligned, on
+     *         another device, or overlapping the instance's results
+     * @throws IllegalStateException while a dispatchSend or combineSend on the rank is not completed, for HOST with several
+     *         local ranks (use the list form), or on a stream that captures a graph for HOST or with {@link #hostCounts(boolean)} on
+     * @throws IndexOutOfBoundsException for a local rank index outside [0, localCount)
      */
     public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
         return dispatch(localIndex, x, topkIdx, topkWeights, tokens, MoeOutputs.INSTANCE_OWNED, stream);
@@ -620,6 +645,21 @@ public final class MoeAllToAll extends NativeResource {
      * {@link #dispatch(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)} into the
      * caller's buffers where {@code outputs} names them (see {@link MoeOutputs} for their sizes and
      * alignment); the returned handle's rows, weights and counts are those buffers.
+     * @param localIndex the local rank, in [0, localCount)
+     * @param x the tokens: {@code tokens} rows of {@link MoeConfig#inputRowBytes()} bytes (bf16 {@code [T][hidden]}, or scaled fp8
+     *        rows), on the rank's device; 16-byte aligned for a quantizing fp8 dispatch, else 2-byte
+     * @param topkIdx int32 {@code [T][topK]} expert ids, -1 for a masked slot
+     * @param topkWeights f32 {@code [T][topK]} router weights
+     * @param tokens T, in [0, maxTokens]; may differ per rank
+     * @param outputs the caller's result buffers, or {@link MoeOutputs#INSTANCE_OWNED} for the instance's
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return the handle: where the results are once the stream gets there, valid until the rank's next dispatch
+     * @throws IllegalArgumentException for T outside [0, maxTokens], a null outputs, or a buffer or stream that is too small, misaligned, on
+     *         another device, or overlapping the instance's results
+     * @throws IllegalStateException while a dispatchSend or combineSend on the rank is not completed, for HOST with several
+     *         local ranks (use the list form), or on a stream that captures a graph for HOST or with {@link #hostCounts(boolean)} on
+     * @throws IndexOutOfBoundsException for a local rank index outside [0, localCount)
+     * @throws UnsupportedOperationException for caller-owned outputs across nodes
      */
     public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, MoeOutputs outputs, Stream stream) {
         RankState r = rank(localIndex);
@@ -686,7 +726,18 @@ public final class MoeAllToAll extends NativeResource {
         r.hostCopied.record(stream);
     }
 
-    /** Every local rank at once (the only form for HOST with several local ranks). */
+    /**
+     * Every local rank at once (the only form for HOST with several local ranks).
+     * @param x each local rank's tokens, in local rank order (as in the single-rank form)
+     * @param topkIdx each local rank's int32 {@code [T][topK]} expert ids
+     * @param topkWeights each local rank's f32 {@code [T][topK]} router weights
+     * @param tokens each local rank's T
+     * @param streams each local rank's stream, in local rank order
+     * @return one handle per local rank, in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, or a rank's input that the
+     *         single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     */
     public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<Stream> streams) {
         return dispatch(x, topkIdx, topkWeights, tokens, java.util.Collections.nCopies(group.localCount(), MoeOutputs.INSTANCE_OWNED), streams);
     }
@@ -694,6 +745,17 @@ public final class MoeAllToAll extends NativeResource {
     /**
      * {@link #dispatch(List, List, List, int[], List)} into the caller's buffers: one
      * {@link MoeOutputs} per local rank, in order.
+     * @param x each local rank's tokens, in local rank order (as in the single-rank form)
+     * @param topkIdx each local rank's int32 {@code [T][topK]} expert ids
+     * @param topkWeights each local rank's f32 {@code [T][topK]} router weights
+     * @param tokens each local rank's T
+     * @param outputs each local rank's result buffers ({@link MoeOutputs#INSTANCE_OWNED} for the instance's), in local rank order
+     * @param streams each local rank's stream, in local rank order
+     * @return one handle per local rank, in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, or a rank's input that the
+     *         single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     * @throws UnsupportedOperationException for caller-owned outputs across nodes
      */
     public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<MoeOutputs> outputs,
                                       List<Stream> streams) {
@@ -885,6 +947,14 @@ public final class MoeAllToAll extends NativeResource {
      * expertOut holds reads none past its end, leaves those rows out of y, and
      * {@link #checkErrors} reports it ("expertOut holds fewer rows than the dispatch received").
      * HOST with several local ranks takes the list form.
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param expertOut bf16 expert outputs, one {@code hidden} row per received row in the dispatch's layout, on the rank's device
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return y's first T rows, in the instance's buffer
+     * @throws IllegalArgumentException for a handle of another instance, an expertOut that is misaligned, on another device,
+     *         overlapping the instance's y or (HOST) below the rows received, or a stream on another device
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
      */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         return combine(handle, expertOut, null, stream, true);
@@ -894,6 +964,17 @@ public final class MoeAllToAll extends NativeResource {
      * {@link #combine(MoeDispatch, DeviceBuffer, Stream)} into the caller's {@code y} (bf16, at
      * least {@code [T][hidden]}, 2-byte aligned, on the rank's device, disjoint from expertOut and
      * from the handle's weights); null means the instance's. Returns y's first T rows.
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param expertOut bf16 expert outputs, one {@code hidden} row per received row in the dispatch's layout, on the rank's device
+     * @param y the caller's bf16 output, at least {@code [T][hidden]}, or null for the instance's
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return y's first T rows
+     * @throws IllegalArgumentException for a handle of another instance, an expertOut or y that is misaligned, on another
+     *         device or overlapping what the combine reads, a y below T rows or (HOST) an expertOut below the rows received,
+     *         or a stream on another device
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
+     * @throws UnsupportedOperationException for a caller's y across nodes
      */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
         return combine(handle, expertOut, y, stream, true);
@@ -903,12 +984,33 @@ public final class MoeAllToAll extends NativeResource {
      * {@code y[t] = sum_k out(t, expert_k)}, without the router weights: in training, the gradient of
      * x from the gradients of the received rows (the backward of dispatch). Otherwise as
      * {@link #combine(MoeDispatch, DeviceBuffer, Stream)}.
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param expertOut bf16 expert outputs, one {@code hidden} row per received row in the dispatch's layout, on the rank's device
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return y's first T rows, in the instance's buffer
+     * @throws IllegalArgumentException for a handle of another instance, an expertOut that is misaligned, on another device,
+     *         overlapping the instance's y or (HOST) below the rows received, or a stream on another device
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
      */
     public DeviceBuffer combineUnweighted(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         return combine(handle, expertOut, null, stream, false);
     }
 
-    /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} into the caller's {@code y}, as {@link #combine(MoeDispatch, DeviceBuffer, DeviceBuffer, Stream)}. */
+    /**
+     * {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} into the caller's {@code y}, as {@link #combine(MoeDispatch, DeviceBuffer, DeviceBuffer, Stream)}.
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param expertOut bf16 expert outputs, one {@code hidden} row per received row in the dispatch's layout, on the rank's device
+     * @param y the caller's bf16 output, at least {@code [T][hidden]}, or null for the instance's
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return y's first T rows
+     * @throws IllegalArgumentException for a handle of another instance, an expertOut or y that is misaligned, on another
+     *         device or overlapping what the combine reads, a y below T rows or (HOST) an expertOut below the rows received,
+     *         or a stream on another device
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
+     * @throws UnsupportedOperationException for a caller's y across nodes
+     */
     public DeviceBuffer combineUnweighted(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
         return combine(handle, expertOut, y, stream, false);
     }
@@ -941,22 +1043,62 @@ public final class MoeAllToAll extends NativeResource {
         return out.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
     }
 
-    /** Every local rank at once (the only form for HOST with several local ranks); each y valid until the next combine there. */
+    /**
+     * Every local rank at once (the only form for HOST with several local ranks); each y valid until the next combine there.
+     * @param handles each local rank's handle of its last dispatch, in local rank order
+     * @param expertOut each local rank's expert outputs, as in the single-rank form
+     * @param streams each local rank's stream, in local rank order
+     * @return each local rank's y (first T rows, the instance's buffer), in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
+     *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     */
     public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
         return combine(handles, expertOut, null, streams, true);
     }
 
-    /** {@link #combine(List, List, List)} into the caller's y, one per local rank (an entry or the list null: the instance's). */
+    /**
+     * {@link #combine(List, List, List)} into the caller's y, one per local rank (an entry or the list null: the instance's).
+     * @param handles each local rank's handle of its last dispatch, in local rank order
+     * @param expertOut each local rank's expert outputs, as in the single-rank form
+     * @param y each local rank's bf16 output or null for the instance's; the list itself may be null (all the instance's)
+     * @param streams each local rank's stream, in local rank order
+     * @return each local rank's y (first T rows), in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
+     *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     * @throws UnsupportedOperationException for a caller's y across nodes
+     */
     public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams) {
         return combine(handles, expertOut, y, streams, true);
     }
 
-    /** {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once; each result valid until the next combine there. */
+    /**
+     * {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once; each result valid until the next combine there.
+     * @param handles each local rank's handle of its last dispatch, in local rank order
+     * @param expertOut each local rank's expert outputs, as in the single-rank form
+     * @param streams each local rank's stream, in local rank order
+     * @return each local rank's y (first T rows, the instance's buffer), in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
+     *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     */
     public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<Stream> streams) {
         return combine(handles, expertOut, null, streams, false);
     }
 
-    /** {@link #combineUnweighted(List, List, List)} into the caller's y, one per local rank (an entry or the list null: the instance's). */
+    /**
+     * {@link #combineUnweighted(List, List, List)} into the caller's y, one per local rank (an entry or the list null: the instance's).
+     * @param handles each local rank's handle of its last dispatch, in local rank order
+     * @param expertOut each local rank's expert outputs, as in the single-rank form
+     * @param y each local rank's bf16 output or null for the instance's; the list itself may be null (all the instance's)
+     * @param streams each local rank's stream, in local rank order
+     * @return each local rank's y (first T rows), in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
+     *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     * @throws UnsupportedOperationException for a caller's y across nodes
+     */
     public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams) {
         return combine(handles, expertOut, y, streams, false);
     }
@@ -1006,6 +1148,17 @@ public final class MoeAllToAll extends NativeResource {
      * the network has read its bytes, in both network modes. Inside one node and on
      * {@link Backend#HOST} the send queues the whole dispatch (nothing is left to overlap there)
      * and {@code complete} queues nothing. Into the instance's buffers only.
+     * @param localIndex the local rank, in [0, localCount)
+     * @param x the tokens: {@code tokens} rows of {@link MoeConfig#inputRowBytes()} bytes (bf16 {@code [T][hidden]}, or scaled fp8
+     *        rows), on the rank's device; 16-byte aligned for a quantizing fp8 dispatch, else 2-byte
+     * @param topkIdx int32 {@code [T][topK]} expert ids, -1 for a masked slot
+     * @param topkWeights f32 {@code [T][topK]} router weights
+     * @param tokens T, in [0, maxTokens]; may differ per rank
+     * @param stream the stream the send is queued on, on the rank's device; {@code complete} takes the same one
+     * @return the handle; its rows, weights and counts are valid once the completion has run on the stream
+     * @throws IllegalArgumentException for T outside [0, maxTokens], or a buffer or stream that is too small, misaligned, on
+     *         another device, or overlapping the instance's results
+     * @throws IndexOutOfBoundsException for a local rank index outside [0, localCount)
      * @throws IllegalStateException while an earlier send on the rank is not completed, or for
      *     HOST with several local ranks (use the list form of the whole call)
      */
@@ -1023,6 +1176,13 @@ public final class MoeAllToAll extends NativeResource {
 
     /**
      * One process per GPU: {@link #dispatchSend(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)} for local rank 0.
+     * @param x the tokens: {@code tokens} rows of {@link MoeConfig#inputRowBytes()} bytes (bf16 {@code [T][hidden]}, or scaled fp8
+     *        rows), on the rank's device; 16-byte aligned for a quantizing fp8 dispatch, else 2-byte
+     * @param topkIdx int32 {@code [T][topK]} expert ids, -1 for a masked slot
+     * @param topkWeights f32 {@code [T][topK]} router weights
+     * @param tokens T, in [0, maxTokens]; may differ per rank
+     * @param stream the stream the send is queued on, on the rank's device; {@code complete} takes the same one
+     * @return the handle; its rows, weights and counts are valid once the completion has run on the stream
      * @throws IllegalStateException when this process drives several local ranks
      */
     public MoeDispatch dispatchSend(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
@@ -1035,12 +1195,30 @@ public final class MoeAllToAll extends NativeResource {
      * partial sums go out now; {@link #complete(int, Stream)} on the same stream queues the wait
      * and the reduction into y. The returned y is valid once the completion has run on the stream.
      * As {@link #dispatchSend}: staged across nodes, whole inside a node and on HOST.
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param expertOut bf16 expert outputs, one {@code hidden} row per received row in the dispatch's layout, on the rank's device
+     * @param stream the stream the send is queued on, on the rank's device; {@code complete} takes the same one
+     * @return y's first T rows, in the instance's buffer
+     * @throws IllegalArgumentException for a handle of another instance, an expertOut that is misaligned, on another device,
+     *         overlapping the instance's y or (HOST) below the rows received, or a stream on another device
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while an earlier send on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
      */
     public DeviceBuffer combineSend(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         return combineSend(handle, expertOut, stream, true);
     }
 
-    /** The send half of {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)}, as {@link #combineSend}. */
+    /**
+     * The send half of {@link #combineUnweighted(MoeDispatch, DeviceBuffer, Stream)}, as {@link #combineSend}.
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param expertOut bf16 expert outputs, one {@code hidden} row per received row in the dispatch's layout, on the rank's device
+     * @param stream the stream the send is queued on, on the rank's device; {@code complete} takes the same one
+     * @return y's first T rows, in the instance's buffer
+     * @throws IllegalArgumentException for a handle of another instance, an expertOut that is misaligned, on another device,
+     *         overlapping the instance's y or (HOST) below the rows received, or a stream on another device
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while an earlier send on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
+     */
     public DeviceBuffer combineUnweightedSend(MoeDispatch handle, DeviceBuffer expertOut, Stream stream) {
         return combineSend(handle, expertOut, stream, false);
     }
@@ -1060,6 +1238,8 @@ public final class MoeAllToAll extends NativeResource {
      * {@link #combineSend} or {@link #combineUnweightedSend} on {@code stream}, the stream it was
      * sent on: the wait for the peers' bytes (each wait ends with the kernels' time-out, as in a
      * whole call), then the rows' placement or the reduction. Capturable in a graph with its send.
+     * @param localIndex the local rank, in [0, localCount)
+     * @param stream the stream the send was queued on
      * @throws IllegalStateException when nothing was sent on the rank
      * @throws IllegalArgumentException when {@code stream} is not the send's stream
      */
@@ -1074,6 +1254,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /**
      * One process per GPU: {@link #complete(int, Stream)} for local rank 0.
+     * @param stream the stream the send was queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void complete(Stream stream) {
@@ -1092,6 +1273,15 @@ public final class MoeAllToAll extends NativeResource {
      * buffer, valid until the next call. A collective: every rank calls it after the same dispatch.
      * GIN: one kernel, GPU-initiated like the dispatch (the values go into the token ranks' windows).
      * HOST: the rows' way back with 4-byte rows (with several local ranks, use the list form).
+     * @param handle the handle of the rank's last dispatch on this instance
+     * @param rowValues f32 per row of the handle's layout, at least capacity rows, 4-byte aligned, on the rank's device
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return {@code [T][topK]} f32 in this instance's buffer, valid until the next call
+     * @throws IllegalArgumentException for a handle of another instance, or a rowValues or stream that is too small, misaligned,
+     *         on another device or overlapping the returned values
+     * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
+     *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
+     * @throws UnsupportedOperationException for GIN across nodes (use Backend.HOST for it)
      */
     public DeviceBuffer returnRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
         if (cfg.backend() != Backend.GIN) {
@@ -1135,7 +1325,17 @@ public final class MoeAllToAll extends NativeResource {
         return r;
     }
 
-    /** {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once (handles in local rank order). */
+    /**
+     * {@link #returnRowValues(MoeDispatch, DeviceBuffer, Stream)} for every local rank at once (handles in local rank order).
+     * @param handles each local rank's handle of its last dispatch, in local rank order
+     * @param rowValues each local rank's f32 row values, as in the single-rank form
+     * @param streams each local rank's stream, in local rank order
+     * @return each local rank's {@code [T][topK]} f32, in local rank order
+     * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
+     *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
+     * @throws IllegalStateException as the single-rank form
+     * @throws UnsupportedOperationException for GIN across nodes (use Backend.HOST for it)
+     */
     public List<DeviceBuffer> returnRowValues(List<MoeDispatch> handles, List<DeviceBuffer> rowValues, List<Stream> streams) {
         int local = checkLists(handles, rowValues, streams, "row values buffer");
         for (int i = 0; i < local; i++) checkRowValues(handles.get(i), rowValues.get(i), streams.get(i));  // all before any launch
@@ -1209,7 +1409,11 @@ public final class MoeAllToAll extends NativeResource {
         return ranks.get(localIndex);
     }
 
-    /** Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out, which also aborts the group (KernelErrors.checkAll). One stream per local rank. */
+    /**
+     * Synchronizes and throws if a kernel reported bad input (expert ids, token counts) or a time-out, which also aborts the group (KernelErrors.checkAll). One stream per local rank.
+     * @param streams the streams the calls were queued on, one per local rank, in order
+     * @throws CommException naming what each rank's kernels reported (the reports are cleared)
+     */
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         Groups.checkStreams(group, streams);
@@ -1218,6 +1422,7 @@ public final class MoeAllToAll extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #checkErrors(List)} of its stream.
+     * @param stream the stream the calls were queued on
      * @throws IllegalStateException when this process drives several local ranks
      */
     public void checkErrors(Stream stream) {
@@ -1230,6 +1435,8 @@ public final class MoeAllToAll extends NativeResource {
      * {@link ErrorCheck}): queued on each stream (one per local rank, in order) after the
      * dispatches, combines and row-value returns already there; its {@link ErrorCheck#poll()}
      * reports them once the streams get there, with the text {@code checkErrors} gives.
+     * @param streams the streams the calls were queued on, one per local rank, in order
+     * @return the check, to poll or await
      * @throws IllegalStateException when a stream captures a graph
      */
     public ErrorCheck errorsAfter(List<Stream> streams) {
@@ -1240,6 +1447,8 @@ public final class MoeAllToAll extends NativeResource {
 
     /**
      * One process per GPU (a group with one local rank): {@link #errorsAfter(List)} of its stream.
+     * @param stream the stream the calls were queued on
+     * @return the check, to poll or await
      * @throws IllegalStateException when this process drives several local ranks
      */
     public ErrorCheck errorsAfter(Stream stream) {
@@ -1250,6 +1459,13 @@ public final class MoeAllToAll extends NativeResource {
     /**
      * One process per GPU (a group with one local rank): the dispatch of its tokens, as
      * {@link #dispatch(int, DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)} for local rank 0.
+     * @param x the tokens: {@code tokens} rows of {@link MoeConfig#inputRowBytes()} bytes (bf16 {@code [T][hidden]}, or scaled fp8
+     *        rows), on the rank's device; 16-byte aligned for a quantizing fp8 dispatch, else 2-byte
+     * @param topkIdx int32 {@code [T][topK]} expert ids, -1 for a masked slot
+     * @param topkWeights f32 {@code [T][topK]} router weights
+     * @param tokens T, in [0, maxTokens]; may differ per rank
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return the handle: where the results are once the stream gets there, valid until the rank's next dispatch
      * @throws IllegalStateException when this process drives several local ranks
      */
     public MoeDispatch dispatch(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream) {
@@ -1260,6 +1476,14 @@ public final class MoeAllToAll extends NativeResource {
     /**
      * One process per GPU: {@link #dispatch(DeviceBuffer, DeviceBuffer, DeviceBuffer, int, Stream)}
      * into the caller's buffers where {@code outputs} names them ({@link MoeOutputs}).
+     * @param x the tokens: {@code tokens} rows of {@link MoeConfig#inputRowBytes()} bytes (bf16 {@code [T][hidden]}, or scaled fp8
+     *        rows), on the rank's device; 16-byte aligned for a quantizing fp8 dispatch, else 2-byte
+     * @param topkIdx int32 {@code [T][topK]} expert ids, -1 for a masked slot
+     * @param topkWeights f32 {@code [T][topK]} router weights
+     * @param tokens T, in [0, maxTokens]; may differ per rank
+     * @param outputs the caller's result buffers, or {@link MoeOutputs#INSTANCE_OWNED} for the instance's
+     * @param stream the stream the call is queued on, on the rank's device
+     * @return the handle: where the results are once the stream gets there, valid until the rank's next dispatch
      * @throws IllegalStateException when this process drives several local ranks
      */
     public MoeDispatch dispatch(DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, MoeOutputs outputs, Stream stream) {

@@ -40,7 +40,10 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
     /** The largest {@code expertAlignment} the kernels take (MOE_MAX_ALIGNMENT). */
     public static final int MAX_EXPERT_ALIGNMENT = 1024;
 
-    /** Checks every field against the kernels' limits, naming the one that is wrong and its valid range. */
+    /**
+     * Checks every field against the kernels' limits, naming the one that is wrong and its valid range.
+     * @throws IllegalArgumentException naming the field that is out of range, or null, and its valid range
+     */
     public MoeConfig {
         if (hidden < 1) throw new IllegalArgumentException("hidden must be >= 1, got " + hidden);
         if (experts < 1 || experts > 2048) throw new IllegalArgumentException("experts must be in [1, 2048], got " + experts);
@@ -60,22 +63,57 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
             throw new IllegalArgumentException("expertAlignment must be in [1, " + MAX_EXPERT_ALIGNMENT + "] rows (1: packed), got " + expertAlignment);
     }
 
-    /** Packed expert blocks (expertAlignment 1). */
+    /**
+     * Packed expert blocks (expertAlignment 1).
+     * @param hidden    elements per token row
+     * @param experts   experts in all, split evenly over the ranks
+     * @param topK      experts each token is routed to
+     * @param maxTokens the most tokens one rank dispatches in one call
+     * @param dtype     the dispatched rows' type: BF16 or FP8_E4M3 (scaled fp8 rows)
+     * @param backend   GIN or HOST
+     * @param input     the type of the dispatch's x: dtype, or BF16 for an fp8 dispatch that quantizes
+     * @param channels  0 (half the SMs of the smallest GPU) or 1 to 128
+     * @throws IllegalArgumentException naming the value that is out of range and its valid range
+     */
     public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input, int channels) {
         this(hidden, experts, topK, maxTokens, dtype, backend, input, channels, 1);
     }
 
-    /** The channel count chosen from the GPUs (0). */
+    /**
+     * The channel count chosen from the GPUs (0).
+     * @param hidden    elements per token row
+     * @param experts   experts in all, split evenly over the ranks
+     * @param topK      experts each token is routed to
+     * @param maxTokens the most tokens one rank dispatches in one call
+     * @param dtype     the dispatched rows' type: BF16 or FP8_E4M3 (scaled fp8 rows)
+     * @param backend   GIN or HOST
+     * @param input     the type of the dispatch's x: dtype, or BF16 for an fp8 dispatch that quantizes
+     * @throws IllegalArgumentException naming the value that is out of range and its valid range
+     */
     public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend, DType input) {
         this(hidden, experts, topK, maxTokens, dtype, backend, input, 0, 1);
     }
 
-    /** The dispatch takes x of the row type itself. */
+    /**
+     * The dispatch takes x of the row type itself.
+     * @param hidden    elements per token row
+     * @param experts   experts in all, split evenly over the ranks
+     * @param topK      experts each token is routed to
+     * @param maxTokens the most tokens one rank dispatches in one call
+     * @param dtype     the dispatched rows' type: BF16 or FP8_E4M3 (scaled fp8 rows)
+     * @param backend   GIN or HOST
+     * @throws IllegalArgumentException naming the value that is out of range and its valid range
+     */
     public MoeConfig(int hidden, int experts, int topK, int maxTokens, DType dtype, Backend backend) {
         this(hidden, experts, topK, maxTokens, dtype, backend, dtype, 0, 1);
     }
 
-    /** The same with the GIN kernels on 2 x {@code channels} SMs (1 to 128; 0 = half the SMs of the smallest GPU). */
+    /**
+     * The same with the GIN kernels on 2 x {@code channels} SMs (1 to 128; 0 = half the SMs of the smallest GPU).
+     * @param channels 0, or 1 to 128
+     * @return the configuration with that channel count
+     * @throws IllegalArgumentException for a count outside [0, 128]
+     */
     public MoeConfig withChannels(int channels) {
         return new MoeConfig(hidden, experts, topK, maxTokens, dtype, backend, input, channels, expertAlignment);
     }
@@ -94,12 +132,28 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
      * Bf16 rows in and out. The four sizes are positional: {@code bf16(4096, 256, 8, 7168, GIN)}
      * (hidden and maxTokens swapped) is a valid shape too and cannot be refused here; {@link #builder()}
      * names each value instead.
+     * @param hidden    elements per token row
+     * @param experts   experts in all, split evenly over the ranks
+     * @param topK      experts each token is routed to
+     * @param maxTokens the most tokens one rank dispatches in one call
+     * @param backend   GIN or HOST
+     * @return the configuration
+     * @throws IllegalArgumentException naming the value that is out of range and its valid range
      */
     public static MoeConfig bf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.BF16, backend);
     }
 
-    /** Dispatch of scaled fp8 rows that x already holds ({@link Fp8Rows}); expert outputs and the combine stay bf16. */
+    /**
+     * Dispatch of scaled fp8 rows that x already holds ({@link Fp8Rows}); expert outputs and the combine stay bf16.
+     * @param hidden    elements per token row, a positive multiple of 16
+     * @param experts   experts in all, split evenly over the ranks
+     * @param topK      experts each token is routed to
+     * @param maxTokens the most tokens one rank dispatches in one call
+     * @param backend   GIN or HOST
+     * @return the configuration
+     * @throws IllegalArgumentException naming the value that is out of range and its valid range
+     */
     public static MoeConfig fp8(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.FP8_E4M3, backend);
     }
@@ -108,6 +162,13 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
      * Dispatch of scaled fp8 rows made from bf16 x by the dispatch itself, as {@link Fp8Rows#quantize}
      * would make them: x is [T][hidden] bf16, the received rows are fp8 rows; expert outputs and the
      * combine stay bf16.
+     * @param hidden    elements per token row, a positive multiple of 16
+     * @param experts   experts in all, split evenly over the ranks
+     * @param topK      experts each token is routed to
+     * @param maxTokens the most tokens one rank dispatches in one call
+     * @param backend   GIN or HOST
+     * @return the configuration
+     * @throws IllegalArgumentException naming the value that is out of range and its valid range
      */
     public static MoeConfig fp8FromBf16(int hidden, int experts, int topK, int maxTokens, Backend backend) {
         return new MoeConfig(hidden, experts, topK, maxTokens, DType.FP8_E4M3, backend, DType.BF16);
@@ -118,6 +179,7 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
      * {@code MoeConfig.builder().hidden(7168).experts(256).topK(8).maxTokensPerRank(4096).backend(Backend.GIN).bf16().build()}.
      * hidden, experts, topK, maxTokensPerRank and backend must be set; the rows are bf16 and the
      * channels chosen from the GPUs unless set.
+     * @return a new builder with no value set
      */
     public static Builder builder() { return new Builder(); }
 
@@ -133,31 +195,64 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
 
         private Builder() {}
 
-        /** Elements per token row (the model's hidden size). */
+        /**
+         * Elements per token row (the model's hidden size).
+         * @param hidden elements per token row
+         * @return this builder
+         */
         public Builder hidden(int hidden) { this.hidden = hidden; return this; }
 
-        /** Experts in all, split evenly over the ranks. */
+        /**
+         * Experts in all, split evenly over the ranks.
+         * @param experts experts in all
+         * @return this builder
+         */
         public Builder experts(int experts) { this.experts = experts; return this; }
 
-        /** Experts each token is routed to. */
+        /**
+         * Experts each token is routed to.
+         * @param topK experts per token
+         * @return this builder
+         */
         public Builder topK(int topK) { this.topK = topK; return this; }
 
-        /** The most tokens one rank sends in one dispatch (the record's {@code maxTokens}). */
+        /**
+         * The most tokens one rank sends in one dispatch (the record's {@code maxTokens}).
+         * @param maxTokens the most tokens per rank and dispatch
+         * @return this builder
+         */
         public Builder maxTokensPerRank(int maxTokens) { this.maxTokens = maxTokens; return this; }
 
-        /** {@link Backend#GIN} or {@link Backend#HOST}. */
+        /**
+         * {@link Backend#GIN} or {@link Backend#HOST}.
+         * @param backend who moves the rows
+         * @return this builder
+         */
         public Builder backend(Backend backend) { this.backend = backend; return this; }
 
-        /** Bf16 x and bf16 dispatched rows (the default). */
+        /**
+         * Bf16 x and bf16 dispatched rows (the default).
+         * @return this builder
+         */
         public Builder bf16() { dtype = DType.BF16; input = DType.BF16; return this; }
 
-        /** Scaled fp8 rows that x already holds ({@link Fp8Rows}), as {@link MoeConfig#fp8}. */
+        /**
+         * Scaled fp8 rows that x already holds ({@link Fp8Rows}), as {@link MoeConfig#fp8}.
+         * @return this builder
+         */
         public Builder fp8() { dtype = DType.FP8_E4M3; input = DType.FP8_E4M3; return this; }
 
-        /** Bf16 x quantized into scaled fp8 rows by the dispatch, as {@link MoeConfig#fp8FromBf16}. */
+        /**
+         * Bf16 x quantized into scaled fp8 rows by the dispatch, as {@link MoeConfig#fp8FromBf16}.
+         * @return this builder
+         */
         public Builder fp8FromBf16() { dtype = DType.FP8_E4M3; input = DType.BF16; return this; }
 
-        /** The GIN kernels on 2 x {@code channels} SMs (1 to 128), or 0 (the default) to choose from the GPUs, as {@link MoeConfig#withChannels}. */
+        /**
+         * The GIN kernels on 2 x {@code channels} SMs (1 to 128), or 0 (the default) to choose from the GPUs, as {@link MoeConfig#withChannels}.
+         * @param channels 0, or 1 to 128
+         * @return this builder
+         */
         public Builder channels(int channels) { this.channels = channels; return this; }
 
         /**
@@ -169,6 +264,7 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
 
         /**
          * The configuration.
+         * @return the configuration, checked as the constructor checks it
          * @throws IllegalArgumentException naming the required values not set, or the value out of range
          */
         public MoeConfig build() {
@@ -183,15 +279,15 @@ public record MoeConfig(int hidden, int experts, int topK, int maxTokens, DType 
         }
     }
 
-    /** True if the dispatch quantizes bf16 x into fp8 rows. */
+    /** {@return true if the dispatch quantizes bf16 x into fp8 rows} */
     public boolean quantizes() { return dtype == DType.FP8_E4M3 && input == DType.BF16; }
 
-    /** Bytes of one row of the dispatch's input x. */
+    /** {@return the bytes of one row of the dispatch's input x} */
     public long inputRowBytes() { return input == DType.FP8_E4M3 ? Fp8Rows.rowBytes(hidden) : 2L * hidden; }
 
-    /** Bytes of one dispatched row (the received rows). */
+    /** {@return the bytes of one dispatched row (the received rows)} */
     public long dispatchRowBytes() { return dtype == DType.FP8_E4M3 ? Fp8Rows.rowBytes(hidden) : 2L * hidden; }
 
-    /** Bytes of one bf16 row of the expert outputs and of the combine's result. */
+    /** {@return the bytes of one bf16 row of the expert outputs and of the combine's result} */
     public long combineRowBytes() { return 2L * hidden; }
 }

@@ -44,17 +44,17 @@ public final class MoeDispatch {
     }
 
     MoeAllToAll owner() { return owner; }
-    /** The local rank (index into the group's local ranks) this dispatch ran on. */
+    /** {@return the local rank (index into the group's local ranks) this dispatch ran on} */
     public int localIndex() { return localIndex; }
-    /** T: the tokens this rank dispatched. */
+    /** {@return T: the tokens this rank dispatched} */
     public int numTokens() { return numTokens; }
-    /** This rank's dispatch number on its instance (1 for the first). */
+    /** {@return this rank's dispatch number on its instance (1 for the first)} */
     public long sequence() { return sequence; }
-    /** The received rows, expert-major (see the class comment). */
+    /** {@return the received rows, expert-major (see the class comment)} */
     public DeviceBuffer rows() { return rows; }
-    /** int32 rows received per local expert. */
+    /** {@return the int32 rows received per local expert ({@code [L]})} */
     public DeviceBuffer counts() { return counts; }
-    /** f32 router weight per received row. */
+    /** {@return the f32 router weight per received row} */
     public DeviceBuffer weights() { return weights; }
 
     /**

@@ -22,6 +22,10 @@ public record MoeOutputs(DeviceBuffer rows, DeviceBuffer weights, DeviceBuffer c
     /** Every result in the instance's own buffers: what the dispatch without outputs does. */
     public static final MoeOutputs INSTANCE_OWNED = new MoeOutputs(null, null, null);
 
-    /** Only the rows in {@code rows}; weights and counts in the instance's buffers. */
+    /**
+     * Only the rows in {@code rows}; weights and counts in the instance's buffers.
+     * @param rows the caller's buffer for the received rows (size and alignment as the class comment says)
+     * @return outputs that name only {@code rows}
+     */
     public static MoeOutputs rows(DeviceBuffer rows) { return new MoeOutputs(rows, null, null); }
 }
