@@ -378,7 +378,7 @@ final class LoopbackGinMoeRank {
                 inside += bytes;
             }
             // a forwarded section's last chunk may put its header apart: one put more per forwarded section
-            long mostPuts = 2L * chunks * sections + (theirs == mine ? sections - 1 : 0);
+            long mostPuts = 2L * chunks * sections + (theirs == mine ? Math.max(0, sections - 1) : 0);
             boolean ok = bytes == want && puts <= mostPuts && signals == chunks * sections;
             if (!ok) throw new AssertionError(c.name() + ": HT dispatch rank " + rank + " -> " + q + " (nodes " + mine + " -> " + theirs + "): " + puts + " puts, "
                     + signals + " signals, " + bytes + " bytes; expected " + want + " bytes in " + sections + " section(s), at most " + mostPuts
