@@ -124,6 +124,28 @@ class MoeTopologyTest {
             }
     }
 
+    /**
+     * Staged calls split each HT launch at its sending roles: a send's grid is the direct and node
+     * senders (dispatch) or the partial senders (combine), counted from block 0 in the kernels'
+     * role order, and it leaves the complete launch at least the receivers (launch_checks.cuh
+     * roles_of refuses any other grid).
+     */
+    @Test void stagedSendsTakeTheSendingRolesOfEachHighThroughputLaunch() {
+        for (int r : new int[] {2, 3, 4, 6, 8, 16})
+            for (int g : new int[] {1, 2, 4, 8}) {
+                if (g > r) continue;
+                MoeTopology t = MoeTopology.emulated(r, g);
+                for (int rank = 0; rank < r; rank++) {
+                    int size = t.nodeSize[t.nodeOf[rank]];
+                    assertEquals(size + t.nodes - 1, t.dispatchSendBlocksPerChunk(rank), r + " ranks, nodes of " + g + ", rank " + rank);
+                    int rest = t.dispatchBlocksPerChunk(rank) - t.dispatchSendBlocksPerChunk(rank);
+                    assertEquals((t.nodes - 1) * t.slotsPerNode * size + r, rest, "forwarders and receivers of rank " + rank);
+                }
+                assertEquals(r, t.combineSendBlocksPerChunk());
+                assertEquals((t.nodes - 1) * t.slotsPerNode + r, t.combineBlocksPerChunk() - t.combineSendBlocksPerChunk(), "node reducers and reducers");
+            }
+    }
+
     /** The window formula of MoeNetwork's javadoc, part by part, and the refusal that names the parts. */
     @Test void windowBytesFollowTheFormulaAndTooLargeIsRefusedWithTheNumbers() {
         MoeConfig cfg = MoeConfig.bf16(7168, 256, 8, 4096, Backend.GIN);
