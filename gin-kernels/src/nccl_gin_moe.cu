@@ -73,7 +73,7 @@ moe_net_dispatch(const __grid_constant__ ncclDevComm devComm, const __grid_const
   }
   uint64_t* counters = counters_of(window, a.fwd, 0);
   const Call call = begin_call(counters, MOE_NET_MODE_LL, a.phase, sharedWords);
-  if (call.count == 0) {  // a COMPLETE with no SEND before it
+  if (call.count == 0) {  // a COMPLETE before any call of this mode (Java pairs every other COMPLETE with its SEND)
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
     return;
   }
@@ -107,7 +107,7 @@ moe_net_combine(const __grid_constant__ ncclDevComm devComm, const __grid_consta
   }
   uint64_t* counters = counters_of(window, a.fwd, 1);
   const Call call = begin_call(counters, MOE_NET_MODE_LL, a.phase, sharedWords);
-  if (call.count == 0) {  // a COMPLETE with no SEND before it
+  if (call.count == 0) {  // a COMPLETE before any call of this mode (Java pairs every other COMPLETE with its SEND)
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
     return;
   }
@@ -139,7 +139,7 @@ moe_net_dispatch_ht(const __grid_constant__ ncclDevComm devComm, const __grid_co
   }
   uint64_t* counters = counters_of(window, a.fwd, 0);
   const Call call = begin_call(counters, MOE_NET_MODE_HT, a.phase, sharedWords);
-  if (call.count == 0) {  // a COMPLETE with no SEND before it
+  if (call.count == 0) {  // a COMPLETE before any call of this mode (Java pairs every other COMPLETE with its SEND)
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
     return;
   }
@@ -189,7 +189,7 @@ moe_net_combine_ht(const __grid_constant__ ncclDevComm devComm, const __grid_con
   }
   uint64_t* counters = counters_of(window, f, 1);
   const Call call = begin_call(counters, MOE_NET_MODE_HT, a.phase, sharedWords);
-  if (call.count == 0) {  // a COMPLETE with no SEND before it
+  if (call.count == 0) {  // a COMPLETE before any call of this mode (Java pairs every other COMPLETE with its SEND)
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
     return;
   }

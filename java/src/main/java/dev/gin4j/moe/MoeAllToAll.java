@@ -697,11 +697,10 @@ public final class MoeAllToAll extends NativeResource {
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
         if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream, networkMode, phase);  // into the instance's buffers (outputs refused across nodes)
         else r.dispatch.launch(stream, ginLaunch, a);
+        if (copy && r.hostCopied == null) r.hostCopied = r.device.createEvent(false);  // the handle holds it from now on
         if (phase == MoeNetwork.Phase.SEND) {
-            r.staged.begin(r.comm.toString(), StagedExchange.Kind.DISPATCH, stream, () -> {
-                network.complete(localIndex, false, stream);
-                afterDispatch(r, out.counts(), offsets, copy, stream);
-            });
+            r.staged.begin(r.comm.toString(), StagedExchange.Kind.DISPATCH, stream, stream.isCapturing(), () -> network.complete(localIndex, false, stream),
+                    () -> afterDispatch(r, out.counts(), offsets, copy, stream));
         } else {
             afterDispatch(r, out.counts(), offsets, copy, stream);
         }
@@ -1029,7 +1028,8 @@ public final class MoeAllToAll extends NativeResource {
             noteUse(stream);
             network.combine(handle.localIndex(), expertOut, weighted ? r.recvWeights : null, handle.numTokens(), stream, phase);
             if (phase == MoeNetwork.Phase.SEND)
-                r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, () -> network.complete(handle.localIndex(), true, stream));
+                r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, stream.isCapturing(), () -> network.complete(handle.localIndex(), true, stream),
+                        () -> {});
             return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
         }
         DeviceBuffer out = y != null ? y : r.y;
@@ -1143,7 +1143,9 @@ public final class MoeAllToAll extends NativeResource {
      * their placement. Work queued on the stream in between (the shared expert, attention of
      * another micro-batch) runs while the rows travel. The handle's rows, weights and counts are
      * valid once the completion has run on the stream. Until {@code complete}, every other MoE call
-     * on the rank is refused; peers may use staged or whole calls as they like.
+     * on the rank is refused, {@link #checkErrors} and a handle's host counts included; peers may
+     * use staged or whole calls as they like. The peers' kernels wait for this rank's completion
+     * within their time-out (10 s): the work between send and complete must end well before it.
      * <p>Across nodes ({@link Backend#GIN} with peers outside the LSA team) the send returns once
      * the network has read its bytes, in both network modes. Inside one node and on
      * {@link Backend#HOST} the send queues the whole dispatch (nothing is left to overlap there)
@@ -1166,7 +1168,7 @@ public final class MoeAllToAll extends NativeResource {
         RankState r = rank(localIndex);
         if (cfg.backend() != Backend.GIN || network == null) {
             MoeDispatch h = dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream);
-            r.staged.begin(r.comm.toString(), StagedExchange.Kind.DISPATCH, stream, () -> {});
+            r.staged.begin(r.comm.toString(), StagedExchange.Kind.DISPATCH, stream, stream.isCapturing(), () -> {}, () -> {});
             return h;
         }
         checkInputs(r, x, topkIdx, topkWeights, tokens, stream);
@@ -1227,7 +1229,7 @@ public final class MoeAllToAll extends NativeResource {
         if (cfg.backend() != Backend.GIN || network == null) {
             DeviceBuffer y = combine(handle, expertOut, null, stream, weighted);
             RankState r = rank(handle.localIndex());
-            r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, () -> {});
+            r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, stream.isCapturing(), () -> {}, () -> {});
             return y;
         }
         return ginCombine(checkHandle(handle, expertOut, null, stream), handle, expertOut, null, stream, weighted, MoeNetwork.Phase.SEND);
@@ -1237,19 +1239,21 @@ public final class MoeAllToAll extends NativeResource {
      * Queues the rest of local rank {@code localIndex}'s last {@link #dispatchSend},
      * {@link #combineSend} or {@link #combineUnweightedSend} on {@code stream}, the stream it was
      * sent on: the wait for the peers' bytes (each wait ends with the kernels' time-out, as in a
-     * whole call), then the rows' placement or the reduction. Capturable in a graph with its send.
+     * whole call), then the rows' placement or the reduction. Capturable in a graph, in the same
+     * capture as its send: a replay must run both halves. When its launch fails the exchange
+     * stays pending (try again, or close the instance).
      * @param localIndex the local rank, in [0, localCount)
      * @param stream the stream the send was queued on
-     * @throws IllegalStateException when nothing was sent on the rank
+     * @throws IllegalStateException when nothing was sent on the rank, or the send was queued inside a
+     *     graph capture and this call is not (or the other way round)
      * @throws IllegalArgumentException when {@code stream} is not the send's stream
      */
     public void complete(int localIndex, Stream stream) {
         ensureOpen();
         group.ensureOpen();
         RankState r = rank(localIndex);
-        Runnable rest = r.staged.take(r.comm.toString(), stream);
         noteUse(stream);
-        rest.run();
+        r.staged.complete(r.comm.toString(), stream, stream.isCapturing());
     }
 
     /**
@@ -1404,6 +1408,21 @@ public final class MoeAllToAll extends NativeResource {
         for (Stream s : streams) noteUse(s);
     }
 
+    /**
+     * Refuses a check of the kernels while a local rank's staged send is not completed: with
+     * several local ranks, a peer's whole call would wait for that rank's completion, which is not
+     * queued yet, until its time-out.
+     */
+    private void requireNothingStaged(String operation) {
+        for (RankState r : ranks) r.staged.requireNone(r.comm.toString(), operation);
+    }
+
+    /** Refuses reading a handle's host counts before its staged dispatch completed (they are the previous dispatch's until then). */
+    void requireCompleted(int localIndex, String operation) {
+        RankState r = rank(localIndex);
+        r.staged.requireNone(r.comm.toString(), operation);
+    }
+
     private RankState rank(int localIndex) {
         Groups.checkLocalIndex(group, localIndex);
         return ranks.get(localIndex);
@@ -1417,6 +1436,7 @@ public final class MoeAllToAll extends NativeResource {
     public void checkErrors(List<Stream> streams) {
         ensureOpen();
         Groups.checkStreams(group, streams);
+        requireNothingStaged("checkErrors");
         KernelErrors.checkAll("MoE exchange", ranks.stream().map(r -> r.errors).toList(), streams, group);
     }
 
@@ -1442,6 +1462,7 @@ public final class MoeAllToAll extends NativeResource {
     public ErrorCheck errorsAfter(List<Stream> streams) {
         ensureOpen();
         Groups.checkStreams(group, streams);
+        requireNothingStaged("errorsAfter");
         return KernelErrors.later("MoE exchange", this, ranks.stream().map(r -> r.errors).toList(), streams, null, group);
     }
 

@@ -116,6 +116,7 @@ public final class MoeDispatch {
         if (hostCopy == null)
             throw new IllegalStateException(this + " made no host copy of its counts: call moe.hostCounts(true) before the dispatch");
         owner.ensureOpen();
+        owner.requireCompleted(localIndex, "reading " + this + "'s host counts");
         long last = owner.lastSequence(localIndex);
         if (last != sequence)
             throw new IllegalStateException(this + ": dispatch " + last + " on the instance has replaced its host counts (they are the instance's until its next dispatch)");
