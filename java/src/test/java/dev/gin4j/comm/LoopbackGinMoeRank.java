@@ -540,49 +540,14 @@ final class LoopbackGinMoeRank {
         int n = 50;
         double[][] t = new double[6][n];  // whole dispatch, whole combine, dispatch send, dispatch complete, combine send, combine complete
         double[] cpu = new double[6];
-        java.lang.management.ThreadMXBean mx = java.lang.management.ManagementFactory.getThreadMXBean();
         try (dev.gin4j.gpu.Event e0 = d.createEvent(true); dev.gin4j.gpu.Event e1 = d.createEvent(true); dev.gin4j.gpu.Event e2 = d.createEvent(true)) {
+            Steps steps = new Steps(s, e0, e1, e2, t, cpu);
+            MoeDispatch[] h = new MoeDispatch[1];
             for (int i = 0; i < n; i++) {
                 int v = i % 2;
-                e0.record(s);
-                long c0 = mx.getCurrentThreadCpuTime();
-                MoeDispatch h = moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
-                long c1 = mx.getCurrentThreadCpuTime();
-                e1.record(s);
-                moe.combine(h, out[v], s);
-                long c2 = mx.getCurrentThreadCpuTime();
-                e2.record(s);
-                e2.synchronize();
-                t[0][i] = e1.elapsedMillisSince(e0) * 1e3;
-                t[1][i] = e2.elapsedMillisSince(e1) * 1e3;
-                cpu[0] += (c1 - c0) / 1e3;
-                cpu[1] += (c2 - c1) / 1e3;
-                e0.record(s);
-                c0 = mx.getCurrentThreadCpuTime();
-                h = moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s);
-                c1 = mx.getCurrentThreadCpuTime();
-                e1.record(s);
-                moe.complete(0, s);
-                c2 = mx.getCurrentThreadCpuTime();
-                e2.record(s);
-                e2.synchronize();
-                t[2][i] = e1.elapsedMillisSince(e0) * 1e3;
-                t[3][i] = e2.elapsedMillisSince(e1) * 1e3;
-                cpu[2] += (c1 - c0) / 1e3;
-                cpu[3] += (c2 - c1) / 1e3;
-                e0.record(s);
-                c0 = mx.getCurrentThreadCpuTime();
-                moe.combineSend(h, out[v], s);
-                c1 = mx.getCurrentThreadCpuTime();
-                e1.record(s);
-                moe.complete(0, s);
-                c2 = mx.getCurrentThreadCpuTime();
-                e2.record(s);
-                e2.synchronize();
-                t[4][i] = e1.elapsedMillisSince(e0) * 1e3;
-                t[5][i] = e2.elapsedMillisSince(e1) * 1e3;
-                cpu[4] += (c1 - c0) / 1e3;
-                cpu[5] += (c2 - c1) / 1e3;
+                steps.time(i, 0, () -> h[0] = moe.dispatch(0, dev[v][0], dev[v][1], dev[v][2], tokens, s), () -> moe.combine(h[0], out[v], s));
+                steps.time(i, 2, () -> h[0] = moe.dispatchSend(0, dev[v][0], dev[v][1], dev[v][2], tokens, s), () -> moe.complete(0, s));
+                steps.time(i, 4, () -> moe.combineSend(h[0], out[v], s), () -> moe.complete(0, s));
             }
         }
         moe.checkErrors(List.of(s));
@@ -592,6 +557,28 @@ final class LoopbackGinMoeRank {
                         + "CPU us per Java call: dispatch %.1f, combine %.1f, dispatchSend %.1f, complete %.1f, combineSend %.1f, complete %.1f%n",
                 rank, moe.effectiveNetworkMode(), n, med[0], med[2], med[3], med[1], med[4], med[5],
                 cpu[0] / n, cpu[1] / n, cpu[2] / n, cpu[3] / n, cpu[4] / n, cpu[5] / n);
+    }
+
+    /** Two Java calls queued on one stream, timed: events around each, and each call's thread CPU time. */
+    private record Steps(Stream s, dev.gin4j.gpu.Event e0, dev.gin4j.gpu.Event e1, dev.gin4j.gpu.Event e2, double[][] t, double[] cpu) {
+        private static final java.lang.management.ThreadMXBean MX = java.lang.management.ManagementFactory.getThreadMXBean();
+
+        /** Sample i: first into t[k] / cpu[k], second into t[k + 1] / cpu[k + 1] (device µs, CPU µs summed). */
+        void time(int i, int k, Runnable first, Runnable second) {
+            e0.record(s);
+            long c0 = MX.getCurrentThreadCpuTime();
+            first.run();
+            long c1 = MX.getCurrentThreadCpuTime();
+            e1.record(s);
+            second.run();
+            long c2 = MX.getCurrentThreadCpuTime();
+            e2.record(s);
+            e2.synchronize();
+            t[k][i] = e1.elapsedMillisSince(e0) * 1e3;
+            t[k + 1][i] = e2.elapsedMillisSince(e1) * 1e3;
+            cpu[k] += (c1 - c0) / 1e3;
+            cpu[k + 1] += (c2 - c1) / 1e3;
+        }
     }
 
     /**
