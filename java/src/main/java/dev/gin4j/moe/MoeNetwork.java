@@ -107,8 +107,11 @@ final class MoeNetwork implements AutoCloseable {
         long flagBytes() { return 8L * (4L * ranks + 4L * ranks + 2L * slots * nodeChunks + 2L * slots * maxNodeSize) + 8L * 2 * 256 * 4; }
         /** Window bytes, without the regions' alignment padding (at most 4 KiB per region). */
         long windowBytes() { return lowLatencyBytes() + nodeBytes() + partBytes() + fwdStageBytes() + positionBytes() + flagBytes(); }
-        /** GIN signals of the instance: low-latency 4R, HT final 4R, node 2SC (one per chunk), partials 2SG. */
-        int signals() { return 8 * ranks + 2 * slots * nodeChunks + 2 * slots * maxNodeSize; }
+        /** GIN signals of the instance, in this order: low-latency 4R, HT final 4R, node 2SC (one per chunk), partials 2SG. */
+        int signals() { return partSignalBase() + 2 * slots * maxNodeSize; }
+        int htSignalBase() { return 4 * ranks; }
+        int nodeSignalBase() { return 8 * ranks; }
+        int partSignalBase() { return nodeSignalBase() + 2 * slots * nodeChunks; }
 
         /** Refuses a window over half of {@code gpuMemory}, naming every part and how to shrink it. */
         void checkFits(long gpuMemory, MoeConfig cfg) {
@@ -251,13 +254,13 @@ final class MoeNetwork implements AutoCloseable {
             MoeNetSections.metaOffset(node, geometry.nodeMetaOffset());
             MoeNetSections.rowsOffset(node, geometry.nodeRowsOffset());
             MoeNetSections.flagOffset(node, offset("nodeFlags"));
-            MoeNetSections.signalBase(node, 8 * r);
+            MoeNetSections.signalBase(node, geometry.nodeSignalBase());
             MemorySegment part = MoeNetForward.part(f);
             MoeNetSections.recvOffset(part, offset("partRecv"));
             MoeNetSections.stageOffset(part, offset("combineStage"));
             MoeNetSections.sectionBytes(part, geometry.combineSection());
             MoeNetSections.flagOffset(part, offset("partFlags"));
-            MoeNetSections.signalBase(part, 8 * r + 2 * s * htChunks);
+            MoeNetSections.signalBase(part, geometry.partSignalBase());
             MoeNetForward.fwdStageOffset(f, offset("fwdStage"));
             MoeNetForward.fwdStageSlots(f, geometry.fwdStaged() ? 2L * s * g : 0);
             MoeNetForward.fwdCountOffset(f, offset("fwdCount"));
@@ -265,7 +268,7 @@ final class MoeNetwork implements AutoCloseable {
             MoeNetForward.nodePosOffset(f, offset("nodePos"));
             MoeNetForward.countersOffset(f, offset("counters"));
             MoeNetForward.htFlagOffset(f, offset("htFlags"));
-            MoeNetForward.htSignalBase(f, 4 * r);
+            MoeNetForward.htSignalBase(f, geometry.htSignalBase());
         }
 
         void close() { NativeResource.releaseAll(hostCode::close, netCode::close); }
