@@ -445,13 +445,10 @@ final class LoopbackGinMoeRank {
         try (Stream s = d.createStream(); Stream other = d.createStream();
              MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
             int rowBytes = (int) moe.config().dispatchRowBytes();
-            MoeReference.Input[][] in = {inputs(c, world, seed + 11, d, arena, s), inputs(c, world, seed + 12, d, arena, s)};
-            DeviceBuffer[][] dev = new DeviceBuffer[2][];
-            DeviceBuffer[] out = new DeviceBuffer[2];
-            for (int v = 0; v < 2; v++) {
-                dev[v] = new DeviceBuffer[] {RankMain.upload(d, arena, in[v][rank].x()), RankMain.upload(d, arena, in[v][rank].idx()), RankMain.upload(d, arena, in[v][rank].w())};
-                out[v] = RankMain.upload(d, arena, MoeReference.expertOut(in[v], MoeReference.expected(in[v], rank, rowBytes, c.experts(), c.k()), c.hidden(), moe.capacityRows()));
-            }
+            TwoInputs two = TwoInputs.upload(c, rank, seed + 11, moe, d, arena, s);
+            MoeReference.Input[][] in = two.in();
+            DeviceBuffer[][] dev = two.dev();
+            DeviceBuffer[] out = two.out();
             DeviceBuffer work = d.allocate(64L << 20, arena);  // stands for compute queued between send and complete
             int tokens = c.tokens()[rank];
             for (int variant = 0; variant < 2; variant++) {
@@ -517,6 +514,26 @@ final class LoopbackGinMoeRank {
             off = MoeReference.combineMismatch(in[0][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
             if (off != null) throw new AssertionError("after 200 replays of a staged pair (" + mode + "): y on rank " + rank + " " + off);
             say(rank, "MoE across nodes, staged " + moe.effectiveNetworkMode() + ": sends, completions, refusals, 200 pairs and 200 graph replays checked");
+        }
+    }
+
+    /**
+     * Two input variants (seeds {@code seed} and {@code seed + 1}) for calls that alternate: every
+     * rank's inputs, this rank's x / topkIdx / topkWeights on the device, and the expert outputs
+     * of each variant's reference layout.
+     */
+    private record TwoInputs(MoeReference.Input[][] in, DeviceBuffer[][] dev, DeviceBuffer[] out) {
+        static TwoInputs upload(Case c, int rank, long seed, MoeAllToAll moe, Device d, Arena arena, Stream s) {
+            int world = c.tokens().length, rowBytes = (int) moe.config().dispatchRowBytes();
+            MoeReference.Input[][] in = {inputs(c, world, seed, d, arena, s), inputs(c, world, seed + 1, d, arena, s)};
+            DeviceBuffer[][] dev = new DeviceBuffer[2][];
+            DeviceBuffer[] out = new DeviceBuffer[2];
+            for (int v = 0; v < 2; v++) {
+                dev[v] = new DeviceBuffer[] {RankMain.upload(d, arena, in[v][rank].x()), RankMain.upload(d, arena, in[v][rank].idx()), RankMain.upload(d, arena, in[v][rank].w())};
+                MoeReference.Layout exp = MoeReference.expected(in[v], rank, rowBytes, c.experts(), c.k());
+                out[v] = RankMain.upload(d, arena, MoeReference.expertOut(in[v], exp, c.hidden(), moe.capacityRows()));
+            }
+            return new TwoInputs(in, dev, out);
         }
     }
 
@@ -591,14 +608,10 @@ final class LoopbackGinMoeRank {
         String what = alternate == null ? mode.toString() : "alternating " + alternate;
         try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
             int rowBytes = (int) moe.config().dispatchRowBytes();
-            MoeReference.Input[][] in = {inputs(c, world, seed + 1, d, arena, s), inputs(c, world, seed + 2, d, arena, s)};
-            DeviceBuffer[][] dev = new DeviceBuffer[2][];
-            DeviceBuffer[] out = new DeviceBuffer[2];
-            for (int v = 0; v < 2; v++) {
-                dev[v] = new DeviceBuffer[] {RankMain.upload(d, arena, in[v][rank].x()), RankMain.upload(d, arena, in[v][rank].idx()), RankMain.upload(d, arena, in[v][rank].w())};
-                MoeReference.Layout exp = MoeReference.expected(in[v], rank, rowBytes, c.experts(), c.k());
-                out[v] = RankMain.upload(d, arena, MoeReference.expertOut(in[v], exp, c.hidden(), moe.capacityRows()));
-            }
+            TwoInputs two = TwoInputs.upload(c, rank, seed + 1, moe, d, arena, s);
+            MoeReference.Input[][] in = two.in();
+            DeviceBuffer[][] dev = two.dev();
+            DeviceBuffer[] out = two.out();
             say(rank, "repeated: created");
             long start = System.nanoTime();
             MoeDispatch h = null;
