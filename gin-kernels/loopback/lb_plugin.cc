@@ -49,14 +49,6 @@ ncclResult_t to_nccl(int e) {
   }
 }
 
-// Atomic 64-bit add on device memory, for signals: done by the GPU, so it is atomic with the
-// kernels' own signal accesses (resets included), and ordered after the data copies on the stream.
-const char kSignalAddPtx[] =
-    ".version 6.0\n.target sm_60\n.address_size 64\n"
-    ".visible .entry gin4j_lb_signal_add(.param .u64 addr, .param .u64 value)\n{\n"
-    "  .reg .b64 %rd<4>;\n  ld.param.u64 %rd1, [addr];\n  ld.param.u64 %rd2, [value];\n"
-    "  cvta.to.global.u64 %rd1, %rd1;\n  atom.global.add.u64 %rd3, [%rd1], %rd2;\n  ret;\n}\n";
-
 // The driver functions used here, from libcuda.so.1 at run time (no link-time libcuda needed;
 // cuda.h's macros name the versioned symbols, e.g. cuMemcpyDtoHAsync -> cuMemcpyDtoHAsync_v2).
 struct Driver {
@@ -68,10 +60,6 @@ struct Driver {
   decltype(&::cuStreamSynchronize) streamSynchronize;
   decltype(&::cuMemcpyDtoHAsync) memcpyDtoHAsync;
   decltype(&::cuMemcpyHtoDAsync) memcpyHtoDAsync;
-  decltype(&::cuModuleLoadData) moduleLoadData;
-  decltype(&::cuModuleUnload) moduleUnload;
-  decltype(&::cuModuleGetFunction) moduleGetFunction;
-  decltype(&::cuLaunchKernel) launchKernel;
   decltype(&::cuMemHostRegister) memHostRegister;
   decltype(&::cuMemHostUnregister) memHostUnregister;
 };
@@ -95,10 +83,6 @@ bool load_driver() {
     LOAD(streamSynchronize, cuStreamSynchronize);
     LOAD(memcpyDtoHAsync, cuMemcpyDtoHAsync);
     LOAD(memcpyHtoDAsync, cuMemcpyHtoDAsync);
-    LOAD(moduleLoadData, cuModuleLoadData);
-    LOAD(moduleUnload, cuModuleUnload);
-    LOAD(moduleGetFunction, cuModuleGetFunction);
-    LOAD(launchKernel, cuLaunchKernel);
     LOAD(memHostRegister, cuMemHostRegister);
     LOAD(memHostUnregister, cuMemHostUnregister);
 #undef LOAD
@@ -110,8 +94,7 @@ bool load_driver() {
 struct Cuda {
   CUcontext ctx = nullptr;
   CUstream stream = nullptr;
-  CUmodule module = nullptr;
-  CUfunction signalAdd = nullptr;
+  uint64_t signalWord = 0;  // a signal's value on its way through the host
 };
 
 int cu_check(CUresult r, const char* what) {
@@ -153,15 +136,25 @@ int cuda_from_ring(void* ctx, void* dst, int kind, const void* ring, size_t n) {
   return e;
 }
 
+// A signal add on device memory, done by the copy engine: read the word, add, write it back. No SM
+// is needed, so a kernel that holds every SM while it waits for this very signal cannot starve it
+// (a one-thread add kernel could not start then). Not an atomic on the GPU, and it need not be: the
+// receiving progress thread is the only writer of a signal word once the set-up kernels have reset
+// it, and a kernel only reads it; an aligned 8-byte copy lands whole. On the same stream after
+// the data copy, so the signal is seen after its data.
 int cuda_signal_add(void* ctx, uint64_t* addr, int kind, uint64_t value) {
   if (kind == LB_MEM_HOST) { __atomic_fetch_add(addr, value, __ATOMIC_RELEASE); return LB_OK; }
   Cuda* k = (Cuda*)ctx;
   int e = bind(k);
-  void* args[] = {&addr, &value};
-  if (!e) lb_note_op("cuLaunchKernel (signal add)");
-  if (!e) e = cu_check(cu.launchKernel(k->signalAdd, 1, 1, 1, 1, 1, 1, 0, k->stream, args, nullptr), "cuLaunchKernel (signal add)");
-  if (!e) lb_note_op("cuStreamSynchronize (signal add)");
-  if (!e) e = cu_check(cu.streamSynchronize(k->stream), "cuStreamSynchronize (signal add)");
+  if (!e) lb_note_op("cuMemcpyDtoHAsync (signal read)");
+  if (!e) e = cu_check(cu.memcpyDtoHAsync(&k->signalWord, (CUdeviceptr)addr, 8, k->stream), "cuMemcpyDtoHAsync (signal read)");
+  if (!e) lb_note_op("cuStreamSynchronize (signal read)");
+  if (!e) e = cu_check(cu.streamSynchronize(k->stream), "cuStreamSynchronize (signal read)");
+  if (!e) k->signalWord += value;
+  if (!e) lb_note_op("cuMemcpyHtoDAsync (signal write)");
+  if (!e) e = cu_check(cu.memcpyHtoDAsync((CUdeviceptr)addr, &k->signalWord, 8, k->stream), "cuMemcpyHtoDAsync (signal write)");
+  if (!e) lb_note_op("cuStreamSynchronize (signal write)");
+  if (!e) e = cu_check(cu.streamSynchronize(k->stream), "cuStreamSynchronize (signal write)");
   return e;
 }
 
@@ -255,13 +248,10 @@ ncclResult_t lbConnect(void* ctx, void* handles[], int nranks, int rank, int nCo
     e = LB_EINVAL;
   }
   if (!e) e = cu_check(cu.streamCreate(&c->cuda.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  if (!e) e = cu_check(cu.moduleLoadData(&c->cuda.module, kSignalAddPtx), "cuModuleLoadData (signal kernel)");
-  if (!e) e = cu_check(cu.moduleGetFunction(&c->cuda.signalAdd, c->cuda.module, "gin4j_lb_signal_add"), "cuModuleGetFunction");
   lb_ops ops = {&c->cuda, cuda_to_ring, cuda_from_ring, cuda_signal_add, cuda_map_hook};
   if (!e) e = lb_connect(all, nranks, rank, &ops, &c->core);
   free(all);
   if (e) {
-    if (c->cuda.module) cu.moduleUnload(c->cuda.module);
     if (c->cuda.stream) cu.streamDestroy(c->cuda.stream);
     delete c;
     return to_nccl(e);
@@ -317,7 +307,6 @@ ncclResult_t lbCloseColl(void* collComm) {
   }
   bind(&c->cuda);
   int e = lb_close(c->core);
-  if (c->cuda.module) cu.moduleUnload(c->cuda.module);
   if (c->cuda.stream) cu.streamDestroy(c->cuda.stream);
   delete c;
   return to_nccl(e);
