@@ -33,6 +33,20 @@ import java.util.List;
  * window) into the peers' windows; the output is a region of this object's symmetric window, valid
  * until the next call: to send a result on, copy it out first (the call refuses an input that
  * overlaps what it writes). HOST: {@code ncclAlltoAll} into a plain device buffer.
+ * <p>Caller-owned outputs: {@link #run(DeviceBuffer, DeviceBuffer, long, Stream)} and its list and
+ * {@code runElements} forms write the result into the caller's buffer instead, in the same layout
+ * (block from rank s at {@code s * bytesPerPeer}), where it stays until the caller reuses it: the
+ * instance never writes it again. The output must hold {@code worldSize * bytesPerPeer} bytes, be
+ * on the rank's device and share no byte with the input or with this object's own memory (the
+ * window, or HOST's receive buffer); any alignment. HOST: NCCL receives straight into it, no copy.
+ * GIN: only a registered window is reachable by the peers' kernels, so the data still lands in
+ * this object's window and the call adds one local device-to-device copy of
+ * {@code worldSize * bytesPerPeer} bytes from there into the output, queued on the call's stream
+ * after the exchange (captured with it in a graph); the instance-owned output stays zero-copy. The
+ * next call may reuse the window once that copy has run: a next call on the same stream is ordered
+ * after it; one on another stream must wait for this call (an event recorded after it on its
+ * stream), as any two calls on one rank must. After a call into a caller-owned output,
+ * {@link #result(int)} of that rank throws until a call without an output.
  */
 public final class AllToAll extends NativeResource {
     private final CommGroup group;
@@ -44,12 +58,14 @@ public final class AllToAll extends NativeResource {
     private final List<KernelErrors> hostWords = new ArrayList<>();
     private Protocol protocol = Protocol.AUTO;
     private final long[] lastBytesPerPeer;
+    private final boolean[] lastIntoCallerOutput;  // per local rank: the last call wrote into the caller's output
 
     private AllToAll(CommGroup group, Backend backend, long maxBytesPerPeer) {
         this.group = group;
         this.backend = backend;
         this.maxBytesPerPeer = maxBytesPerPeer;
         this.lastBytesPerPeer = new long[group.localCount()];
+        this.lastIntoCallerOutput = new boolean[group.localCount()];
         this.arena = backend == Backend.HOST ? Arena.ofShared() : null;
         try {
             this.gin = backend == Backend.GIN ? new GinState(group, maxBytesPerPeer) : null;
@@ -149,7 +165,9 @@ public final class AllToAll extends NativeResource {
     public Plan plan(long bytesPerPeer) { return gin == null ? null : gin.plan(bytesPerPeer, protocol, 0, true); }
 
     /**
-     * The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its first {@code n*b} bytes are the result.
+     * The whole receive area of local rank {@code i}: after a call of {@code b} bytes per peer, its
+     * first {@code n*b} bytes are the result. After a call into a caller-owned output it holds no
+     * result to rely on (GIN passed that call's data through it, HOST left it as it was).
      *
      * @param localIndex the local rank, in [0, localCount)
      * @return its receive area
@@ -161,12 +179,21 @@ public final class AllToAll extends NativeResource {
     }
 
     /**
-     * The result of the last call on local rank {@code i}: {@code worldSize * bytesPerPeer} bytes.
+     * The result of the last call on local rank {@code i}: {@code worldSize * bytesPerPeer} bytes
+     * (none before the first call).
      *
      * @param localIndex the local rank, in [0, localCount)
      * @return the first {@code worldSize * bytesPerPeer} bytes of its receive area
+     * @throws IllegalStateException when the last call on that rank wrote into a caller-owned
+     *         output (the result is there; the receive area holds none)
      */
-    public DeviceBuffer result(int localIndex) { return output(localIndex).slice(0, lastBytesPerPeer[localIndex] * group.worldSize()); }
+    public DeviceBuffer result(int localIndex) {
+        DeviceBuffer area = output(localIndex);
+        if (lastIntoCallerOutput[localIndex])
+            throw new IllegalStateException(group.rank(localIndex) + ": the last call wrote its result into the caller's output (run with an output), so this all-to-all's"
+                    + " receive area holds no result; read that output, or call run without an output");
+        return area.slice(0, lastBytesPerPeer[localIndex] * group.worldSize());
+    }
 
     /**
      * One process per GPU (a group with one local rank): {@link #output(int)} of its rank.
@@ -181,7 +208,8 @@ public final class AllToAll extends NativeResource {
     /**
      * One process per GPU (a group with one local rank): {@link #result(int)} of its rank.
      * @return the last call's result
-     * @throws IllegalStateException when this process drives several local ranks
+     * @throws IllegalStateException when this process drives several local ranks, or the last call
+     *         wrote into a caller-owned output
      */
     public DeviceBuffer result() {
         requireOneLocalRank("result()");
@@ -215,6 +243,37 @@ public final class AllToAll extends NativeResource {
         run(input, elementBytes(count, type), stream);
     }
 
+    /**
+     * Exchanges {@code count} elements of {@code type} per peer on every local rank into the
+     * caller's outputs: {@link #run(List, List, long, List)} with {@code count * type.bytes()} bytes per peer.
+     * @param inputs one input per local rank, in local rank order
+     * @param outputs one output per local rank, in local rank order, {@code worldSize * count} elements each (see the class comment)
+     * @param count elements per peer
+     * @param type the element type
+     * @param streams one stream per local rank, in local rank order
+     * @throws IllegalArgumentException for a negative count, a null type, a byte size that does not
+     *         fit a long, or lists, sizes, devices or overlaps that do not fit
+     */
+    public void runElements(List<DeviceBuffer> inputs, List<DeviceBuffer> outputs, long count, DType type, List<Stream> streams) {
+        run(inputs, outputs, elementBytes(count, type), streams);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): exchanges {@code count} elements of
+     * {@code type} per peer into the caller's output, as {@link #runElements(List, List, long, DType, List)}.
+     * @param input the input, {@code worldSize * count} elements
+     * @param output the output, {@code worldSize * count} elements at least: the block from rank s at {@code s * count}
+     * @param count elements per peer
+     * @param type the element type
+     * @param stream the stream the call is queued on
+     * @throws IllegalStateException when this process drives several local ranks
+     * @throws IllegalArgumentException for a negative count, a null type, or an output that is
+     *         null, too small, on another device, or overlaps the input or this object's memory
+     */
+    public void runElements(DeviceBuffer input, DeviceBuffer output, long count, DType type, Stream stream) {
+        run(input, output, elementBytes(count, type), stream);
+    }
+
     static long elementBytes(long count, DType type) {
         if (type == null) throw new IllegalArgumentException("runElements needs the element type (DType), got null");
         if (count < 0) throw new IllegalArgumentException("count must be >= 0 elements per peer, got " + count);
@@ -236,6 +295,22 @@ public final class AllToAll extends NativeResource {
     public void run(DeviceBuffer input, long bytesPerPeer, Stream stream) {
         requireOneLocalRank("run(input, bytesPerPeer, stream)");
         run(0, input, bytesPerPeer, stream);
+    }
+
+    /**
+     * One process per GPU (a group with one local rank): exchanges {@code bytesPerPeer} bytes per
+     * peer into the caller's output, as {@link #run(List, List, long, List)}.
+     * @param input the input, {@code worldSize * bytesPerPeer} bytes
+     * @param output the output, {@code worldSize * bytesPerPeer} bytes at least: the block from rank s at {@code s * bytesPerPeer}
+     * @param bytesPerPeer bytes per peer, in [0, {@link #maxBytesPerPeer()}]
+     * @param stream the stream the call is queued on
+     * @throws IllegalStateException when this process drives several local ranks
+     * @throws IllegalArgumentException for an output that is null, too small, on another device,
+     *         or overlaps the input or this object's memory (and as the form without an output)
+     */
+    public void run(DeviceBuffer input, DeviceBuffer output, long bytesPerPeer, Stream stream) {
+        requireOneLocalRank("run(input, output, bytesPerPeer, stream)");
+        run(0, input, output, bytesPerPeer, stream);
     }
 
     /** Refuses a call without a local rank index where the process drives several local ranks. */
@@ -264,9 +339,50 @@ public final class AllToAll extends NativeResource {
         if (backend == Backend.HOST) {
             group.allToAll(inputs, hostOutputs, bytesPerPeer, streams);
             java.util.Arrays.fill(lastBytesPerPeer, bytesPerPeer);
+            java.util.Arrays.fill(lastIntoCallerOutput, false);
             return;
         }
         for (int i = 0; i < local; i++) launch(i, inputs.get(i), bytesPerPeer, streams.get(i));
+    }
+
+    /**
+     * Exchanges {@code bytesPerPeer} bytes per peer on every local rank into the caller's outputs:
+     * afterwards rank r's output holds the block from rank s at {@code s * bytesPerPeer}, and keeps
+     * it until the caller reuses it. One input, output and stream per local rank, in local rank
+     * order. HOST writes the outputs directly; GIN adds one device-to-device copy of
+     * {@code worldSize * bytesPerPeer} bytes per rank on its stream (see the class comment).
+     *
+     * @param inputs one input per local rank, in local rank order
+     * @param outputs one output per local rank, in local rank order: {@code worldSize * bytesPerPeer}
+     *        bytes at least, on the rank's device, any alignment, sharing no byte with the inputs,
+     *        each other or this object's memory
+     * @param bytesPerPeer bytes per peer, in [0, {@link #maxBytesPerPeer()}]
+     * @param streams one stream per local rank, in local rank order
+     * @throws IllegalArgumentException when the lists, sizes or devices do not fit, or an input or
+     *         output overlaps what it must not (each message names which)
+     */
+    public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> outputs, long bytesPerPeer, List<Stream> streams) {
+        ensureOpen();
+        group.ensureOpen();
+        int local = group.localCount();
+        if (inputs.size() != local || streams.size() != local)
+            throw new IllegalArgumentException("one input and one stream per local rank expected (" + local + "), got " + inputs.size() + " and " + streams.size());
+        CallerOutputs.requireOnePerLocalRank(outputs, local);
+        for (int i = 0; i < local; i++) {
+            check(i, inputs.get(i), bytesPerPeer, streams.get(i));
+            checkOutput(i, inputs.get(i), outputs.get(i), bytesPerPeer);
+        }
+        CallerOutputs.requireDisjoint(outputs, group.ranks());
+        if (backend == Backend.HOST) {
+            group.allToAll(inputs, outputs, bytesPerPeer, streams);
+            java.util.Arrays.fill(lastBytesPerPeer, bytesPerPeer);
+            java.util.Arrays.fill(lastIntoCallerOutput, true);
+            return;
+        }
+        for (int i = 0; i < local; i++) {
+            launch(i, inputs.get(i), bytesPerPeer, streams.get(i));
+            copyOut(i, outputs.get(i), bytesPerPeer, streams.get(i));
+        }
     }
 
     /**
@@ -288,9 +404,60 @@ public final class AllToAll extends NativeResource {
             if (group.localCount() > 1) throw new IllegalStateException("HOST all-to-all with " + group.localCount() + " local ranks must be issued for all of them together: use run(List, long, List)");
             group.allToAll(List.of(input), hostOutputs, bytesPerPeer, List.of(stream));
             lastBytesPerPeer[localIndex] = bytesPerPeer;
+            lastIntoCallerOutput[localIndex] = false;
             return;
         }
         launch(localIndex, input, bytesPerPeer, stream);
+    }
+
+    /**
+     * Queues local rank {@code i}'s part only, into the caller's output (as {@link #run(List, List, long, List)}):
+     * what a graph capture of one rank's stream needs, or one thread per GPU. GIN only when this
+     * process drives several ranks.
+     *
+     * @param localIndex the local rank, in [0, localCount)
+     * @param input its input, {@code worldSize * bytesPerPeer} bytes
+     * @param output its output, {@code worldSize * bytesPerPeer} bytes at least (see the class comment)
+     * @param bytesPerPeer bytes per peer, in [0, {@link #maxBytesPerPeer()}]
+     * @param stream its stream
+     * @throws IllegalStateException for HOST when this process drives several local ranks
+     * @throws IllegalArgumentException for an output that is null, too small, on another device,
+     *         or overlaps the input or this object's memory (and as the form without an output)
+     */
+    public void run(int localIndex, DeviceBuffer input, DeviceBuffer output, long bytesPerPeer, Stream stream) {
+        ensureOpen();
+        group.ensureOpen();
+        check(localIndex, input, bytesPerPeer, stream);
+        checkOutput(localIndex, input, output, bytesPerPeer);
+        if (backend == Backend.HOST) {
+            if (group.localCount() > 1) throw new IllegalStateException("HOST all-to-all with " + group.localCount() + " local ranks must be issued for all of them together: use run(List, List, long, List)");
+            group.allToAll(List.of(input), List.of(output), bytesPerPeer, List.of(stream));
+            lastBytesPerPeer[localIndex] = bytesPerPeer;
+            lastIntoCallerOutput[localIndex] = true;
+            return;
+        }
+        launch(localIndex, input, bytesPerPeer, stream);
+        copyOut(localIndex, output, bytesPerPeer, stream);
+    }
+
+    /** A caller-owned output of local rank {@code i}: given, large enough, on its device, apart from the input and this object's memory. */
+    private void checkOutput(int i, DeviceBuffer in, DeviceBuffer out, long bytesPerPeer) {
+        int n = group.worldSize();
+        Communicator c = group.rank(i);
+        DeviceBuffer owned = backend == Backend.GIN ? gin.window.buffer(i) : hostOutputs.get(i);
+        CallerOutputs.check(c, c.device(), out, bytesPerPeer * n, n + " ranks x " + bytesPerPeer + " bytes per peer", new DeviceBuffer[] {in}, new String[] {"input"},
+                new DeviceBuffer[] {owned}, backend == Backend.GIN ? "this all-to-all's window (receive area, staging, signals)" : "this all-to-all's own receive area");
+    }
+
+    /**
+     * GIN into a caller-owned output: the received blocks, from the window's receive area into the
+     * output, on the call's stream after its kernels (the next call's kernels on this stream start
+     * after it, so the window is reused only once it has been read).
+     */
+    private void copyOut(int i, DeviceBuffer out, long bytesPerPeer, Stream s) {
+        long bytes = bytesPerPeer * group.worldSize();
+        out.slice(0, bytes).copyFrom(gin.window.region(i, "recv").slice(0, bytes), s);
+        lastIntoCallerOutput[i] = true;
     }
 
     private void check(int i, DeviceBuffer in, long bytesPerPeer, Stream stream) {
@@ -311,6 +478,7 @@ public final class AllToAll extends NativeResource {
         Plan plan = gin.plan(bytesPerPeer, protocol, i, true);
         GinState.Rank r = gin.ranks.get(i);
         lastBytesPerPeer[i] = bytesPerPeer;
+        lastIntoCallerOutput[i] = false;  // copyOut sets it where the call goes on into a caller's output
         int n = gin.nranks;
         s.noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
         s.noteUse(group);  // the input is noted with each launch's arguments (KernelArgs.setPointer)

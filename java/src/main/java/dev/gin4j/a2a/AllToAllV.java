@@ -35,6 +35,22 @@ import java.util.List;
  * past the end sends nothing), the exchange goes on with the clamped counts on every rank, and
  * {@link #checkErrors} reports it. (Refusing on the one rank that saw it would leave the others
  * waiting in the exchange.)
+ * <p>Caller-owned outputs: {@link #run(DeviceBuffer, DeviceBuffer, DeviceBuffer, DeviceBuffer, Stream)}
+ * and its list form write the received bytes into the caller's buffer instead, in the layout of
+ * {@link #output(int)} (slot s at {@code s * capacityPerPeer}, its first
+ * {@code receivedCounts[s]} bytes valid), where they stay until the caller reuses it: the
+ * instance never writes it again. The counts still go to {@link #receivedCounts(int)}, valid
+ * until the next call. The output must hold {@code worldSize * capacityPerPeer} bytes, be on the
+ * rank's device and share no byte with the input, the send counts and offsets, or this object's
+ * own memory (the window, or HOST's receive and count buffers); any alignment. HOST: NCCL
+ * receives straight into it, no copy. GIN: only a registered window is reachable by the peers'
+ * kernels, so the data still lands in this object's window, and since the counts are on the
+ * device only, the call adds one local device-to-device copy of the whole receive area,
+ * {@code worldSize * capacityPerPeer} bytes whatever was received, from there into the output,
+ * queued on the call's stream after the exchange (captured with it in a graph); the
+ * instance-owned output stays zero-copy. The next call may reuse the window once that copy has
+ * run: a next call on the same stream is ordered after it; one on another stream must wait for
+ * this call (an event recorded after it on its stream), as any two calls on one rank must.
  */
 public final class AllToAllV extends NativeResource {
     private final CommGroup group;
@@ -104,7 +120,9 @@ public final class AllToAllV extends NativeResource {
     }
 
     /**
-     * Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}.
+     * Receive slots of local rank {@code i}: slot s at {@code s * capacityPerPeer}. After a call into
+     * a caller-owned output they hold no result to rely on (GIN passed that call's data through
+     * them, HOST left them as they were).
      *
      * @param localIndex the local rank, in [0, localCount)
      * @return its receive slots, {@code worldSize * capacityPerPeer} bytes
@@ -116,7 +134,8 @@ public final class AllToAllV extends NativeResource {
     }
 
     /**
-     * uint64 bytes received from each source, on the device.
+     * uint64 bytes received from each source, on the device: those of the last call, with or
+     * without a caller-owned output, valid until the next call.
      *
      * @param localIndex the local rank, in [0, localCount)
      * @return its {@code worldSize} received counts
@@ -161,6 +180,23 @@ public final class AllToAllV extends NativeResource {
         run(List.of(input), List.of(sendCounts), List.of(sendOffsets), List.of(stream));
     }
 
+    /**
+     * One process per GPU (a group with one local rank): {@link #run(List, List, List, List, List)}
+     * of its input into its output, with its send counts and offsets on its stream.
+     * @param input the input
+     * @param output the output, {@code worldSize * capacityPerPeer} bytes at least: slot s at {@code s * capacityPerPeer}
+     * @param sendCounts {@code worldSize} uint64 byte counts, one per destination rank
+     * @param sendOffsets {@code worldSize} uint64 byte offsets into the input, one per destination rank
+     * @param stream the stream the call is queued on
+     * @throws IllegalStateException when this process drives several local ranks
+     * @throws IllegalArgumentException for an output that is null, too small, on another device, or
+     *         overlaps the input, the counts, the offsets or this object's memory (and as the form without an output)
+     */
+    public void run(DeviceBuffer input, DeviceBuffer output, DeviceBuffer sendCounts, DeviceBuffer sendOffsets, Stream stream) {
+        requireOneLocalRank("run(input, output, sendCounts, sendOffsets, stream)");
+        run(List.of(input), java.util.Collections.singletonList(output), List.of(sendCounts), List.of(sendOffsets), List.of(stream));
+    }
+
     /** Refuses a call without a local rank index where the process drives several local ranks. */
     private void requireOneLocalRank(String call) {
         ensureOpen();
@@ -183,6 +219,34 @@ public final class AllToAllV extends NativeResource {
      * @throws IllegalStateException for HOST when a stream captures a graph
      */
     public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
+        exchange(inputs, false, null, sendCounts, sendOffsets, streams);
+    }
+
+    /**
+     * As {@link #run(List, List, List, List)}, into the caller's outputs: what rank s sent lands in
+     * slot s of the rank's output (at {@code s * capacityPerPeer}), its size in
+     * {@link #receivedCounts(int)}; the output keeps it until the caller reuses it. HOST writes the
+     * outputs directly; GIN adds one device-to-device copy of {@code worldSize * capacityPerPeer}
+     * bytes per rank on its stream (see the class comment).
+     *
+     * @param inputs one input per local rank, in local rank order
+     * @param outputs one output per local rank, in local rank order: {@code worldSize * capacityPerPeer}
+     *        bytes at least, on the rank's device, any alignment, sharing no byte with the inputs,
+     *        counts, offsets, each other or this object's memory
+     * @param sendCounts per local rank: {@code worldSize} uint64 byte counts, 8-byte aligned
+     * @param sendOffsets per local rank: {@code worldSize} uint64 byte offsets into its input, 8-byte aligned
+     * @param streams one stream per local rank, in local rank order
+     * @throws IllegalArgumentException when the lists, sizes, alignment or devices do not fit, or a
+     *         buffer overlaps what it must not (each message names which)
+     * @throws IllegalStateException for HOST when a stream captures a graph
+     */
+    public void run(List<DeviceBuffer> inputs, List<DeviceBuffer> outputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
+        exchange(inputs, true, outputs, sendCounts, sendOffsets, streams);
+    }
+
+    /** Both forms of run: into this object's receive area, or ({@code callerOwned}) into the caller's {@code outputs}. */
+    private void exchange(List<DeviceBuffer> inputs, boolean callerOwned, List<DeviceBuffer> outputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets,
+                          List<Stream> streams) {
         ensureOpen();
         group.ensureOpen();  // GIN kernels store through the peer mappings that went with its communicators
         int local = group.localCount(), n = group.worldSize();
@@ -190,6 +254,7 @@ public final class AllToAllV extends NativeResource {
             throw new IllegalArgumentException("one input, count array, offset array and stream per local rank expected (" + local + "), got "
                     + inputs.size() + ", " + sendCounts.size() + ", " + sendOffsets.size() + ", " + streams.size());
         Groups.checkStreams(group, streams);
+        if (callerOwned) CallerOutputs.requireOnePerLocalRank(outputs, local);
         for (int i = 0; i < local; i++) {
             Communicator c = group.rank(i);
             for (DeviceBuffer b : List.of(inputs.get(i), sendCounts.get(i), sendOffsets.get(i)))
@@ -202,54 +267,73 @@ public final class AllToAllV extends NativeResource {
             refuseOverlapWithWritten(i, c, inputs.get(i), "input");
             refuseOverlapWithWritten(i, c, sendCounts.get(i), "send counts");
             refuseOverlapWithWritten(i, c, sendOffsets.get(i), "send offsets");
+            if (callerOwned) checkOutput(i, c, inputs.get(i), outputs.get(i), sendCounts.get(i), sendOffsets.get(i));
         }
+        if (callerOwned) CallerOutputs.requireDisjoint(outputs, group.ranks());
         if (backend == Backend.HOST) {
             Checks.refuseCapture(streams, "a HOST all-to-all-v, which reads the counts on the host (use Backend.GIN for graphs),");
-            runHost(inputs, sendCounts, sendOffsets, streams);
+            runHost(inputs, callerOwned ? outputs : hostOutputs, sendCounts, sendOffsets, streams);
             return;
         }
         // counts are on the device: size the launch by capacity so every rank launches the same grid
         for (int i = 0; i < local; i++) {
-            Plan plan = gin.plan(capacityPerPeer, protocol, i, false);
-            GinState.Rank r = gin.ranks.get(i);
-            DeviceBuffer in = inputs.get(i);
-            if (gin.hybrid) {
-                // peers on other nodes: LSA stores inside the node, GIN puts with signals across (nccl_gin_a2a.cu)
-                streams.get(i).noteUse(this);
-                streams.get(i).noteUse(group);
-                MemorySegment h = r.hybridVArgs.struct();
-                r.hybridVArgs.setPointerField(GinA2avHybridArgs.send$offset(), in).setPointerField(GinA2avHybridArgs.sendCounts$offset(), sendCounts.get(i))
-                        .setPointerField(GinA2avHybridArgs.sendOffsets$offset(), sendOffsets.get(i));
-                GinA2avHybridArgs.sendBytes(h, in.byteSize());
-                GinA2avHybridArgs.slotBytes(h, capacityPerPeer);
-                GinA2avHybridArgs.chunksPerPeer(h, plan.chunksPerPeer());
-                r.hybridVKernel.launch(streams.get(i), LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridVArgs);
-                continue;
+            launch(i, inputs.get(i), sendCounts.get(i), sendOffsets.get(i), streams.get(i));
+            if (callerOwned) {
+                // the counts are on the device only: the whole receive area, whatever was received (class comment)
+                long bytes = capacityPerPeer * n;
+                outputs.get(i).slice(0, bytes).copyFrom(gin.window.region(i, "recv").slice(0, bytes), streams.get(i));
             }
-            // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
-            LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
-            streams.get(i).noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
-            streams.get(i).noteUse(group);
-            if (plan.protocol() == Protocol.LL || plan.protocol() == Protocol.LL128) {
-                // the rest of the struct (staging, counters, peers) was set when the instance was made (GinState.Rank.setFixedArgs)
-                KernelArgs a = plan.protocol() == Protocol.LL ? r.llVArgs : r.ll128VArgs;
-                MemorySegment st = a.struct();
-                a.setPointerField(GinA2avStagedArgs.send$offset(), in).setPointerField(GinA2avStagedArgs.sendCounts$offset(), sendCounts.get(i))
-                        .setPointerField(GinA2avStagedArgs.sendOffsets$offset(), sendOffsets.get(i));
-                GinA2avStagedArgs.sendBytes(st, in.byteSize());
-                GinA2avStagedArgs.slotBytes(st, capacityPerPeer);
-                GinA2avStagedArgs.chunksPerPeer(st, plan.chunksPerPeer());
-                (plan.protocol() == Protocol.LL ? r.llV : r.ll128V).launch(streams.get(i), cfg, a);
-            } else {
-                KernelArgs a = r.directVArgs;
-                MemorySegment st = a.struct();
-                a.setPointerField(GinA2avArgs.send$offset(), in).setPointerField(GinA2avArgs.sendCounts$offset(), sendCounts.get(i))
-                        .setPointerField(GinA2avArgs.sendOffsets$offset(), sendOffsets.get(i));
-                GinA2avArgs.sendBytes(st, in.byteSize());
-                GinA2avArgs.slotBytes(st, capacityPerPeer);
-                GinA2avArgs.chunksPerPeer(st, plan.chunksPerPeer());
-                r.directV.launch(streams.get(i), cfg, a);
-            }
+        }
+    }
+
+    /** A caller-owned output of local rank {@code i}: given, large enough, on its device, apart from what the call reads and this object's memory. */
+    private void checkOutput(int i, Communicator c, DeviceBuffer in, DeviceBuffer out, DeviceBuffer counts, DeviceBuffer offsets) {
+        int n = group.worldSize();
+        DeviceBuffer[] owned = backend == Backend.GIN ? new DeviceBuffer[] {gin.window.buffer(i)} : new DeviceBuffer[] {hostOutputs.get(i), hostCounts.get(i)};
+        CallerOutputs.check(c, c.device(), out, capacityPerPeer * n, n + " slots of capacityPerPeer = " + capacityPerPeer + " bytes",
+                new DeviceBuffer[] {in, counts, offsets}, new String[] {"input", "send counts", "send offsets"}, owned,
+                backend == Backend.GIN ? "this all-to-all-v's window (receive area, counts, staging, signals)" : "this all-to-all-v's receive area or received counts");
+    }
+
+    /** GIN: queues local rank {@code i}'s kernel, sized by the capacity. */
+    private void launch(int i, DeviceBuffer in, DeviceBuffer sendCounts, DeviceBuffer sendOffsets, Stream s) {
+        int n = group.worldSize();
+        Plan plan = gin.plan(capacityPerPeer, protocol, i, false);
+        GinState.Rank r = gin.ranks.get(i);
+        s.noteUse(this);  // a graph captured from it replays into this instance's window, over the group's peer mappings
+        s.noteUse(group);
+        if (gin.hybrid) {
+            // peers on other nodes: LSA stores inside the node, GIN puts with signals across (nccl_gin_a2a.cu)
+            MemorySegment h = r.hybridVArgs.struct();
+            r.hybridVArgs.setPointerField(GinA2avHybridArgs.send$offset(), in).setPointerField(GinA2avHybridArgs.sendCounts$offset(), sendCounts)
+                    .setPointerField(GinA2avHybridArgs.sendOffsets$offset(), sendOffsets);
+            GinA2avHybridArgs.sendBytes(h, in.byteSize());
+            GinA2avHybridArgs.slotBytes(h, capacityPerPeer);
+            GinA2avHybridArgs.chunksPerPeer(h, plan.chunksPerPeer());
+            r.hybridVKernel.launch(s, LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()), r.hybridVArgs);
+            return;
+        }
+        // the direct, LL and LL128 kernels wait for prior grids first: they may start while the previous kernel drains
+        LaunchConfig cfg = LaunchConfig.of(n * plan.chunksPerPeer(), plan.threads()).asProgrammaticDependent();
+        if (plan.protocol() == Protocol.LL || plan.protocol() == Protocol.LL128) {
+            // the rest of the struct (staging, counters, peers) was set when the instance was made (GinState.Rank.setFixedArgs)
+            KernelArgs a = plan.protocol() == Protocol.LL ? r.llVArgs : r.ll128VArgs;
+            MemorySegment st = a.struct();
+            a.setPointerField(GinA2avStagedArgs.send$offset(), in).setPointerField(GinA2avStagedArgs.sendCounts$offset(), sendCounts)
+                    .setPointerField(GinA2avStagedArgs.sendOffsets$offset(), sendOffsets);
+            GinA2avStagedArgs.sendBytes(st, in.byteSize());
+            GinA2avStagedArgs.slotBytes(st, capacityPerPeer);
+            GinA2avStagedArgs.chunksPerPeer(st, plan.chunksPerPeer());
+            (plan.protocol() == Protocol.LL ? r.llV : r.ll128V).launch(s, cfg, a);
+        } else {
+            KernelArgs a = r.directVArgs;
+            MemorySegment st = a.struct();
+            a.setPointerField(GinA2avArgs.send$offset(), in).setPointerField(GinA2avArgs.sendCounts$offset(), sendCounts)
+                    .setPointerField(GinA2avArgs.sendOffsets$offset(), sendOffsets);
+            GinA2avArgs.sendBytes(st, in.byteSize());
+            GinA2avArgs.slotBytes(st, capacityPerPeer);
+            GinA2avArgs.chunksPerPeer(st, plan.chunksPerPeer());
+            r.directV.launch(s, cfg, a);
         }
     }
 
@@ -264,7 +348,8 @@ public final class AllToAllV extends NativeResource {
         }
     }
 
-    private void runHost(List<DeviceBuffer> inputs, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
+    /** HOST: counts to the host, the count exchange, then grouped ncclSend/ncclRecv straight into {@code recv} (slot s at {@code s * capacityPerPeer}). */
+    private void runHost(List<DeviceBuffer> inputs, List<DeviceBuffer> recv, List<DeviceBuffer> sendCounts, List<DeviceBuffer> sendOffsets, List<Stream> streams) {
         int local = group.localCount(), n = group.worldSize();
         long[][] sc = new long[local][], so = new long[local][], rc = new long[local][], ro = new long[local][n];
         List<DeviceBuffer> countSend = new ArrayList<>();
@@ -289,7 +374,7 @@ public final class AllToAllV extends NativeResource {
             Groups.await(group, streams.get(i), "a HOST all-to-all-v (the count exchange)");
             rc[i] = hostCounts.get(i).readLongs(n, streams.get(i));
         }
-        group.allToAllV(inputs, sc, so, hostOutputs, rc, ro, streams);
+        group.allToAllV(inputs, sc, so, recv, rc, ro, streams);
     }
 
     /**
