@@ -22,7 +22,7 @@
 #define GIN4J_ABI_MOE_NET_H
 #include <stdint.h>
 
-#define MOE_NET_ABI_VERSION 4
+#define MOE_NET_ABI_VERSION 5
 #define MOE_NET_THREADS 512        /* blockDim.x of every moe_net kernel */
 #define MOE_NET_MAX_LOCAL_EXPERTS 1024
 #define MOE_NET_MAX_BLOCKS 256     /* grid limit: the call counters have 256 slots */
@@ -92,9 +92,10 @@ typedef struct MoeNetTopology {
  *            sections [parity][source] of the node peer; they have their format, byte for byte.
  *  part      combine, expert rank -> entry: receive sections [2][S][G] (row i of peer q's partials
  *            for slot sigma: bf16 [H] at i * 2H), staged at the expert rank in its combine staging
- *            section [parity][source]; flags and signals [2][S][G].
- *  scratch   local words (never read by a peer): fwdCount int32 [S] (tokens of each slot's node
- *            section), fwdPos int32 [S][M][G] (entry row u's position in node peer q's forwarded
+ *            section [parity][source]; flags and signals [2][S][G][chunks] by slot, peer and
+ *            the peer's chunk (an entry reduces the node rows whose partials are there only).
+ *  scratch   local words (never read by a peer): fwdCount int32 [S][1 + G] (tokens of each slot's
+ *            node section, then the rows forwarded to each node peer), fwdPos int32 [S][M][G] (entry row u's position in node peer q's forwarded
  *            section, -1: not there), nodePos int32 [M][N] (token t's row in the node section to
  *            node D, -1: none), and the call counters uint64 [2 exchanges][256 slots][4].
  * The node partials (entry -> source) use the combine's sections [parity][entry] (an entry is on

@@ -203,14 +203,15 @@ moe_net_combine_ht(const __grid_constant__ ncclDevComm devComm, const __grid_con
     if (topo.nodeOf[s] == myNode) {
       t = ll_target(devComm, window, a.net, parity, d.rank, R, s, f.htFlagOffset + 16ull * R, f.htSignalBase + 2 * R);
     } else {  // to this node's entry for s, as node peer localOf[rank] of its slot for s
-      const int e = entry_of(topo, s, myNode), sigma = slot_of(topo, s, myNode);
-      const uint64_t idx = ((uint64_t)parity * S + sigma) * G + topo.localOf[d.rank];
+      // each chunk on its own flag / signal, so the entry reduces a chunk once it is there
+      const int e = entry_of(topo, s, myNode), sigma = slot_of(topo, s, myNode), q = topo.localOf[d.rank];
+      const uint64_t idx = ((uint64_t)parity * S + sigma) * G + q, unit = part_chunk(parity, S, sigma, G, q, C, b % C);
       t = target(devComm, window, e, f.part.recvOffset + idx * f.part.sectionBytes, section(a.net.stageOffset, a.net, parity, R, s),
-                 f.part.flagOffset + 8ull * idx, f.part.signalBase + (int)idx);
+                 f.part.flagOffset + 8ull * unit, f.part.signalBase + (int)unit);
     }
     combine_send(devComm, a, s, b % C, parity, t);
   } else if ((b -= R * C) < remoteSlots * C) {
-    ht_node_reduce(devComm, a, remote_slot(topo, d.rank, b / C), b % C, parity, threshold);
+    ht_node_reduce(devComm, a, remote_slot(topo, d.rank, b / C), b % C, parity, call.count);
   } else {
     b -= remoteSlots * C;
     // the writers: this node's ranks, and this rank's entry in every other node

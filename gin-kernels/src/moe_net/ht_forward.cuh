@@ -19,11 +19,6 @@ namespace moe_net {
 // (ht_node_reduce), and the source adds the partials of its own node's ranks and of every entry.
 // ================================================================================================
 
-// The flag / signal index of chunk c of slot sigma's node section: [parity][slot][chunk].
-GIN_DEVICE_INLINE uint64_t node_chunk(int parity, int S, int sigma, int chunks, int c) {
-  return ((uint64_t)parity * (uint64_t)S + (uint64_t)sigma) * (uint64_t)chunks + (uint64_t)c;
-}
-
 // Sums one int per thread over the block (every thread gets the total).
 GIN_DEVICE_INLINE int block_sum(int v, int* shared1) {
   if (threadIdx.x == 0) *shared1 = 0;
@@ -142,7 +137,7 @@ GIN_DEVICE_INLINE void ht_node_send(const ncclDevComm& comm, const MoeNetDispatc
 // network and NVLink phases of one sender's section overlap. The last chunk writes q's header
 // (its row count and per-expert counts from the node header). Each block records, for its node
 // rows, the row's position in q's section in fwdPos[sigma][u][q] (-1: not there), which the
-// combine's node reduction reads.
+// combine's node reduction reads, and the last chunk q's row count in fwdCount[sigma][1 + q].
 // ------------------------------------------------------------------------------------------------
 GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchArgs& a, int sigma, int q, int c, int parity, uint64_t count) {
   __shared__ int scan[MOE_NET_THREADS], list[MOE_NET_THREADS], scanTmp[32], total;
@@ -165,7 +160,8 @@ GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchA
   const uint64_t nRaw = *(const uint64_t*)sec;
   const int nD = nRaw <= (uint64_t)M ? (int)nRaw : M;
   if (nRaw > (uint64_t)M && q == 0 && c == 0 && tid == 0) gin_error_set(a.errorFlags, MOE_ERR_COUNTS);
-  if (q == 0 && c == 0 && tid == 0) ((int*)ncclGetLocalPointer(window, f.fwdCountOffset))[sigma] = nD;
+  int* fwdCount = (int*)ncclGetLocalPointer(window, f.fwdCountOffset) + (uint64_t)sigma * (1 + G);  // [S][1 + G]: the slot's rows, each peer's
+  if (q == 0 && c == 0 && tid == 0) fwdCount[0] = nD;
   const int p = node_rank(topo, topo.nodeOf[d.rank], q);
   const uint64_t nodeMetaStride = 12ull * (uint64_t)K, rowBytes = (uint64_t)d.rowBytes;
   uint64_t ulo, uhi;
@@ -181,6 +177,7 @@ GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchA
                           f.htSignalBase + parity * R + s);
   if (last) {
     if (tid == 0) *(uint64_t*)t.bytes = (uint64_t)(first + n);
+    if (tid == 0) fwdCount[1 + q] = first + n;  // q's partials come back in chunks of this count (ht_node_reduce)
     for (int j = tid; j < L; j += B) ((int32_t*)(t.bytes + 8))[j] = ((const int32_t*)(sec + 8))[q * L + j];
   }
   int* fwdPos = (int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;

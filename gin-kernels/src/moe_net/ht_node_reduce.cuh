@@ -8,31 +8,47 @@
 namespace moe_net {
 
 // ------------------------------------------------------------------------------------------------
-// Node reduction: block (sigma, c) of an entry rank, once every rank q of its node sent its partials
-// for slot sigma's sender s: node rows [lo, hi), row u = sum over q of partial[q][fwdPos[u][q]] in
-// f32, rounded once to bf16, into s's combine section [parity][this rank] (the node partial).
+// Node reduction: block (sigma, c) of an entry rank reduces node rows [lo, hi) of slot sigma's
+// sender s, row u = sum over the node's ranks q of partial[q][fwdPos[u][q]] in f32, rounded once to
+// bf16, into s's combine section [parity][this rank] (the node partial). Each rank q publishes its
+// partials for the slot chunk by chunk (combine_send: chunk c' holds positions part(n_q, C, c')),
+// and q's positions grow with u (the forwarder placed the rows in node-row order), so the block
+// waits only for the chunks of each q that hold the positions of its rows: it starts while later
+// chunks are still on their way, and its node partial goes out while they are (NVLink and network
+// phases overlap, as in the dispatch).
 // ------------------------------------------------------------------------------------------------
-GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombineArgs& a, int sigma, int c, int parity, uint64_t threshold) {
+GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombineArgs& a, int sigma, int c, int parity, uint64_t count) {
   const MoeNetDims& d = a.dims;
   const MoeNetTopology& topo = a.topo;
   const MoeNetForward& f = a.fwd;
-  const int R = d.nRanks, M = d.maxTokens, H = d.hidden;
+  const int R = d.nRanks, M = d.maxTokens, H = d.hidden, C = d.chunks;
   const int S = topo.nodes * topo.slotsPerNode, G = topo.maxNodeSize, myNode = topo.nodeOf[d.rank], Gm = topo.nodeSize[myNode];
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
   const int s = slot_source(topo, d.rank, sigma);
   if (s < 0) return;
   const int tid = (int)threadIdx.x;
+  // the dispatch's forwarder left the slot's row count and each node peer's row count here
+  const int* fwdCount = (const int*)ncclGetLocalPointer(window, f.fwdCountOffset) + (uint64_t)sigma * (1 + G);
+  const int nD = clamp_count(fwdCount[0], M);
+  const int* fwdPos = (const int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;
+  uint64_t lo, hi;
+  part((uint64_t)nD, C, c, lo, hi);
   bool ok = true;
-  if (tid < Gm) {
-    const uint64_t idx = ((uint64_t)parity * S + sigma) * G + tid;
-    ok = wait_one(comm, window, node_rank(topo, myNode, tid), f.part.flagOffset + 8ull * idx, f.part.signalBase + (int)idx, threshold, a.errorFlags);
+  if (tid < Gm) {  // q = tid: the first and last of its positions among rows [lo, hi), then their chunks
+    int firstPos = -1, lastPos = -1;
+    for (uint64_t u = lo; u < hi && firstPos < 0; ++u) firstPos = fwdPos[u * G + tid];
+    for (uint64_t u = hi; u > lo && lastPos < 0; --u) lastPos = fwdPos[(u - 1) * G + tid];
+    if (firstPos >= 0) {
+      const uint64_t nq = (uint64_t)clamp_count(fwdCount[1 + tid], M), per = (nq + (uint64_t)C - 1) / (uint64_t)C;
+      const int c0 = per ? (int)((uint64_t)firstPos / per) : 0, c1 = per ? (int)((uint64_t)lastPos / per) : 0;
+      for (int cq = c0; ok && cq <= c1 && cq < C; ++cq) {
+        const uint64_t idx = part_chunk(parity, S, sigma, G, tid, C, cq);
+        ok = wait_one(comm, window, node_rank(topo, myNode, tid), f.part.flagOffset + 8ull * idx, f.part.signalBase + (int)idx, count, a.errorFlags);
+      }
+    }
   }
   if (__syncthreads_or(!ok)) return;
-  const int nD = clamp_count(((const int*)ncclGetLocalPointer(window, f.fwdCountOffset))[sigma], M);
-  const int* fwdPos = (const int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;
   const uint8_t* partials = (const uint8_t*)ncclGetLocalPointer(window, f.part.recvOffset + ((uint64_t)parity * S + sigma) * G * f.part.sectionBytes);
-  uint64_t lo, hi;
-  part((uint64_t)nD, d.chunks, c, lo, hi);
   const Target t = target(comm, window, s, section(a.net.recvOffset, a.net, parity, R, d.rank), section(a.net.stageOffset, a.net, parity, R, s),
                           f.htFlagOffset + 8ull * (2ull * R + (uint64_t)parity * R + d.rank), f.htSignalBase + 2 * R + parity * R + d.rank);
   const uint32_t lane = gin_lane_id(), warp = threadIdx.x / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;

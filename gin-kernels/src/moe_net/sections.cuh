@@ -25,6 +25,17 @@ GIN_DEVICE_INLINE void part(uint64_t n, int parts, int i, uint64_t& lo, uint64_t
   if (hi > n) hi = n;
 }
 
+// The flag / signal index of chunk c of slot sigma's node section (HT dispatch): [parity][slot][chunk].
+GIN_DEVICE_INLINE uint64_t node_chunk(int parity, int S, int sigma, int chunks, int c) {
+  return ((uint64_t)parity * (uint64_t)S + (uint64_t)sigma) * (uint64_t)chunks + (uint64_t)c;
+}
+
+// The flag / signal index of chunk c of node peer q's partials for slot sigma (HT combine):
+// [parity][slot][peer][chunk].
+GIN_DEVICE_INLINE uint64_t part_chunk(int parity, int S, int sigma, int G, int q, int chunks, int c) {
+  return (((uint64_t)parity * (uint64_t)S + (uint64_t)sigma) * (uint64_t)G + (uint64_t)q) * (uint64_t)chunks + (uint64_t)c;
+}
+
 // A warp's walk over the H columns of a row, kWidth columns per lane and step: every lane runs
 // every step (`on` false past the row's end), so the full-warp shuffles inside f always meet all
 // 32 lanes. A loop bounded per lane (h = lane * kWidth; h < H) would leave the lanes past the end
