@@ -136,11 +136,14 @@ GIN_DEVICE_INLINE void gin_combine(const MoeGinCombineArgs& a) {
   // Producer: [q] = the q-th remote source's slot count and channel range; consumer: [r] = rank r's.
   __shared__ int lo[MOE_MAX_RANKS], hi[MOE_MAX_RANKS], srcSlots[MOE_MAX_RANKS];
   __shared__ CombineCtx cxs[MOE_MAX_RANKS];
-  gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
-  GIN_TRACE(MOE_TRACE_COMBINE_ENTRY);  // entry, before the prologue (write-after-read waits, ranges, load_seq)
+  // the argument checks read no memory: before the wait, under the previous kernel's drain
   Dims d = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
   d.A = moe_alignment(a.dims.expertAlignment);
-  if (!launch_ok(d, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(d, errorFlags)) return;
+  const bool argsOk = launch_args_ok(d, 2, true, workspace, peerBases) && Shape::accepts(d.R, d.E, d.K, d.H, d.M, d.C);
+  gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
+  GIN_TRACE(MOE_TRACE_COMBINE_ENTRY);  // entry, before the prologue (write-after-read waits, ranges, load_seq)
+  if (!config_ok(argsOk, errorFlags)) return;
+  Shape::fix(d);
   if (expertOut == nullptr || recvWeights == nullptr || (y == nullptr && d.T > 0)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
     return;

@@ -58,21 +58,24 @@ GIN_DEVICE_INLINE void gin_dispatch(const MoeGinDispatchArgs& a) {
   __shared__ int* tpTokenPos;
   __shared__ int* tpChanStartTo;
   __shared__ uint64_t* tpState;
+  // the argument checks read no memory: before the wait, under the previous kernel's drain
+  Dims dims = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
+  dims.A = moe_alignment(a.dims.expertAlignment);
+  const bool argsOk = launch_args_ok(dims, 2, true, workspace, peerBases) && Shape::accepts(dims.R, dims.E, dims.K, dims.H, dims.M, dims.C);
   gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
   GIN_TRACE(MOE_TRACE_DISPATCH_ENTRY);  // entry, before the checks and the prologue's loads
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   uint64_t* state = state_of(workspace);
   // The prologue's loads first, by different threads (as the token-path combine's): the peers' window bases into shared memory and this block's call counter; the
-  // checks and the layout arithmetic run under their round trip, one barrier collects them. They
+  // layout arithmetic runs under their round trip, one barrier collects them. They
   // read only what the checks then validate (guarded: at most MOE_MAX_RANKS bases, counters of
   // blocks < 2 * MOE_MAX_CHANNELS). One after the other, peers_ok's loads, ~0.7 us of layout
   // arithmetic and load_seq's round trip took ~2 us from entry to "start".
   if (peerBases != nullptr && tid < nRanks && tid < MOE_MAX_RANKS) sharedBases[tid] = peerBases[tid];
   else if (tid == MOE_MAX_RANKS && workspace != nullptr && blockIdx.x < 2 * MOE_MAX_CHANNELS)
     sharedSeq = state[MOE_STATE_SEQ_DISPATCH + blockIdx.x] + 1;
-  Dims dims = make_dims(rank, nRanks, numExperts, topK, hidden, maxTokens, numChannels, numTokens);
-  dims.A = moe_alignment(a.dims.expertAlignment);
-  if (!launch_ok(dims, 2, true, workspace, peerBases, errorFlags) || !shape_ok<Shape>(dims, errorFlags)) return;
+  if (!config_ok(argsOk, errorFlags)) return;
+  Shape::fix(dims);
   const Dims d = dims;
   if (recvX == nullptr || recvWeights == nullptr || recvCounts == nullptr || topkIdx == nullptr ||
       topkWeights == nullptr || (x == nullptr && d.T > 0)) {

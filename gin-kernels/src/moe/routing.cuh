@@ -213,31 +213,31 @@ GIN_DEVICE_INLINE int block_exclusive_scan(int* a, int n, int* tmp) {
   return total;
 }
 
-// Common launch checks; every block reaches the same verdict, block 0 reports it.
-GIN_DEVICE_INLINE bool launch_ok(const Dims& d, int blocksPerChannel, bool needRank, const void* must1,
-                                 const void* must2, uint32_t* errorFlags) {
+// The launch checks that read only the arguments and the launch shape (no memory), so an entry
+// launched with PDL can run them before gin_wait_prior_grids, under the previous kernel's drain.
+// Every block reaches the same verdict.
+GIN_DEVICE_INLINE bool launch_args_ok(const Dims& d, int blocksPerChannel, bool needRank, const void* must1, const void* must2) {
   // At A = 1 moe_sizes_ok has checked the capacity: the short cut spares every thread a second
   // E / R (a 32-bit division, ~40 instructions) before its first load.
-  bool ok = moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) && d.A >= 1 && d.A <= MOE_MAX_ALIGNMENT &&
-            (d.A == 1 || moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A) < (1ull << 31)) && d.C >= 1 &&
-            d.C <= MOE_MAX_CHANNELS &&
-            blockDim.x == MOE_THREADS && blockDim.y == 1 && blockDim.z == 1 && gridDim.y == 1 &&
-            gridDim.z == 1 && gridDim.x == (unsigned)(blocksPerChannel * d.C) && must1 != nullptr &&
-            must2 != nullptr && (!needRank || (d.rank >= 0 && d.rank < d.R));
+  return moe_sizes_ok(d.R, d.E, d.K, d.H, d.M) && d.A >= 1 && d.A <= MOE_MAX_ALIGNMENT &&
+         (d.A == 1 || moe_recv_capacity_rows(d.R, d.E, d.K, d.M, d.A) < (1ull << 31)) && d.C >= 1 &&
+         d.C <= MOE_MAX_CHANNELS &&
+         blockDim.x == MOE_THREADS && blockDim.y == 1 && blockDim.z == 1 && gridDim.y == 1 &&
+         gridDim.z == 1 && gridDim.x == (unsigned)(blocksPerChannel * d.C) && must1 != nullptr &&
+         must2 != nullptr && (!needRank || (d.rank >= 0 && d.rank < d.R));
+}
+
+// A verdict reported: MOE_ERR_CONFIG by block 0 when !ok. After gin_wait_prior_grids (a kernel or
+// copy before this one in the stream may still be writing the error word).
+GIN_DEVICE_INLINE bool config_ok(bool ok, uint32_t* errorFlags) {
   if (!ok && blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
   return ok;
 }
 
-// After launch_ok: the entry point's Shape accepts the arguments (else MOE_ERR_CONFIG, block 0
-// reports it), and d takes Shape's fixed sizes as constants.
-template <class Shape>
-GIN_DEVICE_INLINE bool shape_ok(Dims& d, uint32_t* errorFlags) {
-  if (!Shape::accepts(d.R, d.E, d.K, d.H, d.M, d.C)) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, MOE_ERR_CONFIG);
-    return false;
-  }
-  Shape::fix(d);
-  return true;
+// Common launch checks; every block reaches the same verdict, block 0 reports it.
+GIN_DEVICE_INLINE bool launch_ok(const Dims& d, int blocksPerChannel, bool needRank, const void* must1,
+                                 const void* must2, uint32_t* errorFlags) {
+  return config_ok(launch_args_ok(d, blocksPerChannel, needRank, must1, must2), errorFlags);
 }
 
 GIN_DEVICE_INLINE bool peers_ok(const uint64_t* peerBases, int R, uint32_t* errorFlags) {
