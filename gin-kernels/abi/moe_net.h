@@ -94,8 +94,9 @@ typedef struct MoeNetTopology {
  *            for slot sigma: bf16 [H] at i * 2H), staged at the expert rank in its combine staging
  *            section [parity][source]; flags and signals [2][S][G][chunks] by slot, peer and
  *            the peer's chunk (an entry reduces the node rows whose partials are there only).
- *  scratch   local words (never read by a peer): fwdCount int32 [S][1 + G] (tokens of each slot's
- *            node section, then the rows forwarded to each node peer), fwdPos int32 [S][M][G] (entry row u's position in node peer q's forwarded
+ *  scratch   local words (never read by a peer): fwdCount int32 [S][1 + G + G chunks] (tokens of
+ *            each slot's node section, the rows forwarded to each node peer, and per peer and
+ *            chunk the position its forwarded rows start at), fwdPos int32 [S][M][G] (entry row u's position in node peer q's forwarded
  *            section, -1: not there), nodePos int32 [M][N] (token t's row in the node section to
  *            node D, -1: none), and the call counters uint64 [2 exchanges][256 slots][4].
  * The node partials (entry -> source) use the combine's sections [parity][entry] (an entry is on

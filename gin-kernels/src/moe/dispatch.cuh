@@ -63,7 +63,7 @@ GIN_DEVICE_INLINE void gin_dispatch(const MoeGinDispatchArgs& a) {
   dims.A = moe_alignment(a.dims.expertAlignment);
   const bool argsOk = launch_args_ok(dims, 2, true, workspace, peerBases) && Shape::accepts(dims.R, dims.E, dims.K, dims.H, dims.M, dims.C);
   gin_wait_prior_grids();  // launched with PDL: nothing below may run before the previous kernel is done
-  GIN_TRACE(MOE_TRACE_DISPATCH_ENTRY);  // entry, before the checks and the prologue's loads
+  GIN_TRACE(MOE_TRACE_DISPATCH_ENTRY);  // entry, before the checks' verdict and the prologue's loads
   const int tid = (int)threadIdx.x, B = (int)blockDim.x;
   uint64_t* state = state_of(workspace);
   // The prologue's loads first, by different threads (as the token-path combine's): the peers' window bases into shared memory and this block's call counter; the

@@ -137,7 +137,8 @@ GIN_DEVICE_INLINE void ht_node_send(const ncclDevComm& comm, const MoeNetDispatc
 // network and NVLink phases of one sender's section overlap. The last chunk writes q's header
 // (its row count and per-expert counts from the node header). Each block records, for its node
 // rows, the row's position in q's section in fwdPos[sigma][u][q] (-1: not there), which the
-// combine's node reduction reads, and the last chunk q's row count in fwdCount[sigma][1 + q].
+// combine's node reduction reads, its `first` in fwdCount[sigma][1 + G + q C + c] and the last chunk
+// q's row count in fwdCount[sigma][1 + q] (the node reduction's chunks of q's partials).
 // ------------------------------------------------------------------------------------------------
 GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchArgs& a, int sigma, int q, int c, int parity, uint64_t count) {
   __shared__ int scan[MOE_NET_THREADS], list[MOE_NET_THREADS], scanTmp[32], total;
@@ -160,7 +161,8 @@ GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchA
   const uint64_t nRaw = *(const uint64_t*)sec;
   const int nD = nRaw <= (uint64_t)M ? (int)nRaw : M;
   if (nRaw > (uint64_t)M && q == 0 && c == 0 && tid == 0) gin_error_set(a.errorFlags, MOE_ERR_COUNTS);
-  int* fwdCount = (int*)ncclGetLocalPointer(window, f.fwdCountOffset) + (uint64_t)sigma * (1 + G);  // [S][1 + G]: the slot's rows, each peer's
+  // [S][1 + G + G C]: the slot's rows, each peer's rows, each peer's first position per chunk
+  int* fwdCount = (int*)ncclGetLocalPointer(window, f.fwdCountOffset) + (uint64_t)sigma * (1 + G + G * C);
   if (q == 0 && c == 0 && tid == 0) fwdCount[0] = nD;
   const int p = node_rank(topo, topo.nodeOf[d.rank], q);
   const uint64_t nodeMetaStride = 12ull * (uint64_t)K, rowBytes = (uint64_t)d.rowBytes;
@@ -180,6 +182,7 @@ GIN_DEVICE_INLINE void ht_forward(const ncclDevComm& comm, const MoeNetDispatchA
     if (tid == 0) fwdCount[1 + q] = first + n;  // q's partials come back in chunks of this count (ht_node_reduce)
     for (int j = tid; j < L; j += B) ((int32_t*)(t.bytes + 8))[j] = ((const int32_t*)(sec + 8))[q * L + j];
   }
+  if (tid == 0) fwdCount[1 + G + q * C + c] = first;  // where this chunk's rows start among q's partials
   int* fwdPos = (int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;
   const uint32_t lane = gin_lane_id(), warp = threadIdx.x / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;
   const uint64_t metaStride = 12ull * (uint64_t)K;

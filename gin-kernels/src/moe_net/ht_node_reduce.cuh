@@ -27,20 +27,19 @@ GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombi
   const int s = slot_source(topo, d.rank, sigma);
   if (s < 0) return;
   const int tid = (int)threadIdx.x;
-  // the dispatch's forwarder left the slot's row count and each node peer's row count here
-  const int* fwdCount = (const int*)ncclGetLocalPointer(window, f.fwdCountOffset) + (uint64_t)sigma * (1 + G);
+  // the dispatch's forwarder left here the slot's row count, each node peer's and where each chunk's start
+  const int* fwdCount = (const int*)ncclGetLocalPointer(window, f.fwdCountOffset) + (uint64_t)sigma * (1 + G + G * C);
   const int nD = clamp_count(fwdCount[0], M);
   const int* fwdPos = (const int*)ncclGetLocalPointer(window, f.fwdPosOffset) + (uint64_t)sigma * M * G;
   uint64_t lo, hi;
   part((uint64_t)nD, C, c, lo, hi);
   bool ok = true;
-  if (tid < Gm) {  // q = tid: the first and last of its positions among rows [lo, hi), then their chunks
-    int firstPos = -1, lastPos = -1;
-    for (uint64_t u = lo; u < hi && firstPos < 0; ++u) firstPos = fwdPos[u * G + tid];
-    for (uint64_t u = hi; u > lo && lastPos < 0; --u) lastPos = fwdPos[(u - 1) * G + tid];
-    if (firstPos >= 0) {
-      const uint64_t nq = (uint64_t)clamp_count(fwdCount[1 + tid], M), per = (nq + (uint64_t)C - 1) / (uint64_t)C;
-      const int c0 = per ? (int)((uint64_t)firstPos / per) : 0, c1 = per ? (int)((uint64_t)lastPos / per) : 0;
+  if (tid < Gm) {  // q = tid: its positions for rows [lo, hi) (the forwarder's chunk c for q), then their chunks
+    const int nq = clamp_count(fwdCount[1 + tid], M);
+    const int from = clamp_count(fwdCount[1 + G + tid * C + c], nq), to = c + 1 < C ? clamp_count(fwdCount[1 + G + tid * C + c + 1], nq) : nq;
+    if (to > from) {
+      const int per = (nq + C - 1) / C;
+      const int c0 = from / per, c1 = (to - 1) / per;
       for (int cq = c0; ok && cq <= c1 && cq < C; ++cq) {
         const uint64_t idx = part_chunk(parity, S, sigma, G, tid, C, cq);
         ok = wait_one(comm, window, node_rank(topo, myNode, tid), f.part.flagOffset + 8ull * idx, f.part.signalBase + (int)idx, count, a.errorFlags);

@@ -62,7 +62,7 @@ GIN_DEVICE_INLINE bool launch_ok(const ncclDevComm& comm, ncclWindow_t window, c
       const uint64_t S = (uint64_t)topo.nodes * (uint64_t)topo.slotsPerNode, G = (uint64_t)topo.maxNodeSize;
       ok = ok && fwd.htSignalBase >= 0 && (uint64_t)fwd.htSignalBase + 4ull * R <= (uint64_t)comm.ginSignalCount &&
            fwd.node.signalBase >= 0 && (uint64_t)fwd.node.signalBase + 2ull * S * (uint64_t)d.chunks <= (uint64_t)comm.ginSignalCount &&
-           fwd.part.signalBase >= 0 && (uint64_t)fwd.part.signalBase + 2ull * S * G <= (uint64_t)comm.ginSignalCount;
+           fwd.part.signalBase >= 0 && (uint64_t)fwd.part.signalBase + 2ull * S * G * (uint64_t)d.chunks <= (uint64_t)comm.ginSignalCount;
     }
     if (!ok && blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(errorFlags, GIN_ERR_BAD_ARGS);
   }

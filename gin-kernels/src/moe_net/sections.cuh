@@ -58,7 +58,8 @@ GIN_DEVICE_INLINE uint64_t section(uint64_t base, const MoeNetSections& net, int
 // every slot b + k * gridDim.x, so the next launch reads the same counts in every block whatever
 // its grid (the two modes and phases have different grids). Call n (all modes, from 1) uses section parity
 // n % 2; a flag or signal of one mode and parity reaches chunks x (that mode's calls of that
-// parity so far) in call n: each of its writers adds one per chunk and call.
+// parity so far) in call n where each of its writers adds one per chunk and call, and that count
+// alone where it has one writer per chunk (the HT node and partial chunks: node_chunk, part_chunk).
 // ------------------------------------------------------------------------------------------------
 struct Call {
   uint64_t words[4];

@@ -54,7 +54,7 @@ import java.util.List;
  * <li>high-throughput in addition: {@code (2 S + 2 N) nodeSection} (node sections received as an
  *     entry, and staged per destination node), {@code nodeSection = align256(align256(align16(8 +
  *     4 G L) + 12 M K) + M rowBytes)}; {@code 2 S G combineSection} (the node's partials at the
- *     entry); {@code 4 S M G + 4 M N + 4 S (1 + G)} bytes of positions; with an emulated node
+ *     entry); {@code 4 S M G + 4 M N + 4 S (1 + G + G C)} bytes of positions; with an emulated node
  *     ({@link MoeTopology#EMULATED_NODE_SIZE}, node peers outside the LSA team) {@code 2 S G
  *     dispatchSection} of forwarding staging;</li>
  * <li>flags and counters: {@code 8 (4 R + 4 R + 2 S C + 2 S G C) + 16384} bytes, C the high-throughput chunks (a flag per chunk of
@@ -103,7 +103,7 @@ final class MoeNetwork implements AutoCloseable {
         long nodeBytes() { return (2L * slots + 2L * nodes) * nodeSection; }
         long partBytes() { return 2L * slots * maxNodeSize * combineSection; }
         long fwdStageBytes() { return fwdStaged ? 2L * slots * maxNodeSize * dispatchSection : 0; }
-        long positionBytes() { return 4L * slots * maxTokens * maxNodeSize + 4L * maxTokens * nodes + 4L * slots * (1 + maxNodeSize); }
+        long positionBytes() { return 4L * slots * maxTokens * maxNodeSize + 4L * maxTokens * nodes + 4L * slots * (1 + maxNodeSize + (long) maxNodeSize * nodeChunks); }
         long flagBytes() { return 8L * (4L * ranks + 4L * ranks + 2L * slots * nodeChunks + 2L * slots * maxNodeSize * nodeChunks) + 8L * 2 * 256 * 4; }
         /** Window bytes, without the regions' alignment padding (at most 4 KiB per region). */
         long windowBytes() { return lowLatencyBytes() + nodeBytes() + partBytes() + fwdStageBytes() + positionBytes() + flagBytes(); }
@@ -309,7 +309,7 @@ final class MoeNetwork implements AutoCloseable {
                 .region("combineRecv", combRegion, 4096).region("combineStage", combRegion, 4096)
                 .region("nodeRecv", 2L * s * geometry.nodeSection(), 4096).region("nodeStage", 2L * topo.nodes * geometry.nodeSection(), 4096)
                 .region("partRecv", geometry.partBytes(), 4096).region("fwdStage", geometry.fwdStageBytes(), 4096)
-                .region("fwdCount", 4L * s * (1 + g), 256).region("fwdPos", 4L * s * m * g, 256).region("nodePos", 4L * m * topo.nodes, 256)
+                .region("fwdCount", 4L * s * (1 + g + (long) g * htChunks), 256).region("fwdPos", 4L * s * m * g, 256).region("nodePos", 4L * m * topo.nodes, 256)
                 .region("counters", 8L * 2 * 256 * 4, 256)
                 .region("dispatchFlags", 16L * nRanks, 256).region("combineFlags", 16L * nRanks, 256).region("htFlags", 32L * nRanks, 256)
                 .region("nodeFlags", 16L * s * htChunks, 256).region("partFlags", 16L * s * g * htChunks, 256).build());

@@ -27,7 +27,7 @@ public enum NetworkMode {
      * mode can change per call), with M = maxTokens, N nodes, S = N F entry slots (F = 1 for equal
      * nodes), G ranks in the largest node, L = experts / ranks: {@code (2S + 2N) align256(align256(
      * align16(8 + 4GL) + 12MK) + M rowBytes)} of node sections, {@code 2SG align256(2MH)} of the
-     * node's partials, {@code 4SMG + 4MN + 4S} of positions. DeepSeek-V3 bf16 at M = 4096 on 2
+     * node's partials, {@code 4SMG + 4MN + 4S(1 + G + GC)} of positions (C the chunks). DeepSeek-V3 bf16 at M = 4096 on 2
      * nodes of 2: about 0.95 GB. Creation refuses a window over half the GPU's memory, naming the parts.
      */
     HIGH_THROUGHPUT

@@ -162,7 +162,7 @@ class MoeTopologyTest {
         assertEquals((2 * 2 + 2 * 2) * node, g.nodeBytes());
         assertEquals(2 * 2 * 2 * comb, g.partBytes());
         assertEquals(0, g.fwdStageBytes(), "real nodes: forwarding stores over LSA, nothing staged");
-        assertEquals(4L * 2 * m * 2 + 4 * m * 2 + 4 * 2 * (1 + 2), g.positionBytes());
+        assertEquals(4L * 2 * m * 2 + 4 * m * 2 + 4 * 2 * (1 + 2 + 2 * chunks), g.positionBytes());
         assertEquals(8 * 4 + 2 * 2 * chunks + 2 * 2 * 2 * chunks, g.signals());
         assertEquals(8 * (4 * 4 + 4 * 4 + 2 * 2 * chunks + 2 * 2 * 2 * chunks) + 8 * 2 * 256 * 4, g.flagBytes());
         MoeNetwork.Geometry emulated = MoeNetwork.Geometry.of(cfg, MoeTopology.emulated(4, 2), chunks);
