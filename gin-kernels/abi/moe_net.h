@@ -22,7 +22,7 @@
 #define GIN4J_ABI_MOE_NET_H
 #include <stdint.h>
 
-#define MOE_NET_ABI_VERSION 5
+#define MOE_NET_ABI_VERSION 6
 #define MOE_NET_THREADS 512        /* blockDim.x of every moe_net kernel */
 #define MOE_NET_MAX_LOCAL_EXPERTS 1024
 #define MOE_NET_MAX_BLOCKS 256     /* grid limit: the call counters have 256 slots */
@@ -46,6 +46,8 @@ typedef struct MoeNetDims {
   int32_t maxTokens;   /* M, tokens per rank and call at most */
   int32_t rowBytes;    /* bytes of a dispatched row: 2H (bf16) or moe_fp8_row_bytes(H) (scaled fp8) */
   int32_t chunks;      /* blocks per peer in each role; grid = 2 * R * chunks */
+  int32_t expertAlignment; /* rows, 1..MOE_MAX_ALIGNMENT: each local expert's block of recvX starts at
+                            * a multiple of it (MoeDims.expertAlignment); the rows between are not written */
 } MoeNetDims;
 
 /* Where one exchange (dispatch or combine) lives in the window, and its GIN signals. */

@@ -56,8 +56,8 @@ GIN_DEVICE_INLINE void dispatch_send(const ncclDevComm& comm, const MoeNetDispat
 
 // ------------------------------------------------------------------------------------------------
 // Dispatch receiver: block (s, c), after every source arrived: the expert-major position of source
-// s's rows for each local expert j (all sources' rows of the experts before j, then the rows of
-// sources before s for j), then slots [lo, hi) of s's section into recvX / recvWeights, and the
+// s's rows for each local expert j (all sources' rows of the experts before j, each expert's block
+// rounded up to the expert alignment, then the rows of sources before s for j), then slots [lo, hi) of s's section into recvX / recvWeights, and the
 // row of each (slot, k) into the workspace's slotRows for the combine.
 // ------------------------------------------------------------------------------------------------
 GIN_DEVICE_INLINE void dispatch_receive(const ncclDevComm& comm, const MoeNetDispatchArgs& a, int s, int c, int parity) {
@@ -70,7 +70,7 @@ GIN_DEVICE_INLINE void dispatch_receive(const ncclDevComm& comm, const MoeNetDis
   for (int j = (int)tid; j < L; j += (int)blockDim.x) {
     int total = 0;
     for (int src = 0; src < R; ++src) total += ((const int32_t*)(sectionOf(src) + 8))[j];
-    start[j] = total;
+    start[j] = (int)moe_align_up((uint64_t)total, (uint64_t)d.expertAlignment);  // < 2^31: the launch check bounds both
     mine[j] = ((const int32_t*)(sectionOf(s) + 8))[j];
   }
   __syncthreads();

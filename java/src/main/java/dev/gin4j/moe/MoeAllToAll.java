@@ -298,11 +298,6 @@ public final class MoeAllToAll extends NativeResource {
             this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);
             // ranks may differ in their settings: agree on a refusal, so that none goes on alone into the collectives below
             // (acrossNodes is the same on every rank: it comes from the group's shared host table)
-            Groups.failTogether(group, "checking the expert alignment", () -> {
-                if (acrossNodes && cfg.expertAlignment() > 1)
-                    throw new UnsupportedOperationException("expertAlignment " + cfg.expertAlignment() + " is not available across nodes yet (the cross-node "
-                            + "receiver places rows packed): use expertAlignment 1 there, or Backend.HOST");
-            });
             this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
@@ -322,7 +317,7 @@ public final class MoeAllToAll extends NativeResource {
                 return peerTable;
             });
             this.network = acrossNodes ? new MoeNetwork(group, cfg, channels, ranks.stream()
-                    .map(r -> new MoeNetwork.Buffers(r.workspace, r.recvX, r.recvWeights, r.recvCounts, r.y, r.xq, r.errors)).toList()) : null;
+                    .map(r -> new MoeNetwork.Buffers(r.workspace, r.xq, r.errors, capacityRows())).toList()) : null;
         } catch (RuntimeException e) {
             close();
             throw e;
@@ -384,7 +379,6 @@ public final class MoeAllToAll extends NativeResource {
      * @return the exchange; close it when done (it frees its window, buffers and kernels)
      * @throws IllegalArgumentException for a null argument, configurations that differ between ranks, experts that do not
      *         split evenly over the ranks, or a shape the kernels refuse
-     * @throws UnsupportedOperationException for an expertAlignment above 1 across nodes
      * @throws CommException on the other ranks where one rank's part of the setup failed (naming it)
      */
     public static MoeAllToAll create(CommGroup group, MoeConfig config) {
@@ -558,8 +552,6 @@ public final class MoeAllToAll extends NativeResource {
      */
     private void checkOutputs(RankState r, MoeOutputs o, DeviceBuffer x, DeviceBuffer idx, DeviceBuffer w) {
         if (o == null) throw new IllegalArgumentException(r.comm + ": outputs must be given (MoeOutputs.INSTANCE_OWNED for the instance's buffers), got null");
-        if (network != null && (o.rows() != null || o.weights() != null || o.counts() != null))
-            throw new UnsupportedOperationException(r.comm + ": caller-owned dispatch outputs are not available across nodes yet; pass MoeOutputs.INSTANCE_OWNED");
         long cap = capacityRows(), rowBytes = cfg.dispatchRowBytes();
         int rowAlign = cfg.dtype() == DType.FP8_E4M3 ? 16 : 2;
         String rowsWhat = cfg.dtype() == DType.FP8_E4M3 ? "[" + cap + "] scaled fp8 rows of " + rowBytes + " bytes" : "[" + cap + "][" + cfg.hidden() + "] bf16";
@@ -659,7 +651,6 @@ public final class MoeAllToAll extends NativeResource {
      * @throws IllegalStateException while a dispatchSend or combineSend on the rank is not completed, for HOST with several
      *         local ranks (use the list form), or on a stream that captures a graph for HOST or with {@link #hostCounts(boolean)} on
      * @throws IndexOutOfBoundsException for a local rank index outside [0, localCount)
-     * @throws UnsupportedOperationException for caller-owned outputs across nodes
      */
     public MoeDispatch dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, MoeOutputs outputs, Stream stream) {
         RankState r = rank(localIndex);
@@ -695,7 +686,7 @@ public final class MoeAllToAll extends NativeResource {
         MoeGinDispatchArgs.numTokens(a.struct(), tokens);
         r.lastSequence = seq;  // first: after a failed launch no earlier handle may pass for the last dispatch
         noteUse(stream);  // a graph captured from it replays into this instance's window and buffers
-        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, stream, networkMode, phase);  // into the instance's buffers (outputs refused across nodes)
+        if (network != null) network.dispatch(localIndex, x, topkIdx, topkWeights, tokens, out.rows(), out.weights(), out.counts(), stream, networkMode, phase);
         else r.dispatch.launch(stream, ginLaunch, a);
         if (copy && r.hostCopied == null) r.hostCopied = r.device.createEvent(false);  // the handle holds it from now on
         if (phase == MoeNetwork.Phase.SEND) {
@@ -754,7 +745,6 @@ public final class MoeAllToAll extends NativeResource {
      * @throws IllegalArgumentException for a list that does not hold one entry per local rank, or a rank's input that the
      *         single-rank form refuses (every rank is checked before any launch)
      * @throws IllegalStateException as the single-rank form
-     * @throws UnsupportedOperationException for caller-owned outputs across nodes
      */
     public List<MoeDispatch> dispatch(List<DeviceBuffer> x, List<DeviceBuffer> topkIdx, List<DeviceBuffer> topkWeights, int[] tokens, List<MoeOutputs> outputs,
                                       List<Stream> streams) {
@@ -913,8 +903,6 @@ public final class MoeAllToAll extends NativeResource {
         }
         if (expertOut.device() != r.device) throw new IllegalArgumentException("expertOut of " + r.comm + " is on " + expertOut.device() + ", expected " + r.device);
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device() + ", expected " + r.device);
-        if (network != null && y != null)
-            throw new UnsupportedOperationException(r.comm + ": a caller-owned y is not available across nodes yet; pass null for the instance's");
         if (y == null) {
             Checks.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
             return r;
@@ -973,7 +961,6 @@ public final class MoeAllToAll extends NativeResource {
      *         or a stream on another device
      * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
      *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
-     * @throws UnsupportedOperationException for a caller's y across nodes
      */
     public DeviceBuffer combine(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
         return combine(handle, expertOut, y, stream, true);
@@ -1008,7 +995,6 @@ public final class MoeAllToAll extends NativeResource {
      *         or a stream on another device
      * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
      *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
-     * @throws UnsupportedOperationException for a caller's y across nodes
      */
     public DeviceBuffer combineUnweighted(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
         return combine(handle, expertOut, y, stream, false);
@@ -1024,15 +1010,15 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the combine launch (y null: the instance's); {@code phase} SEND across nodes only. */
     private DeviceBuffer ginCombine(RankState r, MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted, MoeNetwork.Phase phase) {
-        if (network != null) {  // y null: a caller's y is refused across nodes
+        DeviceBuffer out = y != null ? y : r.y;
+        if (network != null) {
             noteUse(stream);
-            network.combine(handle.localIndex(), expertOut, weighted ? r.recvWeights : null, handle.numTokens(), stream, phase);
+            network.combine(handle.localIndex(), expertOut, weighted ? handle.weights() : null, out, handle.numTokens(), stream, phase);
             if (phase == MoeNetwork.Phase.SEND)
                 r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, stream.isCapturing(), () -> network.complete(handle.localIndex(), true, stream),
                         () -> {});
-            return r.y.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
+            return out.slice(0, (long) handle.numTokens() * cfg.combineRowBytes());
         }
-        DeviceBuffer out = y != null ? y : r.y;
         KernelArgs a = r.combineArgs;
         a.setPointerField(MoeGinCombineArgs.expertOut$offset(), expertOut).setPointerField(MoeGinCombineArgs.recvWeights$offset(), weighted ? handle.weights() : r.unitWeights)
                 .setPointerField(MoeGinCombineArgs.y$offset(), out).setPointerField(MoeGinCombineArgs.peerBases$offset(), peers.table(handle.localIndex()));
@@ -1067,7 +1053,6 @@ public final class MoeAllToAll extends NativeResource {
      * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
      *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
      * @throws IllegalStateException as the single-rank form
-     * @throws UnsupportedOperationException for a caller's y across nodes
      */
     public List<DeviceBuffer> combine(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams) {
         return combine(handles, expertOut, y, streams, true);
@@ -1097,7 +1082,6 @@ public final class MoeAllToAll extends NativeResource {
      * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
      *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
      * @throws IllegalStateException as the single-rank form
-     * @throws UnsupportedOperationException for a caller's y across nodes
      */
     public List<DeviceBuffer> combineUnweighted(List<MoeDispatch> handles, List<DeviceBuffer> expertOut, List<DeviceBuffer> y, List<Stream> streams) {
         return combine(handles, expertOut, y, streams, false);

@@ -24,7 +24,7 @@ import dev.gin4j.comm.DType;
  * the combine never reads their expert outputs. {@link MoeDispatch#offsets()} gives the starts.
  * The receive capacity grows by {@code localExperts x (expertAlignment - 1)} rows. 1 to
  * {@value #MAX_EXPERT_ALIGNMENT}; it only places the rows a rank receives, so ranks may differ in
- * it; across nodes only 1 for now ({@code create} refuses more).
+ * it, inside a node and across nodes.
  *
  * @param hidden          elements per token row
  * @param experts         experts in all, split evenly over the ranks

@@ -135,9 +135,12 @@ final class MoeNetwork implements AutoCloseable {
         return Math.max(1, Math.min(channels / topo.ranks(), MAX_BLOCKS / topo.maxBlocksPerChunk()));
     }
 
-    /** A local rank's buffers, owned by the MoeAllToAll. */
-    record Buffers(DeviceBuffer workspace, DeviceBuffer recvX, DeviceBuffer recvWeights, DeviceBuffer recvCounts, DeviceBuffer y,
-                   DeviceBuffer xq, KernelErrors errors) {}
+    /**
+     * A local rank's buffers, owned by the MoeAllToAll: its workspace, the fp8 rows a quantizing
+     * dispatch makes (else null), its error word, and the rows its receive buffers hold (each
+     * dispatch and combine names its outputs).
+     */
+    record Buffers(DeviceBuffer workspace, DeviceBuffer xq, KernelErrors errors, long capacityRows) {}
 
     private static MemorySegment ptr(long address) { return MemorySegment.ofAddress(address); }
 
@@ -193,12 +196,9 @@ final class MoeNetwork implements AutoCloseable {
                 fillSections(MoeNetDispatchArgs.net(dispatchStruct), "dispatch");
                 fillTopology(MoeNetDispatchArgs.topo(dispatchStruct));
                 fillForward(MoeNetDispatchArgs.fwd(dispatchStruct));
-                MoeNetDispatchArgs.recvX(dispatchStruct, ptr(b.recvX().address()));
-                MoeNetDispatchArgs.recvWeights(dispatchStruct, ptr(b.recvWeights().address()));
-                MoeNetDispatchArgs.recvCounts(dispatchStruct, ptr(b.recvCounts().address()));
                 MoeNetDispatchArgs.workspace(dispatchStruct, ptr(b.workspace().address()));
                 MoeNetDispatchArgs.errorFlags(dispatchStruct, ptr(b.errors().buffer().address()));
-                MoeNetDispatchArgs.capacityRows(dispatchStruct, b.recvWeights().byteSize() / 4);
+                MoeNetDispatchArgs.capacityRows(dispatchStruct, b.capacityRows());
                 MoeNetCombineArgs.window(combineStruct, windowHandle);
                 fillDims(MoeNetCombineArgs.dims(combineStruct), comm.rank());
                 fillSections(MoeNetCombineArgs.net(combineStruct), "combine");
@@ -221,6 +221,7 @@ final class MoeNetwork implements AutoCloseable {
             MoeNetDims.maxTokens(d, cfg.maxTokens());
             MoeNetDims.rowBytes(d, Math.toIntExact(cfg.dispatchRowBytes()));
             MoeNetDims.chunks(d, llChunks);
+            MoeNetDims.expertAlignment(d, cfg.expertAlignment());
         }
 
         private void fillSections(MemorySegment s, String exchange) {
@@ -378,10 +379,13 @@ final class MoeNetwork implements AutoCloseable {
     }
 
     /**
-     * The routing layout and the exchange on {@code stream}, inputs checked by the caller:
+     * The routing layout and the exchange on {@code stream}, inputs and outputs checked by the caller:
+     * the rows, weights and counts land in {@code recvX}, {@code recvWeights} and {@code recvCounts}
+     * (the instance's or the caller's, each of at least capacity rows or local experts);
      * {@code phase} ALL, or SEND (the sending roles only; {@link #complete} queues the rest).
      */
-    void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, Stream stream, NetworkMode mode, Phase phase) {
+    void dispatch(int localIndex, DeviceBuffer x, DeviceBuffer topkIdx, DeviceBuffer topkWeights, int tokens, DeviceBuffer recvX, DeviceBuffer recvWeights,
+                  DeviceBuffer recvCounts, Stream stream, NetworkMode mode, Phase phase) {
         Rank r = ranks.get(localIndex);
         boolean ht = resolve(mode) == NetworkMode.HIGH_THROUGHPUT;
         DeviceBuffer rows = x;
@@ -397,6 +401,9 @@ final class MoeNetwork implements AutoCloseable {
         MoeNetDispatchArgs.topkIdx(r.dispatchStruct, ptr(topkIdx.address()));
         MoeNetDispatchArgs.topkWeights(r.dispatchStruct, ptr(topkWeights.address()));
         MoeNetDispatchArgs.numTokens(r.dispatchStruct, tokens);
+        MoeNetDispatchArgs.recvX(r.dispatchStruct, ptr(recvX.address()));
+        MoeNetDispatchArgs.recvWeights(r.dispatchStruct, ptr(recvWeights.address()));
+        MoeNetDispatchArgs.recvCounts(r.dispatchStruct, ptr(recvCounts.address()));
         MoeNetDims.chunks(MoeNetDispatchArgs.dims(r.dispatchStruct), ht ? htChunks : llChunks);
         r.lastDispatch = ht ? NetworkMode.HIGH_THROUGHPUT : NetworkMode.LOW_LATENCY;
         launchDispatch(r, stream, phase);
@@ -410,15 +417,16 @@ final class MoeNetwork implements AutoCloseable {
     }
 
     /**
-     * The combine exchange of the last dispatch on {@code stream}, in that dispatch's mode;
-     * {@code weights} null: unweighted; {@code phase} ALL or SEND.
+     * The combine exchange of the last dispatch on {@code stream}, in that dispatch's mode, into
+     * {@code y} (the instance's or the caller's, at least T rows); {@code weights} (the dispatch's
+     * received weights) null: unweighted; {@code phase} ALL or SEND.
      */
-    void combine(int localIndex, DeviceBuffer expertOut, DeviceBuffer weights, int tokens, Stream stream, Phase phase) {
+    void combine(int localIndex, DeviceBuffer expertOut, DeviceBuffer weights, DeviceBuffer y, int tokens, Stream stream, Phase phase) {
         Rank r = ranks.get(localIndex);
         boolean ht = r.lastDispatch == NetworkMode.HIGH_THROUGHPUT;
         MoeNetCombineArgs.expertOut(r.combineStruct, ptr(expertOut.address()));
         MoeNetCombineArgs.weights(r.combineStruct, ptr(weights == null ? 0 : weights.address()));
-        MoeNetCombineArgs.y(r.combineStruct, ptr(r.b.y().address()));
+        MoeNetCombineArgs.y(r.combineStruct, ptr(y.address()));
         MoeNetCombineArgs.expertOutRows(r.combineStruct, expertOut.byteSize() / (2L * cfg.hidden()));
         MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
         MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);

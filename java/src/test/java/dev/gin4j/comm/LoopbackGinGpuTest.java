@@ -52,12 +52,23 @@ class LoopbackGinGpuTest {
     private static List<String> moe(int world, Map<String, String> env) throws Exception {
         TwoProcessGpuTest.Placement placement = ranksAsHosts();  // skips, with the reason, where the transport is missing
         Gpus.requireKernels(Gpus.runtime(), "nccl_gin_moe");
-        List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", env, world);
+        // 1,000 pairs or graph replays queued back to back take 50 ms (2 ranks) to 0.3 s (4 ranks)
+        // each while the processes time-slice the GPU: the one host wait after them needs more than
+        // the 60 s default (a stuck rank is still cut by GIN4J_TEST_RANK_LIMIT_S)
+        Map<String, String> withWait = new java.util.HashMap<>(env);
+        withWait.putIfAbsent("GIN4J_COMM_TIMEOUT_S", "900");
+        List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", withWait, world);
+        java.util.Set<String> phases = LoopbackGinMoeRank.phases();
+        if (phases.size() < 4) System.out.println("GIN4J_TEST_MOE_PHASES: only " + phases + " of cases, staged, repeated, outputs run");
         for (String o : out) {
-            assertTrue(o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3, o);
-            assertTrue(o.contains("replayed 1000 times") && o.contains("dispatch: ") && o.contains("combine: "), o);
-            assertTrue(o.contains("MoE across nodes, grouped GEMM: offsets") && o.contains("alignment refused together"), o);
-            assertTrue(o.contains("MoE across nodes, staged ") && o.contains("200 graph replays checked") && o.contains(" staged ") && o.contains("CPU us per Java call"), o);
+            assertTrue(o.contains("phases " + phases + " done"), o);
+            if (phases.contains("cases"))
+                assertTrue((o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3) && o.contains("dispatch: ") && o.contains("combine: "), o);
+            if (phases.contains("repeated")) assertTrue(o.contains("replayed 1000 times"), o);
+            if (phases.contains("outputs"))
+                assertTrue(o.contains("MoE across nodes, grouped GEMM: offsets") && o.contains(" into the caller's rows, weights, counts and y: offsets"), o);
+            if (phases.contains("staged"))
+                assertTrue(o.contains("MoE across nodes, staged ") && o.contains("200 graph replays checked") && o.contains(" staged ") && o.contains("CPU us per Java call"), o);
             System.out.println(o.lines().filter(l -> l.startsWith("rank ")).reduce("", (a, b) -> a + b + "\n"));
         }
         return out;
@@ -67,7 +78,8 @@ class LoopbackGinGpuTest {
     private static void highThroughput(int world) throws Exception {
         List<String> out = moe(world, Map.of("GIN4J_TEST_MOE_MODES", "HIGH_THROUGHPUT", "GIN4J_TEST_MOE_CASES", "short",
                 "GIN4J_TEST_MOE_LARGE", world == 2 ? "1" : "0"));
-        for (String o : out) assertTrue(o.contains("HIGH_THROUGHPUT: ") && o.contains("HT dispatch: ") && !o.contains("HT dispatch (inside the node)"), o);
+        boolean cases = LoopbackGinMoeRank.phases().contains("cases");
+        for (String o : out) assertTrue((!cases || o.contains("HIGH_THROUGHPUT: ") && o.contains("HT dispatch: ")) && !o.contains("HT dispatch (inside the node)"), o);
     }
 
     @Test @Tag("gin-moe") void twoRanksMoeHighThroughput() throws Exception { highThroughput(2); }
@@ -85,9 +97,10 @@ class LoopbackGinGpuTest {
     @Test @Tag("gin-moe") void fourRanksAsTwoNodesMoeBothModes() throws Exception {
         List<String> out = moe(4, Map.of("GIN4J_EMULATED_NODE_SIZE", "2", "GIN4J_TEST_MOE_MODES", "LOW_LATENCY,HIGH_THROUGHPUT",
                 "GIN4J_TEST_MOE_CASES", "short", "GIN4J_TEST_MOE_LARGE", "1"));
+        java.util.Set<String> phases = LoopbackGinMoeRank.phases();
         for (String o : out)
-            assertTrue(o.contains("HIGH_THROUGHPUT: ") && o.contains("LOW_LATENCY: ") && o.contains("HT dispatch (inside the node)")
-                    && o.contains("alternating [LOW_LATENCY, HIGH_THROUGHPUT]"), o);
+            assertTrue((!phases.contains("cases") || o.contains("HIGH_THROUGHPUT: ") && o.contains("LOW_LATENCY: ") && o.contains("HT dispatch (inside the node)"))
+                    && (!phases.contains("repeated") || o.contains("alternating [LOW_LATENCY, HIGH_THROUGHPUT]")), o);
     }
 
     /** MoE dispatch and combine across nodes: 2, 3 and 4 ranks, each its own host, every row through GIN. */

@@ -8,6 +8,7 @@ import dev.gin4j.moe.Fp8Rows;
 import dev.gin4j.moe.MoeAllToAll;
 import dev.gin4j.moe.MoeConfig;
 import dev.gin4j.moe.MoeDispatch;
+import dev.gin4j.moe.MoeOutputs;
 import dev.gin4j.moe.MoeReference;
 import dev.gin4j.moe.NetworkMode;
 
@@ -27,6 +28,9 @@ import java.util.SplittableRandom;
  * high-throughput mode's hop inside a node travels through the transport too, and is counted);
  * {@code GIN4J_TEST_MOE_CASES=short} runs the shorter case list (no T=4096 unless
  * {@code GIN4J_TEST_MOE_LARGE=1}; T=4096 runs in the last listed mode only).
+ * {@code GIN4J_TEST_MOE_PHASES} (comma-separated, default all: cases, staged, repeated, outputs)
+ * runs some of the phases, so that a run of three or four processes, which takes longer than one
+ * device call, can be split over several.
  * Each case checks every received row, weight and count against the CPU reference (and, once, byte
  * for byte against HOST), the combine within bf16 tolerance, and the transport's counters against
  * the bytes the rule allows: per dispatch, to each peer, (tokens going there) x (row bytes) plus
@@ -101,45 +105,52 @@ final class LoopbackGinMoeRank {
         Counters counters = new Counters();
         Device d = g.rank(0).device();
         java.util.Set<NetworkMode> hostCompared = new java.util.HashSet<>();  // once per mode, byte for byte against HOST
-        for (Case c : cases) {
+        java.util.Set<String> phases = phases();
+        for (Case c : phases.contains("cases") ? cases : List.<Case>of()) {
             say(rank, "case " + c.name() + ": start");
             // the largest case in the last listed mode only: the time of the whole run stays bounded
             List<NetworkMode> caseModes = c.maxTokens() >= 4096 ? modes.subList(modes.size() - 1, modes.size()) : modes;
             for (NetworkMode mode : caseModes) runCase(g, rank, seed + c.name().hashCode(), arena, d, c, counters, hostCompared.add(mode), mode, nodes);
         }
-        say(rank, "staged calls: start");
-        for (NetworkMode mode : modes) staged(g, rank, seed, arena, d, mode);
-        say(rank, "repeated calls: start");
-        for (NetworkMode mode : modes) repeated(g, rank, seed, arena, d, mode, null);
-        if (modes.size() > 1) repeated(g, rank, seed, arena, d, NetworkMode.AUTO, modes);
-        say(rank, "grouped GEMM: start");
-        groupedGemm(g, rank, seed, arena, d);
-        say(rank, "all cases done");
+        if (phases.contains("staged")) {
+            say(rank, "staged calls: start");
+            for (NetworkMode mode : modes) staged(g, rank, seed, arena, d, mode);
+        }
+        if (phases.contains("repeated")) {
+            say(rank, "repeated calls: start");
+            for (NetworkMode mode : modes) repeated(g, rank, seed, arena, d, mode, null);
+            if (modes.size() > 1) repeated(g, rank, seed, arena, d, NetworkMode.AUTO, modes);
+        }
+        if (phases.contains("outputs")) {
+            say(rank, "grouped GEMM: start");
+            groupedGemm(g, rank, seed, arena, d);
+            for (NetworkMode mode : modes) alignedIntoCallersBuffers(g, rank, seed, arena, d, mode);
+        }
+        say(rank, "phases " + phases + " done");
+    }
+
+    /** All four by default; GIN4J_TEST_MOE_PHASES picks some, so a long run can be split (its rank-0 log says which ran). */
+    static java.util.Set<String> phases() {
+        java.util.Set<String> all = new java.util.LinkedHashSet<>(List.of("cases", "staged", "repeated", "outputs"));
+        String v = System.getenv("GIN4J_TEST_MOE_PHASES");
+        if (v == null || v.isBlank()) return all;
+        java.util.Set<String> picked = new java.util.LinkedHashSet<>();
+        for (String p : v.split(",")) {
+            if (!all.contains(p.trim())) throw new IllegalArgumentException("GIN4J_TEST_MOE_PHASES: '" + p.trim() + "' is none of " + all);
+            picked.add(p.trim());
+        }
+        return picked;
     }
 
     /**
      * Across nodes: expert offsets and host counts on request, checked against the reference on
-     * every rank (the layout itself is runCase's); an expert alignment above 1 is refused by every
-     * rank at create, naming why, and the group still works after.
+     * every rank (the layout itself is runCase's; an aligned layout is alignedIntoCallersBuffers').
      */
     private static void groupedGemm(CommGroup g, int rank, long seed, Arena arena, Device d) {
         int world = g.worldSize();
         Case c = new Case("grouped GEMM", 256, 4 * world, 3, 64, fill(world, 41), MoeReference.Routing.SOME_MASKED, false);
         try (Stream s = d.createStream()) {
             MoeReference.Input[] in = inputs(c, world, seed + 77, d, arena, s);
-            for (int alignment : new int[] {2, 1 + rank}) {  // 1 + rank: rank 0 asks for none, the others do; all refuse together
-                if (world == 1 && alignment == 1) continue;
-                MoeConfig bad = MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN).withExpertAlignment(alignment);
-                try {
-                    MoeAllToAll.create(g, bad).close();
-                    throw new AssertionError("expertAlignment " + alignment + " across nodes was accepted on rank " + rank);
-                } catch (UnsupportedOperationException | CommException e) {
-                    String m = e.getMessage();
-                    boolean mine = alignment > 1;
-                    if (mine ? !m.contains("not available across nodes") : !m.contains("checking the expert alignment failed on rank"))
-                        throw new AssertionError("rank " + rank + ", alignment " + alignment + ": " + m, e);
-                }
-            }
             try (MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN))) {
                 moe.hostCounts(true);
                 DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()), w = RankMain.upload(d, arena, in[rank].w());
@@ -156,8 +167,84 @@ final class LoopbackGinMoeRank {
                 if (!Arrays.equals(counts, hostCounts) || !Arrays.equals(want, hostOffsets) || !Arrays.equals(want, offsets))
                     throw new AssertionError("across nodes, rank " + rank + ": counts " + Arrays.toString(counts) + " offsets " + Arrays.toString(want) + ", got host "
                             + Arrays.toString(hostCounts) + " / " + Arrays.toString(hostOffsets) + ", device " + Arrays.toString(offsets));
-                System.out.println("rank " + rank + " MoE across nodes, grouped GEMM: offsets " + Arrays.toString(offsets) + " and host counts checked; alignment refused together");
+                System.out.println("rank " + rank + " MoE across nodes, grouped GEMM: offsets " + Arrays.toString(offsets) + " and host counts checked");
             }
+        }
+    }
+
+    private static final byte POISON = (byte) 0x5a;
+
+    /**
+     * Across nodes, expert alignment and the caller's buffers together: each rank dispatches into
+     * its own poisoned rows, weights and counts at its own alignment (16 on even ranks, 3 on odd:
+     * the alignment only places what a rank receives, so ranks may differ), then combines into its
+     * own poisoned y. Every expert's block starts at its aligned offset, the padding rows and the
+     * rows past the last block keep the poison, the instance's own buffers are not written, and y
+     * matches the reference (the padding rows' expert outputs are 1e30, so a combine that read one
+     * would show) with the rows past T untouched.
+     */
+    private static void alignedIntoCallersBuffers(CommGroup g, int rank, long seed, Arena arena, Device d, NetworkMode mode) {
+        int world = g.worldSize(), alignment = rank % 2 == 0 ? 16 : 3;
+        Case c = new Case("aligned", 256, 4 * world, 3, 64, fill(world, 41), MoeReference.Routing.SOME_MASKED, false);
+        MoeConfig cfg = MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN).withExpertAlignment(alignment);
+        String what = "aligned " + alignment + ", caller's buffers, " + mode + ", rank " + rank;
+        try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, cfg).networkMode(mode)) {
+            moe.expertOffsets(true);
+            MoeReference.Input[] in = inputs(c, world, seed + 91, d, arena, s);
+            int L = moe.localExperts(), rowBytes = (int) cfg.dispatchRowBytes(), hidden = c.hidden(), tokens = in[rank].tokens();
+            long cap = moe.capacityRows();
+            DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()), w = RankMain.upload(d, arena, in[rank].w());
+            MoeDispatch own = moe.dispatch(0, x, idx, w, tokens, s);  // the instance's buffers: poisoned, they must stay so
+            moe.checkErrors(List.of(s));
+            DeviceBuffer ownY = moe.combine(own, RankMain.upload(d, arena, new short[Math.toIntExact(cap * hidden)]), s);
+            moe.checkErrors(List.of(s));
+            for (DeviceBuffer b : List.of(own.rows(), own.weights(), own.counts(), ownY)) b.fill(POISON, s);
+            DeviceBuffer rows = d.allocate(cap * rowBytes, arena), weights = d.allocate(4 * cap, arena), counts = d.allocate(4L * L, arena),
+                    y = d.allocate((long) c.maxTokens() * 2 * hidden, arena);
+            for (DeviceBuffer b : List.of(rows, weights, counts, y)) b.fill(POISON, s);
+            MoeDispatch h = moe.dispatch(0, x, idx, w, tokens, new MoeOutputs(rows, weights, counts), s);
+            moe.checkErrors(List.of(s));
+            if (h.rows() != rows || h.weights() != weights || h.counts() != counts) throw new AssertionError(what + ": the handle does not name the caller's buffers");
+            MoeReference.Layout exp = MoeReference.expected(in, rank, rowBytes, c.experts(), c.k());
+            int[] starts = new int[L + 1];
+            for (int e = 0; e < L; e++) starts[e + 1] = starts[e] + (exp.counts()[e] + alignment - 1) / alignment * alignment;
+            int[] offsets = h.offsets().readInts(L + 1, s), gotCounts = counts.readInts(L, s);
+            if (!Arrays.equals(starts, offsets) || !Arrays.equals(exp.counts(), gotCounts))
+                throw new AssertionError(what + ": offsets " + Arrays.toString(offsets) + " counts " + Arrays.toString(gotCounts) + ", expected "
+                        + Arrays.toString(starts) + " / " + Arrays.toString(exp.counts()));
+            byte[] got = rows.toByteArray(s);
+            int[] wts = weights.readInts((int) cap, s);
+            int poisonWord = (POISON & 0xff) * 0x01010101;
+            short[] eo = new short[Math.toIntExact(cap * hidden)];
+            Arrays.fill(eo, Bf16.fromFloat(1e30f));  // the combine must read no row but the received ones
+            int packed = 0;
+            for (int e = 0; e < L; e++) {
+                for (int j = 0; j < exp.counts()[e]; j++, packed++) {
+                    int row = offsets[e] + j;
+                    if (!Arrays.equals(exp.rows().get(packed), Arrays.copyOfRange(got, row * rowBytes, (row + 1) * rowBytes)))
+                        throw new AssertionError(what + ": expert " + e + " row " + j + " at " + row + " differs from the reference");
+                    if (Float.floatToRawIntBits(exp.weights().get(packed)) != wts[row]) throw new AssertionError(what + ": the weight of row " + row + " differs");
+                    int[] o = exp.origin().get(packed);
+                    for (int k = 0; k < hidden; k++) eo[row * hidden + k] = Bf16.fromFloat(in[o[0]].values()[o[1] * hidden + k] * (1 + o[2]));
+                }
+                for (int row = offsets[e] + exp.counts()[e]; row < (e + 1 < L ? offsets[e + 1] : cap); row++) {
+                    for (int b = 0; b < rowBytes; b++)
+                        if (got[row * rowBytes + b] != POISON) throw new AssertionError(what + ": row " + row + " (after expert " + e + "'s block) was written at byte " + b);
+                    if (wts[row] != poisonWord) throw new AssertionError(what + ": the weight of padding row " + row + " was written");
+                }
+            }
+            for (DeviceBuffer b : List.of(own.rows(), own.weights(), own.counts()))
+                for (byte v : b.toByteArray(s)) if (v != POISON) throw new AssertionError(what + ": the dispatch into the caller's buffers wrote the instance's");
+            DeviceBuffer yr = moe.combine(h, RankMain.upload(d, arena, eo), y, s);
+            moe.checkErrors(List.of(s));
+            if (yr.address() != y.address()) throw new AssertionError(what + ": combine returned " + yr + ", not the caller's y");
+            byte[] yb = y.toByteArray(s);
+            String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(yb), hidden, c.k(), true);
+            if (off != null) throw new AssertionError(what + ": y " + off);
+            for (int b = tokens * 2 * hidden; b < yb.length; b++) if (yb[b] != POISON) throw new AssertionError(what + ": y was written past T rows, at byte " + b);
+            for (byte v : ownY.toByteArray(s)) if (v != POISON) throw new AssertionError(what + ": the combine into the caller's y wrote the instance's");
+            System.out.println("rank " + rank + " MoE across nodes, " + moe.effectiveNetworkMode() + " at alignment " + alignment
+                    + " into the caller's rows, weights, counts and y: offsets " + Arrays.toString(offsets) + ", padding untouched, y checked");
         }
     }
 

@@ -40,6 +40,7 @@ public class MoeNetCombineArgs {
     private static final GroupLayout $LAYOUT = MemoryLayout.structLayout(
         moe_net_h.C_LONG.withName("window"),
         MoeNetDims.layout().withName("dims"),
+        MemoryLayout.paddingLayout(4),
         MoeNetSections.layout().withName("net"),
         MoeNetTopology.layout().withName("topo"),
         MoeNetForward.layout().withName("fwd"),
@@ -160,7 +161,7 @@ public class MoeNetCombineArgs {
         return net$LAYOUT;
     }
 
-    private static final long net$OFFSET = 40;
+    private static final long net$OFFSET = 48;
 
     /**
      * Offset for field:
@@ -204,7 +205,7 @@ public class MoeNetCombineArgs {
         return topo$LAYOUT;
     }
 
-    private static final long topo$OFFSET = 96;
+    private static final long topo$OFFSET = 104;
 
     /**
      * Offset for field:
@@ -248,7 +249,7 @@ public class MoeNetCombineArgs {
         return fwd$LAYOUT;
     }
 
-    private static final long fwd$OFFSET = 432;
+    private static final long fwd$OFFSET = 440;
 
     /**
      * Offset for field:
@@ -292,7 +293,7 @@ public class MoeNetCombineArgs {
         return expertOut$LAYOUT;
     }
 
-    private static final long expertOut$OFFSET = 608;
+    private static final long expertOut$OFFSET = 616;
 
     /**
      * Offset for field:
@@ -336,7 +337,7 @@ public class MoeNetCombineArgs {
         return weights$LAYOUT;
     }
 
-    private static final long weights$OFFSET = 616;
+    private static final long weights$OFFSET = 624;
 
     /**
      * Offset for field:
@@ -380,7 +381,7 @@ public class MoeNetCombineArgs {
         return y$LAYOUT;
     }
 
-    private static final long y$OFFSET = 624;
+    private static final long y$OFFSET = 632;
 
     /**
      * Offset for field:
@@ -424,7 +425,7 @@ public class MoeNetCombineArgs {
         return workspace$LAYOUT;
     }
 
-    private static final long workspace$OFFSET = 632;
+    private static final long workspace$OFFSET = 640;
 
     /**
      * Offset for field:
@@ -468,7 +469,7 @@ public class MoeNetCombineArgs {
         return errorFlags$LAYOUT;
     }
 
-    private static final long errorFlags$OFFSET = 640;
+    private static final long errorFlags$OFFSET = 648;
 
     /**
      * Offset for field:
@@ -512,7 +513,7 @@ public class MoeNetCombineArgs {
         return expertOutRows$LAYOUT;
     }
 
-    private static final long expertOutRows$OFFSET = 648;
+    private static final long expertOutRows$OFFSET = 656;
 
     /**
      * Offset for field:
@@ -556,7 +557,7 @@ public class MoeNetCombineArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 656;
+    private static final long numTokens$OFFSET = 664;
 
     /**
      * Offset for field:
@@ -600,7 +601,7 @@ public class MoeNetCombineArgs {
         return phase$LAYOUT;
     }
 
-    private static final long phase$OFFSET = 660;
+    private static final long phase$OFFSET = 668;
 
     /**
      * Offset for field:

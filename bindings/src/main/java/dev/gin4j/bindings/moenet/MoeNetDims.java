@@ -23,6 +23,7 @@ import static java.lang.foreign.MemoryLayout.PathElement.*;
  *     int32_t maxTokens;
  *     int32_t rowBytes;
  *     int32_t chunks;
+ *     int32_t expertAlignment;
  * }
  * }
  */
@@ -40,7 +41,8 @@ public class MoeNetDims {
         moe_net_h.C_INT.withName("hidden"),
         moe_net_h.C_INT.withName("maxTokens"),
         moe_net_h.C_INT.withName("rowBytes"),
-        moe_net_h.C_INT.withName("chunks")
+        moe_net_h.C_INT.withName("chunks"),
+        moe_net_h.C_INT.withName("expertAlignment")
     ).withName("MoeNetDims");
 
     /**
@@ -400,6 +402,50 @@ public class MoeNetDims {
      */
     public static void chunks(MemorySegment struct, int fieldValue) {
         struct.set(chunks$LAYOUT, chunks$OFFSET, fieldValue);
+    }
+
+    private static final OfInt expertAlignment$LAYOUT = (OfInt)$LAYOUT.select(groupElement("expertAlignment"));
+
+    /**
+     * Layout for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static final OfInt expertAlignment$layout() {
+        return expertAlignment$LAYOUT;
+    }
+
+    private static final long expertAlignment$OFFSET = 32;
+
+    /**
+     * Offset for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static final long expertAlignment$offset() {
+        return expertAlignment$OFFSET;
+    }
+
+    /**
+     * Getter for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static int expertAlignment(MemorySegment struct) {
+        return struct.get(expertAlignment$LAYOUT, expertAlignment$OFFSET);
+    }
+
+    /**
+     * Setter for field:
+     * {@snippet lang=c :
+     * int32_t expertAlignment
+     * }
+     */
+    public static void expertAlignment(MemorySegment struct, int fieldValue) {
+        struct.set(expertAlignment$LAYOUT, expertAlignment$OFFSET, fieldValue);
     }
 
     /**

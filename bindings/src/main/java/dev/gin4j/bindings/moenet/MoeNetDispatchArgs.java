@@ -43,6 +43,7 @@ public class MoeNetDispatchArgs {
     private static final GroupLayout $LAYOUT = MemoryLayout.structLayout(
         moe_net_h.C_LONG.withName("window"),
         MoeNetDims.layout().withName("dims"),
+        MemoryLayout.paddingLayout(4),
         MoeNetSections.layout().withName("net"),
         MoeNetTopology.layout().withName("topo"),
         MoeNetForward.layout().withName("fwd"),
@@ -166,7 +167,7 @@ public class MoeNetDispatchArgs {
         return net$LAYOUT;
     }
 
-    private static final long net$OFFSET = 40;
+    private static final long net$OFFSET = 48;
 
     /**
      * Offset for field:
@@ -210,7 +211,7 @@ public class MoeNetDispatchArgs {
         return topo$LAYOUT;
     }
 
-    private static final long topo$OFFSET = 96;
+    private static final long topo$OFFSET = 104;
 
     /**
      * Offset for field:
@@ -254,7 +255,7 @@ public class MoeNetDispatchArgs {
         return fwd$LAYOUT;
     }
 
-    private static final long fwd$OFFSET = 432;
+    private static final long fwd$OFFSET = 440;
 
     /**
      * Offset for field:
@@ -298,7 +299,7 @@ public class MoeNetDispatchArgs {
         return x$LAYOUT;
     }
 
-    private static final long x$OFFSET = 608;
+    private static final long x$OFFSET = 616;
 
     /**
      * Offset for field:
@@ -342,7 +343,7 @@ public class MoeNetDispatchArgs {
         return topkIdx$LAYOUT;
     }
 
-    private static final long topkIdx$OFFSET = 616;
+    private static final long topkIdx$OFFSET = 624;
 
     /**
      * Offset for field:
@@ -386,7 +387,7 @@ public class MoeNetDispatchArgs {
         return topkWeights$LAYOUT;
     }
 
-    private static final long topkWeights$OFFSET = 624;
+    private static final long topkWeights$OFFSET = 632;
 
     /**
      * Offset for field:
@@ -430,7 +431,7 @@ public class MoeNetDispatchArgs {
         return recvX$LAYOUT;
     }
 
-    private static final long recvX$OFFSET = 632;
+    private static final long recvX$OFFSET = 640;
 
     /**
      * Offset for field:
@@ -474,7 +475,7 @@ public class MoeNetDispatchArgs {
         return recvWeights$LAYOUT;
     }
 
-    private static final long recvWeights$OFFSET = 640;
+    private static final long recvWeights$OFFSET = 648;
 
     /**
      * Offset for field:
@@ -518,7 +519,7 @@ public class MoeNetDispatchArgs {
         return recvCounts$LAYOUT;
     }
 
-    private static final long recvCounts$OFFSET = 648;
+    private static final long recvCounts$OFFSET = 656;
 
     /**
      * Offset for field:
@@ -562,7 +563,7 @@ public class MoeNetDispatchArgs {
         return workspace$LAYOUT;
     }
 
-    private static final long workspace$OFFSET = 656;
+    private static final long workspace$OFFSET = 664;
 
     /**
      * Offset for field:
@@ -606,7 +607,7 @@ public class MoeNetDispatchArgs {
         return errorFlags$LAYOUT;
     }
 
-    private static final long errorFlags$OFFSET = 664;
+    private static final long errorFlags$OFFSET = 672;
 
     /**
      * Offset for field:
@@ -650,7 +651,7 @@ public class MoeNetDispatchArgs {
         return capacityRows$LAYOUT;
     }
 
-    private static final long capacityRows$OFFSET = 672;
+    private static final long capacityRows$OFFSET = 680;
 
     /**
      * Offset for field:
@@ -694,7 +695,7 @@ public class MoeNetDispatchArgs {
         return numTokens$LAYOUT;
     }
 
-    private static final long numTokens$OFFSET = 680;
+    private static final long numTokens$OFFSET = 688;
 
     /**
      * Offset for field:
@@ -738,7 +739,7 @@ public class MoeNetDispatchArgs {
         return phase$LAYOUT;
     }
 
-    private static final long phase$OFFSET = 684;
+    private static final long phase$OFFSET = 692;
 
     /**
      * Offset for field:
