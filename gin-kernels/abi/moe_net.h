@@ -22,7 +22,7 @@
 #define GIN4J_ABI_MOE_NET_H
 #include <stdint.h>
 
-#define MOE_NET_ABI_VERSION 6
+#define MOE_NET_ABI_VERSION 7
 #define MOE_NET_THREADS 512        /* blockDim.x of every moe_net kernel */
 #define MOE_NET_MAX_LOCAL_EXPERTS 1024
 #define MOE_NET_MAX_BLOCKS 256     /* grid limit: the call counters have 256 slots */
@@ -137,7 +137,11 @@ typedef struct MoeNetDispatchArgs {
   int32_t phase;              /* MOE_NET_PHASE_*: the whole call, or its send or complete half */
 } MoeNetDispatchArgs;
 
-/* moe_net_combine: the inverse exchange of the last dispatch on this workspace. */
+/* moe_net_combine: the inverse exchange of the last dispatch on this workspace. With rowValues set
+ * it returns one f32 per received row instead (MoeAllToAll.returnRowValues): the same exchange,
+ * sections and signals, each partial a [K] f32 row (value of slot k's row here, else 0) in place
+ * of the [H] bf16 row, so 4K <= 2H bytes; tokenValues[t][k] = the sum over the writers, which is
+ * the one value made for (t, k), or 0 for a masked slot. expertOut, weights and y are not read. */
 typedef struct MoeNetCombineArgs {
   uint64_t window;
   MoeNetDims dims;
@@ -152,6 +156,8 @@ typedef struct MoeNetCombineArgs {
   uint64_t expertOutRows;     /* rows expertOut holds; a received row at or past it sets MOE_ERR_COUNTS and is not read */
   int32_t numTokens;          /* T of the last dispatch */
   int32_t phase;              /* MOE_NET_PHASE_* */
+  const float* rowValues;     /* [expertOutRows] f32 per received row: null = a combine, else the row values call */
+  float* tokenValues;         /* [T][K] f32 (out) of the row values call */
 } MoeNetCombineArgs;
 
 /* moe_net_reset: zeroes the instance's GIN signals (NCCL's signal pool is not zeroed). */

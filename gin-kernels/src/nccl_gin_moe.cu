@@ -11,6 +11,8 @@
 //   moe_net_combine   the inverse: expert-side blocks reduce each received token's rows into one
 //                     bf16 partial per (token, expert rank) and send it back; source-side blocks
 //                     add the partials of every rank the token went to into y.
+//                     With rowValues set, the same exchange returns one f32 per received row to
+//                     its (token, k) instead (returnRowValues).
 //   moe_net_reset     zeroes the instance's GIN signals once, before the first call (then a
 //                     barrier across ranks).
 //
@@ -44,6 +46,13 @@
 #include "moe_net/combine.cuh"
 #include "moe_net/ht_forward.cuh"
 #include "moe_net/ht_node_reduce.cuh"
+
+// A combine needs expertOut and y; the row values call rowValues and tokenValues, and its [K] word
+// rows must fit the sections' bf16 [H] rows (Java refuses a shape where they do not).
+GIN_DEVICE_INLINE bool combine_args_ok(const MoeNetCombineArgs& a) {
+  const bool ioOk = a.rowValues != nullptr ? a.tokenValues != nullptr && 2 * a.dims.topK <= a.dims.hidden : a.expertOut != nullptr && a.y != nullptr;
+  return ioOk && a.numTokens >= 0 && a.numTokens <= a.dims.maxTokens;
+}
 
 // ================================================================================================
 // Entry points, 1-D grids of MOE_NET_THREADS. Low-latency: 2 * R * chunks blocks; blocks
@@ -98,7 +107,7 @@ moe_net_combine(const __grid_constant__ ncclDevComm devComm, const __grid_consta
   if (!launch_ok(devComm, window, a.dims, a.net, a.topo, a.fwd, MOE_NET_MODE_LL, false, a.phase, a.workspace, a.errorFlags)) return;
   const MoeNetDims& d = a.dims;
   uint64_t* state = state_of(a.workspace);
-  if (a.expertOut == nullptr || a.y == nullptr || a.numTokens < 0 || a.numTokens > d.maxTokens) {
+  if (!combine_args_ok(a)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
     return;
   }
@@ -180,7 +189,7 @@ moe_net_combine_ht(const __grid_constant__ ncclDevComm devComm, const __grid_con
   const MoeNetTopology& topo = a.topo;
   const MoeNetForward& f = a.fwd;
   uint64_t* state = state_of(a.workspace);
-  if (a.expertOut == nullptr || a.y == nullptr || a.numTokens < 0 || a.numTokens > d.maxTokens) {
+  if (!combine_args_ok(a)) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gin_error_set(a.errorFlags, MOE_ERR_CONFIG);
     return;
   }

@@ -9,7 +9,9 @@ namespace moe_net {
 // ------------------------------------------------------------------------------------------------
 // Combine, expert side: block (p, c) reduces slots [lo, hi) of the tokens source p sent in the last
 // dispatch, sum over k of weight x expertOut[row(slot, k)] in f32, rounded once to bf16, and sends
-// the partial rows back into p's combine section [parity][rank].
+// the partial rows back into p's combine section [parity][rank]. The row values call (rowValues
+// set) sends for each slot the [K] words bits(rowValues[row(slot, k)]), 0 where k's row is not
+// here, instead.
 // ------------------------------------------------------------------------------------------------
 GIN_DEVICE_INLINE void combine_send(const ncclDevComm& comm, const MoeNetCombineArgs& a, int p, int c, int parity, const Target& t) {
   const MoeNetDims& d = a.dims;
@@ -22,7 +24,17 @@ GIN_DEVICE_INLINE void combine_send(const ncclDevComm& comm, const MoeNetCombine
   part(n, d.chunks, c, lo, hi);
   const uint32_t tid = threadIdx.x, lane = gin_lane_id(), warp = tid / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;
   const bool vec = H % 8 == 0 && gin_is_aligned(a.expertOut, 16);  // 16-byte loads and stores
-  for (uint64_t i = lo + warp; i < hi; i += warps) {
+  for (uint64_t i = lo + warp; a.rowValues != nullptr && i < hi; i += warps) {
+    if ((int)lane < K) {
+      int row = slotRows[i * K + lane];
+      if (row >= 0 && (uint64_t)row >= a.expertOutRows) {
+        gin_error_set(a.errorFlags, MOE_ERR_COUNTS);
+        row = -1;
+      }
+      ((uint32_t*)(t.bytes + i * 4ull * K))[lane] = row >= 0 ? __float_as_uint(a.rowValues[row]) : 0u;
+    }
+  }
+  for (uint64_t i = lo + warp; a.rowValues == nullptr && i < hi; i += warps) {
     int row = -1;
     float w = 0.f;
     if ((int)lane < K) {
@@ -58,7 +70,7 @@ GIN_DEVICE_INLINE void combine_send(const ncclDevComm& comm, const MoeNetCombine
   }
   __syncthreads();
   if (tid == 0) {
-    const uint64_t pieceLo[2] = {lo * 2ull * H, 0}, pieceHi[2] = {hi * 2ull * H, 0};
+    const uint64_t rowBytes = combine_row_bytes(a), pieceLo[2] = {lo * rowBytes, 0}, pieceHi[2] = {hi * rowBytes, 0};
     publish(comm, window, t, pieceLo, pieceHi);
   }
 }
@@ -67,7 +79,8 @@ GIN_DEVICE_INLINE void combine_send(const ncclDevComm& comm, const MoeNetCombine
 // partials arrived: y[t] = sum over writers p of partial[p][pos(t, p)]. Low-latency: the writers
 // are the ranks t went to, pos = tokenPos[t][p]. HT: the ranks of this node that t went to
 // (tokenPos), and for each other node D that t went to its entry rank, pos = nodePos[t][D] (one
-// partial per (token, node)).
+// partial per (token, node)). The row values call: tokenValues[t][k] = the OR over the writers of
+// their word k, the bits of the one value made for (t, k) (the others are 0), or 0 when masked.
 GIN_DEVICE_INLINE void combine_reduce(const MoeNetCombineArgs& a, ncclWindow_t window, int b, int blocks, int parity, bool ht) {
   const MoeNetDims& d = a.dims;
   const int R = d.nRanks, K = d.topK, M = d.maxTokens, H = d.hidden;
@@ -84,6 +97,15 @@ GIN_DEVICE_INLINE void combine_reduce(const MoeNetCombineArgs& a, ncclWindow_t w
       const int D = a.topo.nodeOf[lane];
       if (!ht || D == a.topo.nodeOf[d.rank]) pos = tokenPos[(uint64_t)t * R + lane];
       else if (entry_of(a.topo, d.rank, D) == (int)lane) pos = nodePos[(uint64_t)t * a.topo.nodes + D];
+    }
+    if (a.rowValues != nullptr) {
+      uint32_t bits = 0;
+      for (int p = 0; p < R; ++p) {
+        const int q = __shfl_sync(0xffffffffu, pos, p);
+        if ((int)lane < K && q >= 0) bits |= __ldcg((const unsigned int*)(partials + (uint64_t)p * a.net.sectionBytes + (uint64_t)q * 4ull * K) + lane);
+      }
+      if ((int)lane < K) a.tokenValues[(uint64_t)t * K + lane] = __uint_as_float(bits);
+      continue;
     }
     uint16_t* y = a.y + (uint64_t)t * H;
     if (vec) {

@@ -15,13 +15,14 @@ namespace moe_net {
 // and q's positions grow with u (the forwarder placed the rows in node-row order), so the block
 // waits only for the chunks of each q that hold the positions of its rows: it starts while later
 // chunks are still on their way, and its node partial goes out while they are (NVLink and network
-// phases overlap, as in the dispatch).
+// phases overlap, as in the dispatch). The row values call (rowValues set) ORs the [K] words of the
+// node's partials instead (each word is 0 but at the one rank that made that slot's row).
 // ------------------------------------------------------------------------------------------------
 GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombineArgs& a, int sigma, int c, int parity, uint64_t count) {
   const MoeNetDims& d = a.dims;
   const MoeNetTopology& topo = a.topo;
   const MoeNetForward& f = a.fwd;
-  const int R = d.nRanks, M = d.maxTokens, H = d.hidden, C = d.chunks;
+  const int R = d.nRanks, M = d.maxTokens, H = d.hidden, C = d.chunks, K = d.topK;
   const int S = topo.nodes * topo.slotsPerNode, G = topo.maxNodeSize, myNode = topo.nodeOf[d.rank], Gm = topo.nodeSize[myNode];
   const ncclWindow_t window = (ncclWindow_t)(uintptr_t)a.window;
   const int s = slot_source(topo, d.rank, sigma);
@@ -52,7 +53,16 @@ GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombi
                           f.htFlagOffset + 8ull * (2ull * R + (uint64_t)parity * R + d.rank), f.htSignalBase + 2 * R + parity * R + d.rank);
   const uint32_t lane = gin_lane_id(), warp = threadIdx.x / GIN_WARP_SIZE, warps = blockDim.x / GIN_WARP_SIZE;
   const bool vec = H % 8 == 0;  // sections are 256-byte aligned, rows 16-byte aligned when H % 8 == 0
-  for (uint64_t u = lo + warp; u < hi; u += warps) {
+  for (uint64_t u = lo + warp; a.rowValues != nullptr && u < hi; u += warps) {
+    const int pos = (int)lane < Gm ? fwdPos[u * G + lane] : -1;
+    uint32_t bits = 0;
+    for (int q = 0; q < Gm; ++q) {
+      const int r = __shfl_sync(0xffffffffu, pos, q);
+      if ((int)lane < K && r >= 0 && r < M) bits |= __ldcg((const unsigned int*)(partials + (uint64_t)q * f.part.sectionBytes + (uint64_t)r * 4ull * K) + lane);
+    }
+    if ((int)lane < K) ((uint32_t*)(t.bytes + u * 4ull * K))[lane] = bits;
+  }
+  for (uint64_t u = lo + warp; a.rowValues == nullptr && u < hi; u += warps) {
     const int pos = (int)lane < Gm ? fwdPos[u * G + lane] : -1;
     uint16_t* out = (uint16_t*)(t.bytes + u * 2ull * (uint64_t)H);
     if (vec) {
@@ -77,7 +87,7 @@ GIN_DEVICE_INLINE void ht_node_reduce(const ncclDevComm& comm, const MoeNetCombi
   }
   __syncthreads();
   if (tid == 0) {
-    const uint64_t pieceLo[2] = {lo * 2ull * H, 0}, pieceHi[2] = {hi * 2ull * H, 0};
+    const uint64_t rowBytes = combine_row_bytes(a), pieceLo[2] = {lo * rowBytes, 0}, pieceHi[2] = {hi * rowBytes, 0};
     publish(comm, window, t, pieceLo, pieceHi);
   }
 }

@@ -97,4 +97,9 @@ GIN_DEVICE_INLINE uint64_t* counters_of(ncclWindow_t window, const MoeNetForward
   return (uint64_t*)ncclGetLocalPointer(window, f.countersOffset) + (uint64_t)exchange * 4ull * MOE_NET_MAX_BLOCKS;
 }
 
+// Bytes of one combine partial row in the sections: a bf16 [H] row, or a [K] word row for the row values call.
+GIN_DEVICE_INLINE uint64_t combine_row_bytes(const MoeNetCombineArgs& a) {
+  return a.rowValues != nullptr ? 4ull * (uint64_t)a.dims.topK : 2ull * (uint64_t)a.dims.hidden;
+}
+
 }  // namespace moe_net

@@ -1260,7 +1260,10 @@ public final class MoeAllToAll extends NativeResource {
      * capacity rows long, on this rank's device. Returns {@code [T][topK]} f32 in this instance's
      * buffer, valid until the next call. A collective: every rank calls it after the same dispatch.
      * GIN: one kernel, GPU-initiated like the dispatch (the values go into the token ranks' windows).
-     * HOST: the rows' way back with 4-byte rows (with several local ranks, use the list form).
+     * GIN across nodes: the combine's exchange in the dispatch's mode, a {@code [topK]} f32 row per
+     * token in place of its bf16 row (so it needs {@code hidden >= 2 x topK}); every rank makes its
+     * combines and row values calls in the same order. HOST: the rows' way back with 4-byte rows
+     * (with several local ranks, use the list form).
      * @param handle the handle of the rank's last dispatch on this instance
      * @param rowValues f32 per row of the handle's layout, at least capacity rows, 4-byte aligned, on the rank's device
      * @param stream the stream the call is queued on, on the rank's device
@@ -1269,7 +1272,7 @@ public final class MoeAllToAll extends NativeResource {
      *         on another device or overlapping the returned values
      * @throws IllegalStateException for a handle older than the rank's last dispatch, while a staged call on the rank is not
      *         completed, or for HOST with several local ranks (use the list form) or on a stream that captures a graph
-     * @throws UnsupportedOperationException for GIN across nodes (use Backend.HOST for it)
+     * @throws UnsupportedOperationException for GIN across nodes with hidden below 2 x topK (use Backend.HOST for it)
      */
     public DeviceBuffer returnRowValues(MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
         if (cfg.backend() != Backend.GIN) {
@@ -1281,7 +1284,11 @@ public final class MoeAllToAll extends NativeResource {
 
     /** GIN, inputs checked: the row values launch. */
     private DeviceBuffer ginRowValues(RankState r, MoeDispatch handle, DeviceBuffer rowValues, Stream stream) {
-        if (network != null) throw new UnsupportedOperationException(r.comm + ": returnRowValues is not available across nodes yet (dispatch and combine are); use Backend.HOST for it");
+        if (network != null) {
+            noteUse(stream);
+            network.returnRowValues(handle.localIndex(), rowValues, capacityRows(), r.tokenValues, handle.numTokens(), stream);
+            return r.tokenValues.slice(0, 4L * handle.numTokens() * cfg.topK());
+        }
         r.valuesArgs.setPointerField(MoeGinRowValuesArgs.rowValues$offset(), rowValues).setPointerField(MoeGinRowValuesArgs.peerBases$offset(), peers.table(handle.localIndex()));
         MoeGinRowValuesArgs.numTokens(r.valuesArgs.struct(), handle.numTokens());
         noteUse(stream);
@@ -1310,6 +1317,9 @@ public final class MoeAllToAll extends NativeResource {
         if (rowValues.device() != r.device) throw new IllegalArgumentException("rowValues of " + r.comm + " is on " + rowValues.device());
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device());
         Checks.requireDisjoint(r.comm, "rowValues", rowValues, r.tokenValues, "this instance's returned values");
+        if (network != null && 2 * cfg.topK() > cfg.hidden())  // the values travel in the combine's sections, a [topK] f32 row in each bf16 [hidden] row
+            throw new UnsupportedOperationException(r.comm + ": returnRowValues across nodes needs hidden >= 2 x topK, got hidden " + cfg.hidden() + ", topK " + cfg.topK()
+                    + "; use Backend.HOST for this shape");
         return r;
     }
 
@@ -1322,7 +1332,7 @@ public final class MoeAllToAll extends NativeResource {
      * @throws IllegalArgumentException for a list that does not hold one entry per local rank, handles out of local rank
      *         order, or a rank's input that the single-rank form refuses (every rank is checked before any launch)
      * @throws IllegalStateException as the single-rank form
-     * @throws UnsupportedOperationException for GIN across nodes (use Backend.HOST for it)
+     * @throws UnsupportedOperationException for GIN across nodes with hidden below 2 x topK (use Backend.HOST for it)
      */
     public List<DeviceBuffer> returnRowValues(List<MoeDispatch> handles, List<DeviceBuffer> rowValues, List<Stream> streams) {
         int local = checkLists(handles, rowValues, streams, "row values buffer");

@@ -428,9 +428,31 @@ final class MoeNetwork implements AutoCloseable {
         MoeNetCombineArgs.weights(r.combineStruct, ptr(weights == null ? 0 : weights.address()));
         MoeNetCombineArgs.y(r.combineStruct, ptr(y.address()));
         MoeNetCombineArgs.expertOutRows(r.combineStruct, expertOut.byteSize() / (2L * cfg.hidden()));
+        MoeNetCombineArgs.rowValues(r.combineStruct, MemorySegment.NULL);
+        MoeNetCombineArgs.tokenValues(r.combineStruct, MemorySegment.NULL);
         MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
         MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);
         launchCombine(r, stream, phase);
+    }
+
+    /**
+     * The row values call after the last dispatch on {@code stream}, in that dispatch's mode: the
+     * combine's exchange with a [K] word row per token in place of its bf16 [H] row, so every rank
+     * must make its combines and row values calls in the same order. {@code rowValues}: f32 per
+     * received row, {@code rows} of them; {@code tokenValues}: [T][K] f32, the caller's checks done.
+     */
+    void returnRowValues(int localIndex, DeviceBuffer rowValues, long rows, DeviceBuffer tokenValues, int tokens, Stream stream) {
+        Rank r = ranks.get(localIndex);
+        boolean ht = r.lastDispatch == NetworkMode.HIGH_THROUGHPUT;
+        MoeNetCombineArgs.expertOut(r.combineStruct, MemorySegment.NULL);
+        MoeNetCombineArgs.weights(r.combineStruct, MemorySegment.NULL);
+        MoeNetCombineArgs.y(r.combineStruct, MemorySegment.NULL);
+        MoeNetCombineArgs.rowValues(r.combineStruct, ptr(rowValues.address()));
+        MoeNetCombineArgs.tokenValues(r.combineStruct, ptr(tokenValues.address()));
+        MoeNetCombineArgs.expertOutRows(r.combineStruct, rows);
+        MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
+        MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);
+        launchCombine(r, stream, Phase.ALL);
     }
 
     private void launchCombine(Rank r, Stream stream, Phase phase) {

@@ -174,6 +174,12 @@ final class LoopbackGinMoeRank {
 
     private static final byte POISON = (byte) 0x5a;
 
+    /** A row value that names its origin: source rank, token and slot k in the mantissa, the sign from t + k (so -1.x values come back too). */
+    static float rowValue(int source, int t, int k) {
+        int bits = 0x3f800000 | ((source * 131071 + t * 37 + k * 7919) & 0x7fffff);
+        return Float.intBitsToFloat(((t + k) & 1) == 0 ? bits : bits | 0x80000000);
+    }
+
     /**
      * Across nodes, expert alignment and the caller's buffers together: each rank dispatches into
      * its own poisoned rows, weights and counts at its own alignment (16 on even ranks, 3 on odd:
@@ -321,10 +327,31 @@ final class LoopbackGinMoeRank {
                         String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), weighted);
                         if (off != null) throw new AssertionError(c.name() + " " + b + (weighted ? "" : " unweighted") + ": y on rank " + rank + " " + off);
                     }
-                    if (b == Backend.GIN && ht) expectHtCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, nodes, nodes.htChunks(moe.channels()));
-                    else if (b == Backend.GIN) expectCombineTraffic(afterDispatch, counters.all(world), in, rank, c, 2, chunks(moe, world));
+                    long[][] afterCombine = counters.all(world);
+                    if (b == Backend.GIN && ht) expectHtCombineTraffic(afterDispatch, afterCombine, in, rank, c, 2, nodes, nodes.htChunks(moe.channels()), 2L * c.hidden(), "combine");
+                    else if (b == Backend.GIN) expectCombineTraffic(afterDispatch, afterCombine, in, rank, c, 2, chunks(moe, world), 2L * c.hidden(), "combine");
+                    // returnRowValues: each received row's value names its origin (source, token, k), so every (t, k) must get its own back
+                    float[] rowValues = new float[Math.toIntExact(moe.capacityRows())];
+                    for (int r = 0; r < exp.rows().size(); r++) { int[] o = exp.origin().get(r); rowValues[r] = rowValue(o[0], o[1], o[3]); }
+                    DeviceBuffer rv = RankMain.upload(d, arena, rowValues);
+                    moe.returnRowValues(h, rv, s).fill((byte) 0x5a, s);  // the instance's buffer, poisoned before the checked call
+                    long[][] beforeValues = counters.all(world);
+                    DeviceBuffer returned = moe.returnRowValues(h, rv, s);
+                    moe.checkErrors(List.of(s));
+                    int tokens = in[rank].tokens(), k = c.k();
+                    int[] gotValues = tokens == 0 ? new int[0] : returned.readInts(tokens * k, s);
+                    for (int t = 0; t < tokens; t++)
+                        for (int q = 0; q < k; q++) {
+                            int want = in[rank].idx()[t * k + q] >= 0 ? Float.floatToRawIntBits(rowValue(rank, t, q)) : 0;
+                            if (gotValues[t * k + q] != want)
+                                throw new AssertionError(c.name() + " " + b + ": returnRowValues on rank " + rank + ", token " + t + " k " + q + ": bits 0x"
+                                        + Integer.toHexString(gotValues[t * k + q]) + ", expected 0x" + Integer.toHexString(want));
+                        }
+                    // one call; its rows are [topK] f32, so its traffic is the combine's with 4 x topK bytes a row
+                    if (b == Backend.GIN && ht) expectHtCombineTraffic(beforeValues, counters.all(world), in, rank, c, 1, nodes, nodes.htChunks(moe.channels()), 4L * k, "row values");
+                    else if (b == Backend.GIN) expectCombineTraffic(beforeValues, counters.all(world), in, rank, c, 1, chunks(moe, world), 4L * k, "row values");
                     say(rank, "MoE across nodes, " + c.name() + " " + b + (b == Backend.GIN ? " " + moe.effectiveNetworkMode() : "") + ": " + exp.rows().size()
-                            + " rows received, layout, weights, counts and y checked");
+                            + " rows received, layout, weights, counts, y and row values checked");
                 }
             }
         }
@@ -399,16 +426,17 @@ final class LoopbackGinMoeRank {
     }
 
     /** {@code calls} combines' traffic from this rank to each peer q: one bf16 partial per token q sent here, at most one put and one signal per block. */
-    private static void expectCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, int chunks) {
+    /** {@code row}: the bytes of a partial row, 2 x hidden for a combine, 4 x topK for returnRowValues ({@code what}). */
+    private static void expectCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, int chunks, long row, String what) {
         int world = in.length;
         for (int q = 0; q < world; q++) {
             long[] t = sent(before, after, q);
             long puts = t[0], signals = t[1], bytes = t[2];
-            long n = tokensTo(in[q], rank, c.experts(), c.k(), world), want = calls * n * 2L * c.hidden();
+            long n = tokensTo(in[q], rank, c.experts(), c.k(), world), want = calls * n * row;
             boolean ok = q == rank ? puts == 0 && signals == 0 && bytes == 0 : bytes == want && puts <= (long) calls * chunks && signals == (long) calls * chunks;
-            if (!ok) throw new AssertionError(c.name() + ": " + calls + " combines rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, "
-                    + bytes + " bytes; expected " + want + " (" + n + " partial rows of " + 2 * c.hidden() + " bytes per call)");
-            if (q != rank) System.out.printf("rank %d -> %d, %s combine: %d bytes on the network per call (%d partials x %d)%n", rank, q, c.name(), bytes / calls, n, 2 * c.hidden());
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " x " + what + " rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, "
+                    + bytes + " bytes; expected " + want + " (" + n + " partial rows of " + row + " bytes per call)");
+            if (q != rank) System.out.printf("rank %d -> %d, %s %s: %d bytes on the network per call (%d partials x %d)%n", rank, q, c.name(), what, bytes / calls, n, row);
         }
     }
 
@@ -485,9 +513,10 @@ final class LoopbackGinMoeRank {
      * one node partial per token of q that went to this node. At most one put and one signal per
      * chunk and section.
      */
-    private static void expectHtCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, Nodes nodes, int chunks) {
+    /** As expectCombineTraffic, in the high-throughput mode. */
+    private static void expectHtCombineTraffic(long[][] before, long[][] after, MoeReference.Input[] in, int rank, Case c, int calls, Nodes nodes, int chunks,
+                                               long row, String what) {
         int world = in.length, mine = nodes.nodeOf(rank);
-        long row = 2L * c.hidden();
         for (int q = 0; q < world; q++) {
             long[] t = sent(before, after, q);
             long puts = t[0], signals = t[1], bytes = t[2];
@@ -511,9 +540,9 @@ final class LoopbackGinMoeRank {
             }
             want *= calls;
             boolean ok = bytes == want && puts <= (long) calls * chunks * sections && signals == (long) calls * chunks * sections;
-            if (!ok) throw new AssertionError(c.name() + ": " + calls + " HT combines rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, "
+            if (!ok) throw new AssertionError(c.name() + ": " + calls + " x HT " + what + " rank " + rank + " -> " + q + ": " + puts + " puts, " + signals + " signals, "
                     + bytes + " bytes; expected " + want + " in " + sections + " section(s) per call");
-            if (q != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT combine: %d bytes per call (%s)%n", rank, q, c.name(), bytes / calls,
+            if (q != rank && bytes > 0) System.out.printf("rank %d -> %d, %s HT %s: %d bytes per call (%s)%n", rank, q, c.name(), what, bytes / calls,
                     theirs == mine ? "inside the node" : "between nodes");
         }
     }

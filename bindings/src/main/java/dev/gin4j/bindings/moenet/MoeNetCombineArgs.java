@@ -28,6 +28,8 @@ import static java.lang.foreign.MemoryLayout.PathElement.*;
  *     uint64_t expertOutRows;
  *     int32_t numTokens;
  *     int32_t phase;
+ *     const float *rowValues;
+ *     float *tokenValues;
  * }
  * }
  */
@@ -51,7 +53,9 @@ public class MoeNetCombineArgs {
         moe_net_h.C_POINTER.withName("errorFlags"),
         moe_net_h.C_LONG.withName("expertOutRows"),
         moe_net_h.C_INT.withName("numTokens"),
-        moe_net_h.C_INT.withName("phase")
+        moe_net_h.C_INT.withName("phase"),
+        moe_net_h.C_POINTER.withName("rowValues"),
+        moe_net_h.C_POINTER.withName("tokenValues")
     ).withName("MoeNetCombineArgs");
 
     /**
@@ -631,6 +635,94 @@ public class MoeNetCombineArgs {
      */
     public static void phase(MemorySegment struct, int fieldValue) {
         struct.set(phase$LAYOUT, phase$OFFSET, fieldValue);
+    }
+
+    private static final AddressLayout rowValues$LAYOUT = (AddressLayout)$LAYOUT.select(groupElement("rowValues"));
+
+    /**
+     * Layout for field:
+     * {@snippet lang=c :
+     * const float *rowValues
+     * }
+     */
+    public static final AddressLayout rowValues$layout() {
+        return rowValues$LAYOUT;
+    }
+
+    private static final long rowValues$OFFSET = 672;
+
+    /**
+     * Offset for field:
+     * {@snippet lang=c :
+     * const float *rowValues
+     * }
+     */
+    public static final long rowValues$offset() {
+        return rowValues$OFFSET;
+    }
+
+    /**
+     * Getter for field:
+     * {@snippet lang=c :
+     * const float *rowValues
+     * }
+     */
+    public static MemorySegment rowValues(MemorySegment struct) {
+        return struct.get(rowValues$LAYOUT, rowValues$OFFSET);
+    }
+
+    /**
+     * Setter for field:
+     * {@snippet lang=c :
+     * const float *rowValues
+     * }
+     */
+    public static void rowValues(MemorySegment struct, MemorySegment fieldValue) {
+        struct.set(rowValues$LAYOUT, rowValues$OFFSET, fieldValue);
+    }
+
+    private static final AddressLayout tokenValues$LAYOUT = (AddressLayout)$LAYOUT.select(groupElement("tokenValues"));
+
+    /**
+     * Layout for field:
+     * {@snippet lang=c :
+     * float *tokenValues
+     * }
+     */
+    public static final AddressLayout tokenValues$layout() {
+        return tokenValues$LAYOUT;
+    }
+
+    private static final long tokenValues$OFFSET = 680;
+
+    /**
+     * Offset for field:
+     * {@snippet lang=c :
+     * float *tokenValues
+     * }
+     */
+    public static final long tokenValues$offset() {
+        return tokenValues$OFFSET;
+    }
+
+    /**
+     * Getter for field:
+     * {@snippet lang=c :
+     * float *tokenValues
+     * }
+     */
+    public static MemorySegment tokenValues(MemorySegment struct) {
+        return struct.get(tokenValues$LAYOUT, tokenValues$OFFSET);
+    }
+
+    /**
+     * Setter for field:
+     * {@snippet lang=c :
+     * float *tokenValues
+     * }
+     */
+    public static void tokenValues(MemorySegment struct, MemorySegment fieldValue) {
+        struct.set(tokenValues$LAYOUT, tokenValues$OFFSET, fieldValue);
     }
 
     /**

@@ -33,10 +33,10 @@ public class moe_net_h {
     // LP64 (Linux x86-64 and aarch64): C long is 64 bits
     public static final ValueLayout.OfLong C_LONG = ValueLayout.JAVA_LONG;
 
-    private static final int MOE_NET_ABI_VERSION = (int)6L;
+    private static final int MOE_NET_ABI_VERSION = (int)7L;
     /**
      * {@snippet lang=c :
-     * #define MOE_NET_ABI_VERSION 6
+     * #define MOE_NET_ABI_VERSION 7
      * }
      */
     public static int MOE_NET_ABI_VERSION() {
