@@ -111,6 +111,21 @@ class LoopbackGinGpuTest {
     @Test @Tag("gin-moe") void fourRanksMoeAcrossNodes() throws Exception { moe(4); }
 
     /**
+     * A rank that dies between two MoE exchanges across nodes, in each mode: the other's next
+     * dispatch and combine fail within the time-out and its group is aborted; nothing hangs.
+     */
+    @Test @Tag("gin-moe") void aPeerThatDiesDuringMoeAcrossNodesIsReportedInEitherMode() throws Exception {
+        TwoProcessGpuTest.Placement placement = ranksAsHosts();
+        Gpus.requireKernels(Gpus.runtime(), "nccl_gin_moe");
+        for (String mode : List.of("LOW_LATENCY", "HIGH_THROUGHPUT")) {
+            List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoePeerDies", Map.of("GIN4J_COMM_TIMEOUT_S", "15", "GIN4J_TEST_MOE_MODES", mode), 2);
+            String failure = out.get(1).lines().filter(l -> l.contains("with a dead peer failed")).findFirst().orElse("");
+            System.out.println(failure);
+            assertTrue(failure.contains("(" + mode + ")"), "rank 1 did not report the failed exchange in " + mode + ":\n" + out.get(1));
+        }
+    }
+
+    /**
      * A rank that dies mid-run: the others' next GIN exchange fails well within the time-out,
      * naming the peer (the transport sees its process gone and NCCL reports that), and their group
      * is aborted.

@@ -181,6 +181,43 @@ final class LoopbackGinMoeRank {
     }
 
     /**
+     * A rank that dies between two exchanges across nodes, in the one mode GIN4J_TEST_MOE_MODES
+     * names: a first dispatch and combine are checked, then rank 0 halts without closing anything,
+     * and the others' next dispatch and combine must fail within the host-wait time-out, with
+     * their group aborted.
+     */
+    static void peerDies(CommGroup g, int rank, long seed, Arena arena) throws InterruptedException {
+        int world = g.worldSize();
+        NetworkMode mode = NetworkMode.valueOf(System.getenv().getOrDefault("GIN4J_TEST_MOE_MODES", "AUTO").trim());
+        Case c = new Case("dying peer", 256, 4 * world, 2, 64, fill(world, 48), MoeReference.Routing.SOME_MASKED, false);
+        Device d = g.rank(0).device();
+        try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
+            MoeReference.Input[] in = inputs(c, world, seed + 5, d, arena, s);
+            DeviceBuffer x = RankMain.upload(d, arena, in[rank].x()), idx = RankMain.upload(d, arena, in[rank].idx()), w = RankMain.upload(d, arena, in[rank].w());
+            MoeDispatch h = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
+            MoeReference.Layout exp = MoeReference.expected(in, rank, (int) moe.config().dispatchRowBytes(), c.experts(), c.k());
+            DeviceBuffer out = RankMain.upload(d, arena, MoeReference.expertOut(in, exp, c.hidden(), moe.capacityRows()));
+            DeviceBuffer y = moe.combine(h, out, s);
+            moe.checkErrors(List.of(s));
+            String off = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            if (off != null) throw new AssertionError("before rank 0 dies (" + moe.effectiveNetworkMode() + "): y on rank " + rank + " " + off);
+            RankMain.rankZeroHalts(g, rank);
+            long start = System.nanoTime();
+            try {
+                moe.combine(moe.dispatch(0, x, idx, w, in[rank].tokens(), s), out, s);
+                moe.checkErrors(List.of(s));
+                throw new AssertionError("a MoE exchange across nodes with a dead rank returned");
+            } catch (RuntimeException e) {  // the kernel's own time-out, NCCL's report or the host wait, whichever comes first
+                double took = (System.nanoTime() - start) / 1e9, limit = g.hostWaitTimeout().toNanos() / 1e9;
+                System.out.printf("rank %d: the MoE exchange across nodes (%s) with a dead peer failed after %.1f s: %s%n", rank, moe.effectiveNetworkMode(), took,
+                        e.getMessage());
+                if (took > limit + 1) throw new AssertionError("it failed only after " + took + " s, beyond the " + limit + " s time-out", e);
+                if (!g.isClosed()) throw new AssertionError("the group is still open after a peer died", e);
+            }
+        }
+    }
+
+    /**
      * Across nodes, expert alignment and the caller's buffers together: each rank dispatches into
      * its own poisoned rows, weights and counts at its own alignment (16 on even ranks, 3 on odd:
      * the alignment only places what a rank receives, so ranks may differ), then combines into its

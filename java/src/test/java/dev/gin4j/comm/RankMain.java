@@ -62,6 +62,7 @@ public final class RankMain {
                 case "ginAllToAll" -> LoopbackGinRank.allToAll(g, rank, seed, arena);
                 case "ginPeerDies" -> LoopbackGinRank.peerDies(g, rank, seed, arena);
                 case "ginMoe" -> LoopbackGinMoeRank.run(g, rank, seed, arena);
+                case "ginMoePeerDies" -> LoopbackGinMoeRank.peerDies(g, rank, seed, arena);
                 default -> throw new IllegalArgumentException("unknown scenario " + scenario);
             }
         }
