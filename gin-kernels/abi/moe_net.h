@@ -140,8 +140,9 @@ typedef struct MoeNetDispatchArgs {
 /* moe_net_combine: the inverse exchange of the last dispatch on this workspace. With rowValues set
  * it returns one f32 per received row instead (MoeAllToAll.returnRowValues): the same exchange,
  * sections and signals, each partial a [K] f32 row (value of slot k's row here, else 0) in place
- * of the [H] bf16 row, so 4K <= 2H bytes; tokenValues[t][k] = the sum over the writers, which is
- * the one value made for (t, k), or 0 for a masked slot. expertOut, weights and y are not read. */
+ * of the [H] bf16 row, so 4K <= 2H bytes; tokenValues[t][k] = the OR of the writers' words: the
+ * bits of the one value made for (t, k), unchanged, or 0 for a masked slot. expertOut, weights
+ * and y are not read. */
 typedef struct MoeNetCombineArgs {
   uint64_t window;
   MoeNetDims dims;

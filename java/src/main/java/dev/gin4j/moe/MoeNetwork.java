@@ -437,7 +437,8 @@ final class MoeNetwork implements AutoCloseable {
 
     /**
      * The row values call after the last dispatch on {@code stream}, in that dispatch's mode: the
-     * combine's exchange with a [K] word row per token in place of its bf16 [H] row, so every rank
+     * combine's exchange with a [K] word row per partial (per token and expert rank, or per token
+     * and node for a node partial) in place of its bf16 [H] row, so every rank
      * must make its combines and row values calls in the same order. {@code rowValues}: f32 per
      * received row, {@code rows} of them; {@code tokenValues}: [T][K] f32, the caller's checks done.
      */

@@ -372,6 +372,7 @@ final class LoopbackGinMoeRank {
                     for (int r = 0; r < exp.rows().size(); r++) { int[] o = exp.origin().get(r); rowValues[r] = rowValue(o[0], o[1], o[3]); }
                     DeviceBuffer rv = RankMain.upload(d, arena, rowValues);
                     moe.returnRowValues(h, rv, s).fill((byte) 0x5a, s);  // the instance's buffer, poisoned before the checked call
+                    moe.checkErrors(List.of(s));  // that call's traffic is counted before the snapshot
                     long[][] beforeValues = counters.all(world);
                     DeviceBuffer returned = moe.returnRowValues(h, rv, s);
                     moe.checkErrors(List.of(s));
@@ -387,6 +388,11 @@ final class LoopbackGinMoeRank {
                     // one call; its rows are [topK] f32, so its traffic is the combine's with 4 x topK bytes a row
                     if (b == Backend.GIN && ht) expectHtCombineTraffic(beforeValues, counters.all(world), in, rank, c, 1, nodes, nodes.htChunks(moe.channels()), 4L * k, "row values");
                     else if (b == Backend.GIN) expectCombineTraffic(beforeValues, counters.all(world), in, rank, c, 1, chunks(moe, world), 4L * k, "row values");
+                    // a combine after the row values (the same exchange, back to bf16 rows) is whole again
+                    DeviceBuffer yAgain = moe.combine(h, out, s);
+                    moe.checkErrors(List.of(s));
+                    String offAgain = MoeReference.combineMismatch(in[rank], MemorySegment.ofArray(yAgain.toByteArray()), c.hidden(), c.k(), true);
+                    if (offAgain != null) throw new AssertionError(c.name() + " " + b + ": the combine after returnRowValues: y on rank " + rank + " " + offAgain);
                     say(rank, "MoE across nodes, " + c.name() + " " + b + (b == Backend.GIN ? " " + moe.effectiveNetworkMode() : "") + ": " + exp.rows().size()
                             + " rows received, layout, weights, counts, y and row values checked");
                 }
