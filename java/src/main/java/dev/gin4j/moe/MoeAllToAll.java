@@ -295,9 +295,7 @@ public final class MoeAllToAll extends NativeResource {
                 }
                 return q;
             });
-            this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);
-            // ranks may differ in their settings: agree on a refusal, so that none goes on alone into the collectives below
-            // (acrossNodes is the same on every rank: it comes from the group's shared host table)
+            this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);  // the same on every rank: from the group's shared host table
             this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup
@@ -890,7 +888,7 @@ public final class MoeAllToAll extends NativeResource {
      * received where the host knows that count (HOST), else any whole number of rows (GIN: the kernel
      * reads none past them); y ({@code null}: the instance's) at least T rows; nothing written overlaps what is read.
      */
-    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream) {
+    private RankState checkHandle(MoeDispatch handle, DeviceBuffer expertOut, DeviceBuffer y, Stream stream, boolean weighted) {
         RankState r = handleRank(handle, "combine");
         requireAligned(r, expertOut, 2, "expertOut (bf16)");
         long rowBytes = cfg.combineRowBytes();
@@ -905,6 +903,7 @@ public final class MoeAllToAll extends NativeResource {
         if (stream.device() != r.device) throw new IllegalArgumentException("stream of " + r.comm + " is on " + stream.device() + ", expected " + r.device);
         if (y == null) {
             Checks.requireDisjoint(r.comm, "expertOut", expertOut, r.y, "this instance's combine output y");  // reachable where capacity rows = maxTokens (one rank, top-1)
+            if (weighted) Checks.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), r.y, "this instance's combine output y");  // a caller's weights
             return r;
         }
         long needY = (long) handle.numTokens() * rowBytes;
@@ -913,7 +912,7 @@ public final class MoeAllToAll extends NativeResource {
         requireAligned(r, y, 2, "y (bf16)");
         if (y.device() != r.device) throw new IllegalArgumentException(r.comm + ": y is on " + y.device() + ", expected " + r.device);
         Checks.requireDisjoint(r.comm, "expertOut", expertOut, y, "y");
-        Checks.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
+        if (weighted) Checks.requireDisjoint(r.comm, "the dispatch's weights", handle.weights(), y, "y");  // the GIN combine reads them
         return r;
     }
 
@@ -1005,7 +1004,7 @@ public final class MoeAllToAll extends NativeResource {
             if (group.localCount() > 1) throw new IllegalStateException("HOST combine with several local ranks must be issued for all of them together: use the list form");
             return combine(List.of(handle), List.of(expertOut), java.util.Collections.singletonList(y), List.of(stream), weighted).getFirst();
         }
-        return ginCombine(checkHandle(handle, expertOut, y, stream), handle, expertOut, y, stream, weighted, MoeNetwork.Phase.ALL);
+        return ginCombine(checkHandle(handle, expertOut, y, stream, weighted), handle, expertOut, y, stream, weighted, MoeNetwork.Phase.ALL);
     }
 
     /** GIN, inputs checked: the combine launch (y null: the instance's); {@code phase} SEND across nodes only. */
@@ -1092,7 +1091,7 @@ public final class MoeAllToAll extends NativeResource {
         if (y != null && y.size() != local) throw new IllegalArgumentException("one y (or null) per local rank expected (" + local + "), got " + y.size());
         List<DeviceBuffer> ys = new ArrayList<>();
         for (int i = 0; i < local; i++) ys.add(y == null ? null : y.get(i));
-        for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), ys.get(i), streams.get(i));  // all before any launch
+        for (int i = 0; i < local; i++) checkHandle(handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted);  // all before any launch
         List<DeviceBuffer> out = new ArrayList<>();
         if (cfg.backend() == Backend.GIN) {
             for (int i = 0; i < local; i++) out.add(ginCombine(ranks.get(i), handles.get(i), expertOut.get(i), ys.get(i), streams.get(i), weighted, MoeNetwork.Phase.ALL));
@@ -1216,7 +1215,7 @@ public final class MoeAllToAll extends NativeResource {
             r.staged.begin(r.comm.toString(), StagedExchange.Kind.COMBINE, stream, stream.isCapturing(), () -> {}, () -> {});
             return y;
         }
-        return ginCombine(checkHandle(handle, expertOut, null, stream), handle, expertOut, null, stream, weighted, MoeNetwork.Phase.SEND);
+        return ginCombine(checkHandle(handle, expertOut, null, stream, weighted), handle, expertOut, null, stream, weighted, MoeNetwork.Phase.SEND);
     }
 
     /**

@@ -100,7 +100,8 @@ class LoopbackGinGpuTest {
         java.util.Set<String> phases = LoopbackGinMoeRank.phases();
         for (String o : out)
             assertTrue((!phases.contains("cases") || o.contains("HIGH_THROUGHPUT: ") && o.contains("LOW_LATENCY: ") && o.contains("HT dispatch (inside the node)"))
-                    && (!phases.contains("repeated") || o.contains("alternating [LOW_LATENCY, HIGH_THROUGHPUT]")), o);
+                    && (!phases.contains("repeated") || o.contains("alternating [LOW_LATENCY, HIGH_THROUGHPUT]"))
+                    && (!phases.contains("outputs") || o.contains("LOW_LATENCY at alignment") && o.contains("HIGH_THROUGHPUT at alignment")), o);
     }
 
     /** MoE dispatch and combine across nodes: 2, 3 and 4 ranks, each its own host, every row through GIN. */

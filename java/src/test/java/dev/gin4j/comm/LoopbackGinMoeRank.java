@@ -183,8 +183,10 @@ final class LoopbackGinMoeRank {
     /**
      * A rank that dies between two exchanges across nodes, in the one mode GIN4J_TEST_MOE_MODES
      * names: a first dispatch and combine are checked, then rank 0 halts without closing anything,
-     * and the others' next dispatch and combine must fail within the host-wait time-out, with
-     * their group aborted.
+     * and the others' next dispatch must fail within the host-wait time-out, with their group
+     * aborted; a combine after it is refused. The bound holds where the dispatch's waits end at
+     * the kernel's 10 s time-out and its GIN flushes end at the transport's error completions or at
+     * the abort.
      */
     static void peerDies(CommGroup g, int rank, long seed, Arena arena) throws InterruptedException {
         int world = g.worldSize();
@@ -203,16 +205,25 @@ final class LoopbackGinMoeRank {
             if (off != null) throw new AssertionError("before rank 0 dies (" + moe.effectiveNetworkMode() + "): y on rank " + rank + " " + off);
             RankMain.rankZeroHalts(g, rank);
             long start = System.nanoTime();
+            MoeDispatch late = null;
             try {
-                moe.combine(moe.dispatch(0, x, idx, w, in[rank].tokens(), s), out, s);
+                late = moe.dispatch(0, x, idx, w, in[rank].tokens(), s);
                 moe.checkErrors(List.of(s));
-                throw new AssertionError("a MoE exchange across nodes with a dead rank returned");
+                throw new AssertionError("a MoE dispatch across nodes with a dead rank returned");
             } catch (RuntimeException e) {  // the kernel's own time-out, NCCL's report or the host wait, whichever comes first
                 double took = (System.nanoTime() - start) / 1e9, limit = g.hostWaitTimeout().toNanos() / 1e9;
                 System.out.printf("rank %d: the MoE exchange across nodes (%s) with a dead peer failed after %.1f s: %s%n", rank, moe.effectiveNetworkMode(), took,
                         e.getMessage());
                 if (took > limit + 1) throw new AssertionError("it failed only after " + took + " s, beyond the " + limit + " s time-out", e);
                 if (!g.isClosed()) throw new AssertionError("the group is still open after a peer died", e);
+            }
+            if (late != null) {  // null where the dispatch itself was refused
+                try {
+                    moe.combine(late, out, s);
+                    throw new AssertionError("a combine on the aborted group was accepted");
+                } catch (IllegalStateException e) {
+                    System.out.println("rank " + rank + ": the combine after it is refused: " + e.getMessage());
+                }
             }
         }
     }
