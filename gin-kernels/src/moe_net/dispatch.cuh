@@ -57,8 +57,9 @@ GIN_DEVICE_INLINE void dispatch_send(const ncclDevComm& comm, const MoeNetDispat
 // ------------------------------------------------------------------------------------------------
 // Dispatch receiver: block (s, c), after every source arrived: the expert-major position of source
 // s's rows for each local expert j (all sources' rows of the experts before j, each expert's block
-// rounded up to the expert alignment, then the rows of sources before s for j), then slots [lo, hi) of s's section into recvX / recvWeights, and the
-// row of each (slot, k) into the workspace's slotRows for the combine.
+// rounded up to the expert alignment, then the rows of sources before s for j), then slots
+// [lo, hi) of s's section into recvX / recvWeights, and the row of each (slot, k) into the
+// workspace's slotRows for the combine.
 // ------------------------------------------------------------------------------------------------
 GIN_DEVICE_INLINE void dispatch_receive(const ncclDevComm& comm, const MoeNetDispatchArgs& a, int s, int c, int parity) {
   __shared__ int start[MOE_NET_MAX_LOCAL_EXPERTS], mine[MOE_NET_MAX_LOCAL_EXPERTS], scanTmp[32];

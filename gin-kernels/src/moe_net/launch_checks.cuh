@@ -35,8 +35,8 @@ GIN_DEVICE_INLINE bool launch_ok(const ncclDevComm& comm, ncclWindow_t window, c
             R <= MOE_NET_MAX_RANKS && d.rank >= 0 && d.rank < R && comm.rank == d.rank && comm.nRanks == R && d.chunks >= 1 &&
             d.numExperts / R <= MOE_NET_MAX_LOCAL_EXPERTS && d.rowBytes > 0 && d.expertAlignment >= 1 &&
             d.expertAlignment <= MOE_MAX_ALIGNMENT &&
-            moe_recv_capacity_rows(R, d.numExperts, d.topK, d.maxTokens, d.expertAlignment) < (1ull << 31) && blockDim.x == MOE_NET_THREADS &&
-            blockDim.y == 1 && blockDim.z == 1 && gridDim.y == 1 && gridDim.z == 1 && gridDim.x <= MOE_NET_MAX_BLOCKS &&
+            moe_recv_capacity_rows(R, d.numExperts, d.topK, d.maxTokens, d.expertAlignment) < (1ull << 31) &&
+            blockDim.x == MOE_NET_THREADS && blockDim.y == 1 && blockDim.z == 1 && gridDim.y == 1 && gridDim.z == 1 && gridDim.x <= MOE_NET_MAX_BLOCKS &&
             (net.sectionBytes & 255u) == 0 && (net.flagOffset & 7u) == 0 && (fwd.countersOffset & 7u) == 0 &&
             phase >= MOE_NET_PHASE_ALL && phase <= MOE_NET_PHASE_COMPLETE;
   if (ok && mode == MOE_NET_MODE_LL) ok = gridDim.x == phase_grid(roles_of(d, topo, mode, dispatchSide), phase);
