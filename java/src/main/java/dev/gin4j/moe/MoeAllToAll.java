@@ -296,6 +296,9 @@ public final class MoeAllToAll extends NativeResource {
                 return q;
             });
             this.acrossNodes = cfg.backend() == Backend.GIN && PeerTable.someoneUnreachable(group);  // the same on every rank: from the group's shared host table
+            if (acrossNodes)  // a refusal on one rank is every rank's, before the collectives below
+                Groups.failTogether(group, "checking the cross-node MoE kernels", () -> KernelLibrary.get().abiMismatch("MOE_NET_ABI_VERSION", MoeNetwork.ABI_VERSION)
+                        .ifPresent(m -> { throw new IllegalStateException(m); }));
             this.window = cfg.backend() == Backend.GIN && !acrossNodes
                     ? SymmetricWindow.allocate(group, WindowLayout.builder().region("moe", MoeLayoutInfo.windowBytes(info), 4096).build()) : null;
             // every rank's window is zero before any rank can signal into it, and a rank whose setup

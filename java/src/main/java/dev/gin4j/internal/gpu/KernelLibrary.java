@@ -109,6 +109,22 @@ public final class KernelLibrary {
     /** A manifest value, if present. */
     public Optional<String> property(String key) { return Optional.ofNullable(manifest.getProperty(key)); }
 
+    /**
+     * The problem, if the code objects were not compiled with version {@code expected} of an
+     * argument header's ABI ({@code macro}, e.g. {@code MOE_NET_ABI_VERSION}: gin-kernels/build
+     * writes {@code abi.<macro>} from gin-kernels/abi/): a struct whose size changed is caught at
+     * launch by the parameter sizes, one whose fields moved or changed meaning only here. Empty
+     * where it matches, or where there is no manifest (then no code object loads at all).
+     */
+    public Optional<String> abiMismatch(String macro, int expected) {
+        if (!hasManifest()) return Optional.empty();
+        String built = manifest.getProperty("abi." + macro);
+        if (String.valueOf(expected).equals(built)) return Optional.empty();
+        return Optional.of("the code objects in " + source() + (built == null ? " name no " + macro + " (a build older than this library)" : " were built with "
+                + macro + " " + built) + ", this library's is " + expected + ": the kernels and the jar come from different builds (rebuild the kernels with "
+                + "gin-kernels/build, or unset GIN4J_KERNELS_DIR to use the jar's own)");
+    }
+
     /** Architectures with at least one code object. */
     public List<String> architectures() {
         TreeSet<String> archs = new TreeSet<>();
