@@ -271,6 +271,8 @@ final class LoopbackGinMoeRank {
             int poisonWord = (POISON & 0xff) * 0x01010101;
             short[] eo = new short[Math.toIntExact(cap * hidden)];
             Arrays.fill(eo, Bf16.fromFloat(1e30f));  // the combine must read no row but the received ones
+            float[] rowValues = new float[Math.toIntExact(cap)];
+            Arrays.fill(rowValues, Float.NaN);  // padding rows: returnRowValues must read none of them
             int packed = 0;
             for (int e = 0; e < L; e++) {
                 for (int j = 0; j < exp.counts()[e]; j++, packed++) {
@@ -280,6 +282,7 @@ final class LoopbackGinMoeRank {
                     if (Float.floatToRawIntBits(exp.weights().get(packed)) != wts[row]) throw new AssertionError(what + ": the weight of row " + row + " differs");
                     int[] o = exp.origin().get(packed);
                     for (int k = 0; k < hidden; k++) eo[row * hidden + k] = Bf16.fromFloat(in[o[0]].values()[o[1] * hidden + k] * (1 + o[2]));
+                    rowValues[row] = rowValue(o[0], o[1], o[3]);
                 }
                 for (int row = offsets[e] + exp.counts()[e]; row < (e + 1 < L ? offsets[e + 1] : cap); row++) {
                     for (int b = 0; b < rowBytes; b++)
@@ -297,8 +300,18 @@ final class LoopbackGinMoeRank {
             if (off != null) throw new AssertionError(what + ": y " + off);
             for (int b = tokens * 2 * hidden; b < yb.length; b++) if (yb[b] != POISON) throw new AssertionError(what + ": y was written past T rows, at byte " + b);
             for (byte v : ownY.toByteArray(s)) if (v != POISON) throw new AssertionError(what + ": the combine into the caller's y wrote the instance's");
+            // returnRowValues over the aligned layout of the caller's rows
+            int[] values = tokens == 0 ? new int[0] : moe.returnRowValues(h, RankMain.upload(d, arena, rowValues), s).readInts(tokens * c.k(), s);
+            moe.checkErrors(List.of(s));
+            for (int t = 0; t < tokens; t++)
+                for (int q = 0; q < c.k(); q++) {
+                    int want = in[rank].idx()[t * c.k() + q] >= 0 ? Float.floatToRawIntBits(rowValue(rank, t, q)) : 0;
+                    if (values[t * c.k() + q] != want)
+                        throw new AssertionError(what + ": returnRowValues, token " + t + " k " + q + ": bits 0x" + Integer.toHexString(values[t * c.k() + q]) + ", expected 0x"
+                                + Integer.toHexString(want));
+                }
             System.out.println("rank " + rank + " MoE across nodes, " + moe.effectiveNetworkMode() + " at alignment " + alignment
-                    + " into the caller's rows, weights, counts and y: offsets " + Arrays.toString(offsets) + ", padding untouched, y checked");
+                    + " into the caller's rows, weights, counts and y: offsets " + Arrays.toString(offsets) + ", padding untouched, y and row values checked");
         }
     }
 
