@@ -117,6 +117,9 @@ final class Info {
         kernels.property("nccl.version").ifPresent(v -> k.put("nccl_version", v, "  NCCL device-API objects built against NCCL headers " + v
                 + kernels.property("nccl.include").map(i -> " (" + i + ")").orElse("")));
         kernels.property("nccl.include").ifPresent(i -> k.put("nccl_include", i, null));
+        // the cross-node MoE kernels' argument ABI: a kernel folder of another build is refused there
+        String netAbi = kernels.abiMismatch("MOE_NET_ABI_VERSION", dev.gin4j.bindings.moenet.moe_net_h.MOE_NET_ABI_VERSION()).map(m -> "MISMATCH: " + m).orElse("matches this library");
+        k.put("moe_net_abi", netAbi, "  cross-node MoE argument ABI: " + netAbi);
         InfoReport.Section archs = k.child("architectures");
         for (String arch : kernels.architectures()) {
             archs.put(arch, kernels.objects(arch), "  " + arch + ": " + String.join(", ", kernels.objects(arch)));

@@ -115,7 +115,10 @@ class MainTest {
         assertTrue(text.out().contains("Collective library: " + nccl.get("library")), text.out());
         assertTrue(text.out().contains("  " + nccl.get("communicators")), text.out());
         assertEquals(Info.version(), ((Map<?, ?>) root.get("gin4j")).get("version"));
-        assertTrue(text.out().contains("Kernel code objects: from " + ((Map<?, ?>) root.get("kernels")).get("source")), text.out());
+        Map<?, ?> kernels = (Map<?, ?>) root.get("kernels");
+        assertTrue(text.out().contains("Kernel code objects: from " + kernels.get("source")), text.out());
+        if (kernels.containsKey("built"))  // kernels built here: their argument ABI is this library's
+            assertEquals("matches this library", kernels.get("moe_net_abi"), text.out());
         // the no-GPU account: each runtime once, on lines of their own
         assertTrue(text.out().lines().noneMatch(l -> l.length() > 400), text.out());
         String all = text.out();

@@ -260,8 +260,7 @@ final class LoopbackGinMoeRank {
             moe.checkErrors(List.of(s));
             if (h.rows() != rows || h.weights() != weights || h.counts() != counts) throw new AssertionError(what + ": the handle does not name the caller's buffers");
             MoeReference.Layout exp = MoeReference.expected(in, rank, rowBytes, c.experts(), c.k());
-            int[] starts = new int[L + 1];
-            for (int e = 0; e < L; e++) starts[e + 1] = starts[e] + (exp.counts()[e] + alignment - 1) / alignment * alignment;
+            int[] starts = MoeReference.alignedStarts(exp.counts(), alignment);
             int[] offsets = h.offsets().readInts(L + 1, s), gotCounts = counts.readInts(L, s);
             if (!Arrays.equals(starts, offsets) || !Arrays.equals(exp.counts(), gotCounts))
                 throw new AssertionError(what + ": offsets " + Arrays.toString(offsets) + " counts " + Arrays.toString(gotCounts) + ", expected "

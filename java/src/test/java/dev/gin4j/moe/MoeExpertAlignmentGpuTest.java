@@ -88,12 +88,6 @@ class MoeExpertAlignmentGpuTest {
         return new Inputs(in, xs, ids, ws, tokens);
     }
 
-    private static int[] alignedStarts(int[] counts, int alignment) {
-        int[] o = new int[counts.length + 1];
-        for (int e = 0; e < counts.length; e++) o[e + 1] = o[e] + (counts[e] + alignment - 1) / alignment * alignment;
-        return o;
-    }
-
     @Test void everyRowAtItsAlignedPlaceAndThePaddingUntouched() {
         for (Backend backend : Backend.values())
             for (int alignment : new int[] {1, 3, 16, 128})
@@ -129,7 +123,7 @@ class MoeExpertAlignmentGpuTest {
             for (int d = 0; d < n; d++) {
                 MoeDispatch h = hs.get(d);
                 Layout exp = MoeReference.expected(in.in(), d, rowBytes, cfg.experts(), K);
-                int[] starts = alignedStarts(exp.counts(), alignment);
+                int[] starts = MoeReference.alignedStarts(exp.counts(), alignment);
                 int[] offsets = h.offsets().readInts(L + 1, streams.get(d));
                 assertArrayEquals(starts, offsets, what + ", rank " + d + ": offsets " + Arrays.toString(offsets));
                 for (int e = 0; e < L; e++) assertEquals(0, offsets[e] % alignment, what + ": expert " + e + " starts at " + offsets[e]);

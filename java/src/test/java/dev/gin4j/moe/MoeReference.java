@@ -91,6 +91,13 @@ public final class MoeReference {
         return new Layout(rows, weights, counts, origin);
     }
 
+    /** Where each local expert's block starts at {@code alignment} (moe_expert_offsets): {@code [L + 1]}, the last entry the end of the last block. */
+    public static int[] alignedStarts(int[] counts, int alignment) {
+        int[] o = new int[counts.length + 1];
+        for (int e = 0; e < counts.length; e++) o[e + 1] = o[e] + (counts[e] + alignment - 1) / alignment * alignment;
+        return o;
+    }
+
     /** The fake experts' bf16 output [capacityRows][hidden] for the rows of {@code layout}: out = value x (1 + expert id). */
     public static short[] expertOut(Input[] in, Layout layout, int hidden, long capacityRows) {
         short[] out = new short[Math.toIntExact(capacityRows * hidden)];
