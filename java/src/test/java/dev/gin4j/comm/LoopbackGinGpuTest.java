@@ -59,12 +59,13 @@ class LoopbackGinGpuTest {
         withWait.putIfAbsent("GIN4J_COMM_TIMEOUT_S", "900");
         List<String> out = TwoProcessGpuTest.runRanks(placement, "ginMoe", withWait, world);
         java.util.Set<String> phases = LoopbackGinMoeRank.phases();
-        if (phases.size() < 4) System.out.println("GIN4J_TEST_MOE_PHASES: only " + phases + " of cases, staged, repeated, outputs run");
+        if (phases.size() < LoopbackGinMoeRank.ALL_PHASES.size()) System.out.println("GIN4J_TEST_MOE_PHASES: only " + phases + " of " + LoopbackGinMoeRank.ALL_PHASES + " run");
         for (String o : out) {
             assertTrue(o.contains("phases " + phases + " done"), o);
             if (phases.contains("cases"))
                 assertTrue((o.contains("MoE across nodes, DeepSeek-V3 fp8 T=128 GIN") || world == 3) && o.contains("dispatch: ") && o.contains("combine: "), o);
-            if (phases.contains("repeated")) assertTrue(o.contains("replayed 1000 times"), o);
+            if (phases.contains("pairs")) assertTrue(o.contains("1000 back-to-back MoE dispatch + combine pairs"), o);
+            if (phases.contains("replays")) assertTrue(o.contains("replayed 1000 times"), o);
             if (phases.contains("outputs"))
                 assertTrue(o.contains("MoE across nodes, grouped GEMM: offsets") && o.contains(" into the caller's rows, weights, counts and y: offsets"), o);
             if (phases.contains("staged"))
@@ -92,7 +93,8 @@ class LoopbackGinGpuTest {
      * Four ranks as two emulated nodes of two (GIN4J_EMULATED_NODE_SIZE=2; each process is still its
      * own NCCL host, so the hop inside a node goes through GIN too and is counted): both modes on
      * every case, the high-throughput one forwarding through each node's entry rank and reducing in
-     * the node; then 1,000 pairs alternating between the modes.
+     * the node; then 1,000 pairs alternating between the modes, and 1,000 replays of a captured
+     * high-throughput pair (the mode whose path depends on the nodes).
      */
     @Test @Tag("gin-moe") void fourRanksAsTwoNodesMoeBothModes() throws Exception {
         List<String> out = moe(4, Map.of("GIN4J_EMULATED_NODE_SIZE", "2", "GIN4J_TEST_MOE_MODES", "LOW_LATENCY,HIGH_THROUGHPUT",
@@ -100,7 +102,8 @@ class LoopbackGinGpuTest {
         java.util.Set<String> phases = LoopbackGinMoeRank.phases();
         for (String o : out)
             assertTrue((!phases.contains("cases") || o.contains("HIGH_THROUGHPUT: ") && o.contains("LOW_LATENCY: ") && o.contains("HT dispatch (inside the node)"))
-                    && (!phases.contains("repeated") || o.contains("alternating [LOW_LATENCY, HIGH_THROUGHPUT]"))
+                    && (!phases.contains("pairs") || o.contains("pairs across nodes (alternating [LOW_LATENCY, HIGH_THROUGHPUT])"))
+                    && (!phases.contains("replays") || o.contains("across nodes (HIGH_THROUGHPUT) replayed 1000 times"))
                     && (!phases.contains("outputs") || o.contains("LOW_LATENCY at alignment") && o.contains("HIGH_THROUGHPUT at alignment")), o);
     }
 

@@ -28,7 +28,7 @@ import java.util.SplittableRandom;
  * high-throughput mode's hop inside a node travels through the transport too, and is counted);
  * {@code GIN4J_TEST_MOE_CASES=short} runs the shorter case list (no T=4096 unless
  * {@code GIN4J_TEST_MOE_LARGE=1}; T=4096 runs in the last listed mode only).
- * {@code GIN4J_TEST_MOE_PHASES} (comma-separated, default all: cases, staged, repeated, outputs)
+ * {@code GIN4J_TEST_MOE_PHASES} (comma-separated, default all: cases, staged, pairs, replays, outputs; repeated = pairs, replays)
  * runs some of the phases, so that a run of three or four processes, which takes longer than one
  * device call, can be split over several.
  * Each case checks every received row, weight and count against the CPU reference (and, once, byte
@@ -116,10 +116,17 @@ final class LoopbackGinMoeRank {
             say(rank, "staged calls: start");
             for (NetworkMode mode : modes) staged(g, rank, seed, arena, d, mode);
         }
-        if (phases.contains("repeated")) {
-            say(rank, "repeated calls: start");
-            for (NetworkMode mode : modes) repeated(g, rank, seed, arena, d, mode, null);
-            if (modes.size() > 1) repeated(g, rank, seed, arena, d, NetworkMode.AUTO, modes);
+        // With both modes (two emulated nodes of two): the pairs alternate between the modes, and
+        // only the high-throughput mode is replayed, since only its path depends on the nodes (the
+        // low-latency one is the 4-rank test's); each phase then fits in one device call.
+        if (phases.contains("pairs")) {
+            say(rank, "back-to-back pairs: start");
+            if (modes.size() > 1) backToBack(g, rank, seed, arena, d, NetworkMode.AUTO, modes);
+            else backToBack(g, rank, seed, arena, d, modes.get(0), null);
+        }
+        if (phases.contains("replays")) {
+            say(rank, "graph replays: start");
+            replays(g, rank, seed, arena, d, modes.get(modes.size() - 1));
         }
         if (phases.contains("outputs")) {
             say(rank, "grouped GEMM: start");
@@ -129,16 +136,25 @@ final class LoopbackGinMoeRank {
         say(rank, "phases " + phases + " done");
     }
 
-    /** All four by default; GIN4J_TEST_MOE_PHASES picks some, so a long run can be split (its rank-0 log says which ran). */
+    /** Every phase, in the order they run. */
+    static final List<String> ALL_PHASES = List.of("cases", "staged", "pairs", "replays", "outputs");
+
+    /**
+     * All by default; GIN4J_TEST_MOE_PHASES picks some (comma-separated; {@code repeated} stands for
+     * pairs and replays), so a long run can be split (each rank's log says which ran).
+     */
     static java.util.Set<String> phases() {
-        java.util.Set<String> all = new java.util.LinkedHashSet<>(List.of("cases", "staged", "repeated", "outputs"));
         String v = System.getenv("GIN4J_TEST_MOE_PHASES");
-        if (v == null || v.isBlank()) return all;
-        java.util.Set<String> picked = new java.util.LinkedHashSet<>();
+        if (v == null || v.isBlank()) return new java.util.LinkedHashSet<>(ALL_PHASES);
+        java.util.Set<String> named = new java.util.HashSet<>();
         for (String p : v.split(",")) {
-            if (!all.contains(p.trim())) throw new IllegalArgumentException("GIN4J_TEST_MOE_PHASES: '" + p.trim() + "' is none of " + all);
-            picked.add(p.trim());
+            String name = p.trim();
+            if (name.equals("repeated")) named.addAll(List.of("pairs", "replays"));
+            else if (ALL_PHASES.contains(name)) named.add(name);
+            else throw new IllegalArgumentException("GIN4J_TEST_MOE_PHASES: '" + name + "' is none of " + ALL_PHASES + " or repeated (pairs and replays)");
         }
+        java.util.Set<String> picked = new java.util.LinkedHashSet<>(ALL_PHASES);
+        picked.retainAll(named);
         return picked;
     }
 
@@ -780,21 +796,24 @@ final class LoopbackGinMoeRank {
         }
     }
 
+    /** The small case both repeated phases run (every rank sends and receives). */
+    private static Case repeatedCase(int world) {
+        return new Case("repeated", 256, 4 * world, 2, 32, fill(world, 32), MoeReference.Routing.SOME_MASKED, false);
+    }
+
     /**
-     * 1,000 dispatch + combine pairs back to back, inputs alternating between two routings, then one
-     * pair captured into a graph and replayed 1,000 times: the last results checked in full.
+     * 1,000 dispatch + combine pairs back to back, inputs alternating between two routings (and,
+     * with {@code alternate}, the mode changing every third pair): the last results checked in full.
      */
-    private static void repeated(CommGroup g, int rank, long seed, Arena arena, Device d, NetworkMode mode, List<NetworkMode> alternate) {
-        int world = g.worldSize();
-        Case c = new Case("repeated", 256, 4 * world, 2, 32, fill(world, 32), MoeReference.Routing.SOME_MASKED, false);
+    private static void backToBack(CommGroup g, int rank, long seed, Arena arena, Device d, NetworkMode mode, List<NetworkMode> alternate) {
+        Case c = repeatedCase(g.worldSize());
         String what = alternate == null ? mode.toString() : "alternating " + alternate;
         try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
             int rowBytes = (int) moe.config().dispatchRowBytes();
             TwoInputs two = TwoInputs.upload(c, rank, seed + 1, moe, d, arena, s);
-            MoeReference.Input[][] in = two.in();
             DeviceBuffer[][] dev = two.dev();
             DeviceBuffer[] out = two.out();
-            say(rank, "repeated: created");
+            say(rank, "back-to-back pairs: created");
             long start = System.nanoTime();
             MoeDispatch h = null;
             DeviceBuffer y = null;
@@ -807,25 +826,38 @@ final class LoopbackGinMoeRank {
             }
             moe.checkErrors(List.of(s));
             System.out.printf("rank %d: 1000 back-to-back MoE dispatch + combine pairs across nodes (%s): %.1f us per pair%n", rank, what, (System.nanoTime() - start) / 1e3 / 1000);
-            checkLayout(h, in[1], rank, rowBytes, c, Backend.GIN);
-            String off = MoeReference.combineMismatch(in[1][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            checkLayout(h, two.in()[1], rank, rowBytes, c, Backend.GIN);
+            String off = MoeReference.combineMismatch(two.in()[1][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
             if (off != null) throw new AssertionError("after 1000 back-to-back pairs (" + what + "): y on rank " + rank + " " + off);
-            if (alternate != null) return;  // the graph replays run per mode
+        }
+    }
+
+    /**
+     * One dispatch + combine pair captured into a graph and replayed 1,000 times, its outputs
+     * poisoned before the replays: the last results checked in full.
+     */
+    private static void replays(CommGroup g, int rank, long seed, Arena arena, Device d, NetworkMode mode) {
+        Case c = repeatedCase(g.worldSize());
+        try (Stream s = d.createStream(); MoeAllToAll moe = MoeAllToAll.create(g, MoeConfig.bf16(c.hidden(), c.experts(), c.k(), c.maxTokens(), Backend.GIN)).networkMode(mode)) {
+            int rowBytes = (int) moe.config().dispatchRowBytes();
+            TwoInputs two = TwoInputs.upload(c, rank, seed + 1, moe, d, arena, s);
+            DeviceBuffer[][] dev = two.dev();
+            say(rank, "graph replays: created");
             s.synchronize();
             s.beginCapture();
-            h = moe.dispatch(0, dev[0][0], dev[0][1], dev[0][2], c.tokens()[rank], s);
-            y = moe.combine(h, out[0], s);
+            MoeDispatch h = moe.dispatch(0, dev[0][0], dev[0][1], dev[0][2], c.tokens()[rank], s);
+            DeviceBuffer y = moe.combine(h, two.out()[0], s);
             try (Graph graph = s.endCapture()) {
                 h.rows().fill((byte) 0x5a, s);
                 y.fill((byte) 0x5a, s);
-                start = System.nanoTime();
+                long start = System.nanoTime();
                 for (int i = 0; i < 1000; i++) graph.launch(s);
                 moe.checkErrors(List.of(s));
-                System.out.printf("rank %d: a captured MoE dispatch + combine across nodes (%s) replayed 1000 times: %.1f us per replay%n", rank, what, (System.nanoTime() - start) / 1e3 / 1000);
+                System.out.printf("rank %d: a captured MoE dispatch + combine across nodes (%s) replayed 1000 times: %.1f us per replay%n", rank, mode, (System.nanoTime() - start) / 1e3 / 1000);
             }
-            checkLayout(h, in[0], rank, rowBytes, c, Backend.GIN);
-            off = MoeReference.combineMismatch(in[0][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
-            if (off != null) throw new AssertionError("after 1000 graph replays (" + what + "): y on rank " + rank + " " + off);
+            checkLayout(h, two.in()[0], rank, rowBytes, c, Backend.GIN);
+            String off = MoeReference.combineMismatch(two.in()[0][rank], MemorySegment.ofArray(y.toByteArray()), c.hidden(), c.k(), true);
+            if (off != null) throw new AssertionError("after 1000 graph replays (" + mode + "): y on rank " + rank + " " + off);
         }
     }
 }
