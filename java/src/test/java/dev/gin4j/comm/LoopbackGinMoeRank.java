@@ -843,7 +843,9 @@ final class LoopbackGinMoeRank {
             TwoInputs two = TwoInputs.upload(c, rank, seed + 1, moe, d, arena, s);
             DeviceBuffer[][] dev = two.dev();
             say(rank, "graph replays: created");
-            s.synchronize();
+            // one pair of the other routing first: the capture is not the instance's first use
+            moe.combine(moe.dispatch(0, dev[1][0], dev[1][1], dev[1][2], c.tokens()[rank], s), two.out()[1], s);
+            moe.checkErrors(List.of(s));
             s.beginCapture();
             MoeDispatch h = moe.dispatch(0, dev[0][0], dev[0][1], dev[0][2], c.tokens()[rank], s);
             DeviceBuffer y = moe.combine(h, two.out()[0], s);
