@@ -1152,6 +1152,7 @@ public final class CommGroup extends NativeResource {
      */
     public void abort() {
         aborted = true;  // read by release() (run at most once) and each round of a nonblocking close's finalize
+        abortSignals.forEach(Runnable::run);  // also for a close under way, whose destroy may wait for a kernel that waits on NCCL
         if (isClosed()) return;  // a close under way: waiting for its lock could mean waiting for a destroy that never ends
         synchronized (pollLock) {  // a poll on another thread sees the group closed only once NCCL's own threads are done with it
             close();
@@ -1184,6 +1185,7 @@ public final class CommGroup extends NativeResource {
                     // a destroy that fails (an error that came after reportsError) frees nothing: abort
                     // it, which also stops the NCCL kernels that would otherwise run on
                     if (!abort) {
+                        abortSignals.forEach(Runnable::run);
                         int arc = ncclCommAbort(c.handleUnchecked());
                         if (arc != 0) failed.addSuppressed(Nccl.error("ncclCommAbort (" + c + ")", arc, MemorySegment.NULL));
                     }

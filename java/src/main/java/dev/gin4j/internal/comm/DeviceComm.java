@@ -108,7 +108,7 @@ public final class DeviceComm extends NativeResource {
                         + " (ranks of one NVLink / xGMI domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none"
                         + (pluginProblem != null ? ". " + pluginProblem : ""), e);
             }
-            dc.armAbortWords();
+            if (gin) dc.armAbortWords();
         } catch (RuntimeException e) {
             dc.close();
             throw e;
@@ -155,12 +155,21 @@ public final class DeviceComm extends NativeResource {
      * device communicator (NCCL 2.29.7), so nothing stops them: a flush whose GIN proxy thread has
      * exited (it does at a failed put, when a peer dies) spins forever, and ncclCommAbort, which waits
      * for the device, hangs with it. Each rank's struct gets a word of mapped pinned memory instead,
-     * which the group sets before it aborts ({@link Groups#beforeAbort}). Kernels built before the
-     * probe recorded the field's offset keep NCCL's null.
+     * which the group sets before it aborts ({@link Groups#beforeAbort}). Only where GIN goes
+     * through NCCL's proxy thread: GDAKI's flush takes another path once the flag is set (it ends
+     * at the first peer with nothing outstanding, which a one-thread flush over every peer must
+     * not). Kernels built before the probe recorded the field's offset keep NCCL's null.
      */
     private void armAbortWords() {
         String offset = abi.raw().getProperty("nccl.devComm.abortFlag.offset");
         if (offset == null) return;
+        String type;
+        try {
+            type = Capabilities.ginType(group.rank(0));
+        } catch (RuntimeException e) {
+            return;  // unknown: NCCL's null, as before
+        }
+        if (!"proxy".equals(type)) return;
         long at = Long.parseLong(offset.trim());
         if (!"8".equals(abi.raw().getProperty("nccl.devComm.abortFlag.size", "").trim()) || at < 0 || at + 8 > abi.devCommSize()) {
             throw new CommException("the kernel manifest places ncclDevComm.abortFlag at " + at + " (size " + abi.raw().getProperty("nccl.devComm.abortFlag.size")
@@ -201,7 +210,6 @@ public final class DeviceComm extends NativeResource {
 
     /** Destroys each rank's device communicator, unless the group was closed first (they went with its communicators). */
     @Override protected void release() {
-        abortHook.run();
         List<Runnable> steps = new ArrayList<>();
         for (Communicator c : group.ranks()) {
             if (!created[c.localIndex()] || group.isClosed()) continue;
@@ -210,6 +218,9 @@ public final class DeviceComm extends NativeResource {
                 NcclStatus.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
             });
         }
+        // the words stay raisable until the destroys are done: a destroy waits for NCCL's reset kernel,
+        // which can sit behind a kernel that waits on NCCL
+        steps.add(abortHook);
         steps.add(arena::close);
         releaseAll(steps.toArray(Runnable[]::new));
     }
