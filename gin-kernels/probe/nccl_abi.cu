@@ -53,8 +53,9 @@ struct Field {
   X(ginCounterCount) X(ginConnectionType) X(ginExclusiveContexts) X(ginQueueDepth)          \
   X(ginTrafficClass) X(ginStrongSignalsRequired) X(ginVaSignalsRequired)
 
-// ncclDevComm fields the Java side may cross-check after ncclDevCommCreate.
-#define GIN_DEVCOMM_FIELDS(X) X(rank) X(nRanks) X(lsaRank) X(lsaSize)
+// ncclDevComm fields the Java side reads or sets after ncclDevCommCreate (abortFlag: NCCL leaves it
+// null in a user's device communicator, so gin4j points it at its own word; see DeviceComm).
+#define GIN_DEVCOMM_FIELDS(X) X(rank) X(nRanks) X(lsaRank) X(lsaSize) X(abortFlag)
 
 // ncclCommProperties (2.29+, ncclCommQueryProperties).
 #define GIN_PROPERTIES_FIELDS(X) \
@@ -67,6 +68,7 @@ GIN_PROBE_FIELD(rank)
 GIN_PROBE_FIELD(nRanks)
 GIN_PROBE_FIELD(lsaRank)
 GIN_PROBE_FIELD(lsaSize)
+GIN_PROBE_FIELD(abortFlag)
 GIN_PROBE_FIELD(cudaDev)
 GIN_PROBE_FIELD(nvmlDev)
 GIN_PROBE_FIELD(deviceApiSupport)

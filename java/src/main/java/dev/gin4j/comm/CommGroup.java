@@ -42,6 +42,8 @@ public final class CommGroup extends NativeResource {
     private volatile long hostWaitNanos;
     /** NCCL state polls against release(): no poll of a freed communicator. */
     private final Object pollLock = new Object();
+    /** Run before the communicators are aborted (Groups.beforeAbort): the device communicators' abort words. */
+    private final List<Runnable> abortSignals = new java.util.concurrent.CopyOnWriteArrayList<>();
     /** What a single-rank collective's refusal tells a process that drives several local ranks to do instead. */
     private static final String LIST_FORM = "pass one buffer and one stream per local rank in one call (the List form), which NCCL groups";
 
@@ -54,6 +56,10 @@ public final class CommGroup extends NativeResource {
             @Override public void checkLocalIndex(CommGroup g, int localIndex) { g.checkLocalIndex(localIndex); }
             @Override public void requireOneLocalRank(CommGroup g, String call) { g.requireOneLocalRank(call); }
             @Override public void checkStreams(CommGroup g, List<Stream> streams) { g.checkStreams(streams); }
+            @Override public Runnable beforeAbort(CommGroup g, Runnable signal) {
+                g.abortSignals.add(signal);
+                return () -> g.abortSignals.remove(signal);
+            }
         });
     }
     /** ncclCommGetAsyncError's result, used under pollLock. */
@@ -1146,6 +1152,7 @@ public final class CommGroup extends NativeResource {
      */
     public void abort() {
         aborted = true;  // read by release() (run at most once) and each round of a nonblocking close's finalize
+        abortSignals.forEach(Runnable::run);  // also for a close under way, whose destroy may wait for a kernel that waits on NCCL
         if (isClosed()) return;  // a close under way: waiting for its lock could mean waiting for a destroy that never ends
         synchronized (pollLock) {  // a poll on another thread sees the group closed only once NCCL's own threads are done with it
             close();
@@ -1166,6 +1173,9 @@ public final class CommGroup extends NativeResource {
             // ncclCommDestroy would wait for its work, which may never end
             boolean abort = aborted || finalizeFailure != null || (!nonblocking && reportsError());
             String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
+            // ncclCommAbort waits for the device, so kernels still waiting on NCCL (a flush whose
+            // proxy thread is gone, say) are told to stop first
+            if (abort) abortSignals.forEach(Runnable::run);
             try {
                 releaseAll(ranks.stream().<Runnable>map(c -> () -> {
                     c.device().makeCurrent();
@@ -1175,6 +1185,7 @@ public final class CommGroup extends NativeResource {
                     // a destroy that fails (an error that came after reportsError) frees nothing: abort
                     // it, which also stops the NCCL kernels that would otherwise run on
                     if (!abort) {
+                        abortSignals.forEach(Runnable::run);
                         int arc = ncclCommAbort(c.handleUnchecked());
                         if (arc != 0) failed.addSuppressed(Nccl.error("ncclCommAbort (" + c + ")", arc, MemorySegment.NULL));
                     }

@@ -156,6 +156,13 @@ class CodeObjectFilesTest {
         assertTrue(intProperty("nccl.devComm.size") > 0, "nccl.devComm.size");
         int align = intProperty("nccl.devComm.align");
         assertTrue(align > 0 && Integer.bitCount(align) == 1, "nccl.devComm.align " + align + " is not a power of two");
+        // DeviceComm points it at its own abort word where GIN runs (NCCL leaves it null): an 8-byte
+        // pointer inside the struct; GIN needs 2.29.7, whose headers have it
+        if (version >= 22907 || manifest.getProperty("nccl.devComm.abortFlag.offset") != null) {
+            assertEquals(8, intProperty("nccl.devComm.abortFlag.size"), "nccl.devComm.abortFlag.size");
+            int abortAt = intProperty("nccl.devComm.abortFlag.offset");
+            assertTrue(abortAt >= 0 && abortAt % 8 == 0 && abortAt + 8 <= intProperty("nccl.devComm.size"), "nccl.devComm.abortFlag.offset " + abortAt);
+        }
 
         int size = intProperty("nccl.devCommRequirements.size");
         String hex = manifest.getProperty("nccl.devCommRequirements.init");

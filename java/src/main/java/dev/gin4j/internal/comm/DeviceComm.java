@@ -6,9 +6,12 @@ import dev.gin4j.comm.CommGroup;
 import dev.gin4j.comm.Communicator;
 import dev.gin4j.comm.Nccl;
 import dev.gin4j.gpu.NativeResource;
+import dev.gin4j.gpu.PinnedBuffer;
 
 import java.lang.foreign.Arena;
 import java.lang.foreign.MemorySegment;
+import java.lang.foreign.ValueLayout;
+import java.lang.invoke.VarHandle;
 import java.util.ArrayList;
 import java.util.LinkedHashMap;
 import java.util.List;
@@ -37,6 +40,10 @@ public final class DeviceComm extends NativeResource {
     private final NcclDeviceAbi abi;
     private final Arena arena = Arena.ofShared();
     private final List<MemorySegment> structs = new ArrayList<>();
+    /** The ranks' abort words (armAbortWords), in mapped pinned memory of {@link #arena}. */
+    private final List<PinnedBuffer> abortWords = new ArrayList<>();
+    /** Takes {@link #raiseAbortWords} off the group's abort. */
+    private Runnable abortHook = () -> {};
 
     private DeviceComm(CommGroup group, NcclDeviceAbi abi) {
         this.group = group;
@@ -101,6 +108,7 @@ public final class DeviceComm extends NativeResource {
                         + " (ranks of one NVLink / xGMI domain) or reach the ranks through a GIN-capable network. Backend.HOST needs none"
                         + (pluginProblem != null ? ". " + pluginProblem : ""), e);
             }
+            if (gin) dc.armAbortWords();
         } catch (RuntimeException e) {
             dc.close();
             throw e;
@@ -141,6 +149,56 @@ public final class DeviceComm extends NativeResource {
 
     private final boolean[] created;
 
+    /**
+     * NCCL's device waits (a GIN flush, counter and signal waits, barriers) end early once
+     * {@code ncclDevComm.abortFlag} reads nonzero, but ncclDevCommCreate leaves it null in a user's
+     * device communicator (NCCL 2.29.7), so nothing stops them: a flush whose GIN proxy thread has
+     * exited (it does at a failed put, when a peer dies) spins forever, and ncclCommAbort, which waits
+     * for the device, hangs with it. Each rank's struct gets a word of mapped pinned memory instead,
+     * which the group sets before it aborts ({@link Groups#beforeAbort}). Only where GIN goes
+     * through NCCL's proxy thread: GDAKI's flush takes another path once the flag is set (it ends
+     * at the first peer with nothing outstanding, which a one-thread flush over every peer must
+     * not). Kernels built before the probe recorded the field's offset keep NCCL's null.
+     */
+    private void armAbortWords() {
+        String offset = abi.raw().getProperty("nccl.devComm.abortFlag.offset");
+        if (offset == null) return;
+        String type;
+        try {
+            type = Capabilities.ginType(group.rank(0));
+        } catch (RuntimeException e) {
+            return;  // unknown: NCCL's null, as before
+        }
+        if (!"proxy".equals(type)) return;
+        long at = Long.parseLong(offset.trim());
+        if (!"8".equals(abi.raw().getProperty("nccl.devComm.abortFlag.size", "").trim()) || at < 0 || at + 8 > abi.devCommSize()) {
+            throw new CommException("the kernel manifest places ncclDevComm.abortFlag at " + at + " (size " + abi.raw().getProperty("nccl.devComm.abortFlag.size")
+                    + ") in a " + abi.devCommSize() + "-byte struct; expected an 8-byte pointer inside it: rebuild the kernels (gin-kernels/build)");
+        }
+        for (Communicator c : group.ranks()) {
+            MemorySegment struct = structs.get(c.localIndex());
+            if (struct.get(ValueLayout.JAVA_LONG_UNALIGNED, at) != 0) continue;  // NCCL's own flag, which ncclCommAbort sets
+            PinnedBuffer word = c.device().allocatePinned(4, arena);
+            word.host().set(ValueLayout.JAVA_INT, 0, 0);
+            struct.set(ValueLayout.JAVA_LONG_UNALIGNED, at, word.deviceAddress());
+            abortWords.add(word);
+        }
+        VarHandle.fullFence();
+        if (!abortWords.isEmpty()) abortHook = Groups.beforeAbort(group, this::raiseAbortWords);
+    }
+
+    /** Sets every rank's abort word; a word already freed (this object closed meanwhile) is skipped. */
+    private void raiseAbortWords() {
+        for (PinnedBuffer word : abortWords) {
+            try {
+                word.host().set(ValueLayout.JAVA_INT, 0, 1);
+            } catch (IllegalStateException freed) {
+                // closed on another thread: no kernel of it can be waiting
+            }
+        }
+        VarHandle.fullFence();
+    }
+
     /** The device-API struct layout of the loaded NCCL. */
     public NcclDeviceAbi abi() { return abi; }
 
@@ -160,6 +218,9 @@ public final class DeviceComm extends NativeResource {
                 NcclStatus.check("ncclDevCommDestroy", ncclDevCommDestroy(c.handle(), structs.get(c.localIndex())), c.handle());
             });
         }
+        // the words stay raisable until the destroys are done: a destroy waits for NCCL's reset kernel,
+        // which can sit behind a kernel that waits on NCCL
+        steps.add(abortHook);
         steps.add(arena::close);
         releaseAll(steps.toArray(Runnable[]::new));
     }

@@ -30,6 +30,8 @@ public final class Groups {
         void requireOneLocalRank(CommGroup g, String call);
         /** See {@link Groups#checkStreams}. */
         void checkStreams(CommGroup g, List<Stream> streams);
+        /** See {@link Groups#beforeAbort}. */
+        Runnable beforeAbort(CommGroup g, Runnable signal);
     }
 
     private static volatile Machinery machinery;
@@ -91,4 +93,11 @@ public final class Groups {
 
     /** One stream per local rank, in local order, each on its rank's device. */
     public static void checkStreams(CommGroup g, List<Stream> streams) { m(g).checkStreams(g, streams); }
+
+    /**
+     * Registers {@code signal}, run (on whichever thread aborts) just before the group's
+     * communicators are aborted: it tells kernels still running to stop waiting on NCCL, since
+     * ncclCommAbort waits for the device. It must not block or throw. Returns what takes it off again.
+     */
+    public static Runnable beforeAbort(CommGroup g, Runnable signal) { return m(g).beforeAbort(g, signal); }
 }
