@@ -1142,6 +1142,12 @@ public final class CommGroup extends NativeResource {
     }
 
     /**
+     * Runs the abort signals (Groups.beforeAbort) ahead of an ncclCommAbort, which waits for the
+     * device: kernels still waiting on NCCL (a flush whose proxy thread is gone, say) stop first.
+     */
+    private void signalAbort() { abortSignals.forEach(Runnable::run); }
+
+    /**
      * Aborts every local communicator (pending work is dropped) and closes the group: from another
      * thread, this ends a wait in a collective or a stream synchronize that will never return, and
      * returns once the communicators are gone. A close already under way is left to end them: a
@@ -1152,7 +1158,7 @@ public final class CommGroup extends NativeResource {
      */
     public void abort() {
         aborted = true;  // read by release() (run at most once) and each round of a nonblocking close's finalize
-        abortSignals.forEach(Runnable::run);  // also for a close under way, whose destroy may wait for a kernel that waits on NCCL
+        signalAbort();  // also for a close under way, whose destroy may wait for a kernel that waits on NCCL
         if (isClosed()) return;  // a close under way: waiting for its lock could mean waiting for a destroy that never ends
         synchronized (pollLock) {  // a poll on another thread sees the group closed only once NCCL's own threads are done with it
             close();
@@ -1173,9 +1179,7 @@ public final class CommGroup extends NativeResource {
             // ncclCommDestroy would wait for its work, which may never end
             boolean abort = aborted || finalizeFailure != null || (!nonblocking && reportsError());
             String call = abort ? "ncclCommAbort" : "ncclCommDestroy";
-            // ncclCommAbort waits for the device, so kernels still waiting on NCCL (a flush whose
-            // proxy thread is gone, say) are told to stop first
-            if (abort) abortSignals.forEach(Runnable::run);
+            if (abort) signalAbort();
             try {
                 releaseAll(ranks.stream().<Runnable>map(c -> () -> {
                     c.device().makeCurrent();
@@ -1185,7 +1189,7 @@ public final class CommGroup extends NativeResource {
                     // a destroy that fails (an error that came after reportsError) frees nothing: abort
                     // it, which also stops the NCCL kernels that would otherwise run on
                     if (!abort) {
-                        abortSignals.forEach(Runnable::run);
+                        signalAbort();
                         int arc = ncclCommAbort(c.handleUnchecked());
                         if (arc != 0) failed.addSuppressed(Nccl.error("ncclCommAbort (" + c + ")", arc, MemorySegment.NULL));
                     }
