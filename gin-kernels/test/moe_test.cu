@@ -435,11 +435,15 @@ static bool shaped_entry(int R, int E, int K, int H, Entry& e, bool fp8 = false)
   return false;
 }
 // What the Java side launches (MoeAllToAll.entryPoint): the shape's own token-path entry, else at
-// one rank the one-rank entry, else the token-path one; off the token path the generic one.
+// one rank the one-rank entry, else the token-path one; off the token path the generic one. At one
+// rank the combine is always the one-rank one (faster than the shaped one-rank combine).
 static Entry best_entry(int R, int E, int K, int H, int M, int C, bool fp8 = false) {
   if (!moe_token_path(K, M, C)) return fp8 ? kFp8GenericEntry : kGenericEntry;
   Entry e;
-  if (shaped_entry(R, E, K, H, e, fp8)) return e;
+  if (shaped_entry(R, E, K, H, e, fp8)) {
+    if (R == 1) e.combine = moe_gin_combine_tp_r1;
+    return e;
+  }
   if (R == 1) return fp8 ? kFp8AloneEntry : kAloneEntry;
   return fp8 ? kFp8TokenPathEntry : kTokenPathEntry;
 }

@@ -424,13 +424,17 @@ public final class MoeAllToAll extends NativeResource {
      * The most specific GIN entry point of {@code base} the code object has for this instance: on the
      * token path, the one compiled for this shape ({@code base_tp_r<R>_e<E>_k<K>_h<H>}, sizes as
      * constants), else at one rank {@code base_tp_r1}, else {@code base_tp}; otherwise, or where the
-     * manifest lists none of them, {@code base} (docs/kernels.md, "Entry points").
+     * manifest lists none of them, {@code base} (docs/kernels.md, "Entry points"). At one rank the
+     * combine is {@code moe_gin_combine_tp_r1} even beside a shaped dispatch (AUTO): it measured
+     * faster than the shaped one-rank combine (docs/performance.md).
      */
     private String entryPoint(String base, Device device) {
         if (MoeLayoutInfo.tokenPath(info) != 1) return base;
         List<String> shipped = KernelLibrary.get().kernels(device.arch(), kernelObject());
         String shaped = shapedPrefix(base) + nRanks + "_e" + cfg.experts() + "_k" + cfg.topK() + "_h" + cfg.hidden();
         ShapedEntries.Mode mode = ShapedEntries.mode();
+        // entrySource stays the dispatch's: the combine is chosen after it
+        if (nRanks == 1 && mode == ShapedEntries.Mode.AUTO && base.equals("moe_gin_combine") && shipped.contains(base + "_tp_r1")) return base + "_tp_r1";
         if (mode != ShapedEntries.Mode.GENERIC) {
             if (mode == ShapedEntries.Mode.AUTO && shipped.contains(shaped)) { entrySource = ShapedEntries.Source.PRECOMPILED; return shaped; }
             Optional<String> why = ShapedEntries.unavailable(device.arch());
@@ -486,6 +490,11 @@ public final class MoeAllToAll extends NativeResource {
     String dispatchKernelName() {
         if (network != null) return network.dispatchKernelName(networkMode);
         return cfg.backend() == Backend.GIN ? ranks.getFirst().dispatch.name() : "host kernels + NCCL";
+    }
+
+    /** The combine kernel of a GIN instance inside one node, else null (for tests). */
+    String combineKernelName() {
+        return network == null && cfg.backend() == Backend.GIN ? ranks.getFirst().combine.name() : null;
     }
 
     /** {@return the configuration it was created with} */

@@ -263,6 +263,9 @@ class MoeGpuTest {
             boolean shaped = List.of(1, 2, 4, 8).contains(n) || gin.entrySource() == ShapedEntries.Source.JIT;
             String want = shaped ? "moe_gin_dispatch_tp_r" + n + "_e256_k8_h7168" : n == 1 ? "moe_gin_dispatch_tp_r1" : "moe_gin_dispatch_tp";
             assertEquals(want, gin.dispatchKernelName());
+            // one rank: the one-rank combine beside the shaped dispatch, unless GIN4J_MOE_ENTRIES says otherwise
+            if (n == 1 && ShapedEntries.mode() == ShapedEntries.Mode.AUTO) assertEquals("moe_gin_combine_tp_r1", gin.combineKernelName());
+            else if (shaped) assertEquals("moe_gin_combine_tp_r" + n + "_e256_k8_h7168", gin.combineKernelName());
         }
     }
     @Test void fewChannelsLeaveSmsToCompute() {
