@@ -422,17 +422,8 @@ final class MoeNetwork implements AutoCloseable {
      * received weights) null: unweighted; {@code phase} ALL or SEND.
      */
     void combine(int localIndex, DeviceBuffer expertOut, DeviceBuffer weights, DeviceBuffer y, int tokens, Stream stream, Phase phase) {
-        Rank r = ranks.get(localIndex);
-        boolean ht = r.lastDispatch == NetworkMode.HIGH_THROUGHPUT;
-        MoeNetCombineArgs.expertOut(r.combineStruct, ptr(expertOut.address()));
-        MoeNetCombineArgs.weights(r.combineStruct, ptr(weights == null ? 0 : weights.address()));
-        MoeNetCombineArgs.y(r.combineStruct, ptr(y.address()));
-        MoeNetCombineArgs.expertOutRows(r.combineStruct, expertOut.byteSize() / (2L * cfg.hidden()));
-        MoeNetCombineArgs.rowValues(r.combineStruct, MemorySegment.NULL);
-        MoeNetCombineArgs.tokenValues(r.combineStruct, MemorySegment.NULL);
-        MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
-        MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);
-        launchCombine(r, stream, phase);
+        launchCombine(ranks.get(localIndex), ptr(expertOut.address()), ptr(weights == null ? 0 : weights.address()), ptr(y.address()),
+                MemorySegment.NULL, MemorySegment.NULL, expertOut.byteSize() / (2L * cfg.hidden()), tokens, stream, phase);
     }
 
     /**
@@ -443,17 +434,22 @@ final class MoeNetwork implements AutoCloseable {
      * received row, {@code rows} of them; {@code tokenValues}: [T][K] f32, the caller's checks done.
      */
     void returnRowValues(int localIndex, DeviceBuffer rowValues, long rows, DeviceBuffer tokenValues, int tokens, Stream stream) {
-        Rank r = ranks.get(localIndex);
-        boolean ht = r.lastDispatch == NetworkMode.HIGH_THROUGHPUT;
-        MoeNetCombineArgs.expertOut(r.combineStruct, MemorySegment.NULL);
-        MoeNetCombineArgs.weights(r.combineStruct, MemorySegment.NULL);
-        MoeNetCombineArgs.y(r.combineStruct, MemorySegment.NULL);
-        MoeNetCombineArgs.rowValues(r.combineStruct, ptr(rowValues.address()));
-        MoeNetCombineArgs.tokenValues(r.combineStruct, ptr(tokenValues.address()));
-        MoeNetCombineArgs.expertOutRows(r.combineStruct, rows);
+        launchCombine(ranks.get(localIndex), MemorySegment.NULL, MemorySegment.NULL, MemorySegment.NULL,
+                ptr(rowValues.address()), ptr(tokenValues.address()), rows, tokens, stream, Phase.ALL);
+    }
+
+    /** One combine launch, in the last dispatch's mode: bf16 rows (expertOut, weights, y) or row values (rowValues, tokenValues), the others null. */
+    private void launchCombine(Rank r, MemorySegment expertOut, MemorySegment weights, MemorySegment y, MemorySegment rowValues, MemorySegment tokenValues,
+                               long expertOutRows, int tokens, Stream stream, Phase phase) {
+        MoeNetCombineArgs.expertOut(r.combineStruct, expertOut);
+        MoeNetCombineArgs.weights(r.combineStruct, weights);
+        MoeNetCombineArgs.y(r.combineStruct, y);
+        MoeNetCombineArgs.rowValues(r.combineStruct, rowValues);
+        MoeNetCombineArgs.tokenValues(r.combineStruct, tokenValues);
+        MoeNetCombineArgs.expertOutRows(r.combineStruct, expertOutRows);
         MoeNetCombineArgs.numTokens(r.combineStruct, tokens);
-        MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), ht ? htChunks : llChunks);
-        launchCombine(r, stream, Phase.ALL);
+        MoeNetDims.chunks(MoeNetCombineArgs.dims(r.combineStruct), r.lastDispatch == NetworkMode.HIGH_THROUGHPUT ? htChunks : llChunks);
+        launchCombine(r, stream, phase);
     }
 
     private void launchCombine(Rank r, Stream stream, Phase phase) {
