@@ -30,6 +30,7 @@
 #error "nccl_gin_a2a.cu needs NCCL's GIN device API (nccl_device/gin.h) from NCCL >= 2.29.7; gin-kernels/build skips it for older headers"
 #endif
 #include <nccl_device/gin.h>
+#include "include/gin_signal.cuh"  // the GIN signal wait (ends at the time-out or the abort)
 
 #define GIN_HYBRID_MAX_THREADS 1024
 
@@ -71,18 +72,6 @@ GIN_DEVICE_INLINE ncclGinSignal_t data_signal(uint32_t base, int source, int chu
 }
 GIN_DEVICE_INLINE ncclGinSignal_t ready_signal(uint32_t base, int source, int chunk, int nranks, int maxChunks) {
   return base + (uint32_t)(nranks + source) * (uint32_t)maxChunks + (uint32_t)chunk;
-}
-
-// Waits until GIN signal `id` (own rank, context kGinContext) reaches `least`; every poll is an
-// acquire load (one polling thread). ncclGin::waitSignal has no timeout, hence this loop: gives up
-// after GIN_WAIT_TIMEOUT_NS with GIN_ERR_TIMEOUT, never hangs.
-GIN_DEVICE_INLINE bool wait_signal_geq(const ncclGin& gin, ncclGinSignal_t id, uint64_t least,
-                                       uint32_t* errorFlags) {
-  uint64_t start = 0;
-  for (uint32_t spins = 0;; ++spins) {
-    if (gin.readSignal(id, 64, cuda::memory_order_acquire) >= least) return true;
-    if (gin_wait_timed_out(spins, start, errorFlags)) return false;
-  }
 }
 
 // Argument checks; every block reaches the same verdict (arguments and devComm are uniform), block
@@ -239,7 +228,7 @@ GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window
     *seq = s;
     gin.signal(world, p, ncclGin_SignalInc{ready_signal(sigBase, rank, c, nranks, maxChunks)}, ncclCoopThread(),
                ncclGin_None{}, cuda::thread_scope_thread, cuda::thread_scope_system);
-    sharedOk = wait_signal_geq(gin, ready_signal(sigBase, p, c, nranks, maxChunks), s, errorFlags);
+    sharedOk = gin_wait_signal_geq(gin, ready_signal(sigBase, p, c, nranks, maxChunks), s, errorFlags);
     sharedSeq = s;
   }
   __syncthreads();
@@ -272,7 +261,7 @@ GIN_DEVICE_INLINE void hybrid_block(const ncclDevComm& comm, ncclWindow_t window
     }
     // Flush (the API's "source reusable" guarantee) only after a successful wait: with a dead peer
     // it could spin on a completion that never comes, and the kernel must not hang.
-    if (wait_signal_geq(gin, data_signal(sigBase, p, c, maxChunks), s, errorFlags)) gin.flush(ncclCoopThread());
+    if (gin_wait_signal_geq(gin, data_signal(sigBase, p, c, maxChunks), s, errorFlags)) gin.flush(ncclCoopThread());
   }
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "sections.cuh"
+#include "../include/gin_signal.cuh"  // the GIN signal wait (ends at the time-out or the abort)
 
 namespace moe_net {
 
@@ -88,17 +89,13 @@ GIN_DEVICE_INLINE void publish(const ncclDevComm& comm, ncclWindow_t window, con
 }
 
 // One thread waits until writer w's flag word (this rank's window offset `flag`, when w is in the
-// LSA team) or GIN signal `signal` reaches `threshold`. False if it timed out (GIN_ERR_TIMEOUT set).
+// LSA team) or GIN signal `signal` reaches `threshold`. False if it gave up (GIN_ERR_TIMEOUT set).
 GIN_DEVICE_INLINE bool wait_one(const ncclDevComm& comm, ncclWindow_t window, int w, uint64_t flag, int signal, uint64_t threshold,
                                 uint32_t* errorFlags) {
   const ncclTeam world = ncclTeamWorld(comm), lsa = ncclTeamLsa(comm);
   if (ncclTeamRankIsMember(lsa, world, w)) return gin_wait_geq_acquire_polls((const uint64_t*)ncclGetLocalPointer(window, flag), threshold, errorFlags);
   ncclGin gin{comm, kGinContext};
-  uint64_t start = 0;
-  for (uint32_t spins = 0;; ++spins) {
-    if (gin.readSignal((ncclGinSignal_t)signal, 64, cuda::memory_order_acquire) >= threshold) return true;
-    if (gin_wait_timed_out(spins, start, errorFlags)) return false;
-  }
+  return gin_wait_signal_geq(gin, (ncclGinSignal_t)signal, threshold, errorFlags);  // also ends at the communicator's abort
 }
 
 // Threads 0..R-1 each wait for source tid's low-latency sections (flag / signal [parity][tid]).
