@@ -191,7 +191,7 @@ final class LoopbackGinRank {
 
     /**
      * Rank 0 halts after a GIN all-to-all with the others; their next GIN all-to-all must fail
-     * within the time-out (the kernel's wait for rank 0 gives up), naming the peer (the transport
+     * within the time-out (the kernel's wait for rank 0 ends at the group's abort), naming the peer (the transport
      * reports the vanished process to NCCL, whose last error the message carries), and leave the
      * group aborted; nothing may hang.
      */
@@ -211,10 +211,11 @@ final class LoopbackGinRank {
             } catch (RuntimeException e) {  // the kernel's time-out or NCCL's report, whichever comes first
                 double took = (System.nanoTime() - start) / 1e9;
                 System.out.printf("rank %d: the GIN all-to-all with a dead peer failed after %.1f s: %s%n", rank, took, e.getMessage());
-                // the kernel's wait for the dead peer ends at its own time-out (10 s) unless NCCL hears of the
-                // death first (only a later put returns the transport's error): within the host-wait time-out either way
+                // the transport reports the gone process to NCCL, the group raises the abort word and aborts,
+                // and the kernel's wait for the dead peer ends at that word, not at its own 10 s time-out
                 double limit = g.hostWaitTimeout().toNanos() / 1e9;
                 if (took > limit) throw new AssertionError("it failed only after " + took + " s, beyond the " + limit + " s time-out", e);
+                if (took >= 5) throw new AssertionError("it failed only after " + took + " s: the kernel's wait did not end at the group's abort, before its 10 s time-out", e);
                 if (!g.isClosed()) throw new AssertionError("the group is still open after a peer died", e);
             }
         }
